@@ -1,0 +1,5 @@
+import sys
+
+from clusters.cli import main
+
+sys.exit(main())

@@ -1,0 +1,161 @@
+"""``python -m clusters``: local multi-cluster Kubernetes for development, tests and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from clusters import binaries
+from clusters.controlplane import ControlPlaneError
+from clusters.local import ClusterInfo, LocalClusters
+
+DESCRIPTION = """\
+Run one manager and N worker Kubernetes clusters on this machine.
+
+The local provider (the default) starts, per cluster, etcd, kube-apiserver and
+kube-controller-manager (garbage collector and namespace controllers) as processes on
+127.0.0.1, installs the project's CRDs and writes an admin kubeconfig per cluster, with the
+certificates embedded, to <state-dir>/<name>.kubeconfig. The binaries are built once from Go
+modules into a cache (see `provision`). The kind provider does the same with Docker.
+"""
+
+EPILOG = """\
+environment:
+  CLUSTERS_STATE_DIR        default for --state-dir (else ./.clusters)
+  CLUSTERS_CACHE_DIR        where built binaries are cached (else ~/.cache/trainjob-dispatcher)
+  KUBEBUILDER_ASSETS        a setup-envtest directory holding etcd and kube-apiserver
+  TEST_ASSET_ETCD, TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBE_CONTROLLER_MANAGER
+                            explicit paths to existing binaries
+
+examples:
+  python -m clusters up --workers 2
+  kubectl --kubeconfig .clusters/worker-1.kubeconfig get --raw /version
+  python -m clusters stop worker-1 && python -m clusters start worker-1
+  python -m clusters down
+"""
+
+
+def _default_state_dir() -> str:
+    return os.environ.get("CLUSTERS_STATE_DIR", ".clusters")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m clusters", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", default=_default_state_dir(),
+                        help="where state, logs and kubeconfigs live (default: %(default)s)")
+    common.add_argument("--provider", choices=("local", "kind"), default="local",
+                        help="local processes (default) or kind clusters in Docker")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", parents=[common], help="start the clusters (no-op when up)",
+                        description="Start manager and workers; return when every apiserver "
+                        "answers /readyz and the CRDs are Established. Safe to repeat.")
+    up.add_argument("--workers", type=int, default=2, help="number of worker clusters "
+                    "(default: %(default)s)")
+    up.add_argument("--timeout", type=float, default=180,
+                    help="seconds to wait for readiness (default: %(default)s)")
+
+    sub.add_parser("status", parents=[common], help="show each cluster's state",
+                   description="Show each cluster's name, role, API URL, kubeconfig and state.")
+    sub.add_parser("down", parents=[common], help="stop everything and remove the state",
+                   description="Stop every process the harness started and delete the state "
+                   "directory (data, logs, kubeconfigs).")
+    for verb, text in (("stop", "stop one cluster's processes; its data is kept"),
+                       ("start", "start a stopped cluster again on the same ports and data")):
+        cmd = sub.add_parser(verb, parents=[common], help=text, description=text + ".")
+        cmd.add_argument("name", help="cluster name, e.g. worker-1")
+        if verb == "start":
+            cmd.add_argument("--timeout", type=float, default=60,
+                             help="seconds to wait for readiness (default: %(default)s)")
+
+    prov = sub.add_parser(
+        "provision", help="find or build etcd, kube-apiserver, kube-controller-manager",
+        description=f"Find the control-plane binaries (Kubernetes {binaries.KUBERNETES_VERSION}, "
+        f"etcd {binaries.ETCD_VERSION}) or build them from Go modules into the cache. "
+        "A cold build takes several minutes; later runs cost nothing.",
+    )
+    prov.add_argument("--json", action="store_true", help="print JSON")
+    prov.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    return parser
+
+
+def _print_clusters(infos: list[ClusterInfo], as_json: bool, extra: dict | None = None) -> None:
+    if as_json:
+        print(json.dumps({**(extra or {}), "clusters": [i.model_dump() for i in infos]}, indent=2))
+        return
+    if not infos:
+        print("no clusters")
+        return
+    rows = [("NAME", "ROLE", "STATE", "SERVER", "KUBECONFIG")]
+    rows += [(i.name, i.role, i.state, i.server, i.kubeconfig) for i in infos]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _provider(args):
+    if args.provider == "kind":
+        from clusters.kind import KindClusters
+
+        return KindClusters(args.state_dir)
+    return LocalClusters(args.state_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    try:
+        if args.command == "provision":
+            if not args.json:
+                print(f"control-plane binaries (building missing ones into "
+                      f"{binaries.cache_root()}; a cold build takes several minutes)",
+                      file=sys.stderr, flush=True)
+            started = time.monotonic()
+            found = binaries.find_binaries(build=True)
+            result = {name: {"path": path, "version": binaries.binary_version(Path(path))}
+                      for name, path in found.as_dict().items()}
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                for name, item in result.items():
+                    print(f"{name:<24} {item['version']:<32} {item['path']}")
+                print(f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
+            return 0
+        provider = _provider(args)
+        if args.command == "up":
+            started = time.monotonic()
+            infos = provider.up(workers=args.workers, timeout=args.timeout)
+            _print_clusters(infos, args.json,
+                            {"provider": args.provider,
+                             "seconds": round(time.monotonic() - started, 2)})
+        elif args.command == "status":
+            _print_clusters(provider.status(), args.json, {"provider": args.provider})
+        elif args.command == "down":
+            provider.down()
+            if not args.json:
+                print(f"stopped and removed {Path(args.state_dir).resolve()}")
+        elif args.command == "stop":
+            _print_clusters([provider.stop(args.name)], args.json)
+        elif args.command == "start":
+            _print_clusters([provider.start(args.name, timeout=args.timeout)], args.json)
+        return 0
+    except (ControlPlaneError, binaries.ProvisioningError, TimeoutError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,254 @@
+"""One local Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager as
+processes on loopback, with their PKI, kubeconfig, logs and data under one directory.
+
+kube-controller-manager runs a deliberate subset of controllers: the garbage collector (so
+ownerReference cascading deletion is real) and the namespace controller (so deleting a
+namespace empties it). Node lifecycle is left out on purpose: there are no kubelets, and
+with it on, test Nodes would turn NotReady and get tainted after about 40 seconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from clusters import processes
+from clusters.binaries import ControlPlaneBinaries
+from clusters.pki import ClusterPKI
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+KCM_CONTROLLERS = "garbage-collector-controller,namespace-controller"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or to become ready; the message carries its log tail."""
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int, address: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class ControlPlane:
+    """Paths, command lines and probes for one cluster. Holds no process state itself:
+    PIDs live in the harness state file so any later command can find them."""
+
+    name: str
+    directory: Path
+    kubeconfig_path: Path
+    bind_address: str
+    apiserver_port: int
+    etcd_client_port: int
+    etcd_peer_port: int
+    controller_manager_port: int
+
+    @property
+    def pki(self) -> ClusterPKI:
+        return ClusterPKI(self.directory / "pki")
+
+    @property
+    def server(self) -> str:
+        return f"https://{self.bind_address}:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{self.bind_address}:{self.etcd_client_port}"
+
+    def log_file(self, component: str) -> Path:
+        return self.directory / "logs" / f"{component}.log"
+
+    # --- preparation --------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Create PKI (once; a restart reuses it) and write the kubeconfig."""
+        if not self.pki.exists():
+            self.pki.generate(self.name, self.bind_address)
+        self.write_kubeconfig()
+
+    def write_kubeconfig(self) -> None:
+        """Admin kubeconfig with certificate data embedded, so it can go into a Secret as is."""
+        import base64
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": self.name, "cluster": {
+                "server": self.server,
+                "certificate-authority-data": b64(self.pki.ca_cert),
+            }}],
+            "users": [{"name": f"{self.name}-admin", "user": {
+                "client-certificate-data": b64(self.pki.admin_cert),
+                "client-key-data": b64(self.pki.admin_key),
+            }}],
+            "contexts": [{"name": self.name, "context": {
+                "cluster": self.name, "user": f"{self.name}-admin",
+            }}],
+            "current-context": self.name,
+            "preferences": {},
+        }
+        self.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.kubeconfig_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        tmp.chmod(0o600)
+        tmp.replace(self.kubeconfig_path)
+
+    # --- command lines --------------------------------------------------------------
+
+    def argv(self, component: str, binaries: ControlPlaneBinaries) -> list[str]:
+        if component == "etcd":
+            peer = f"http://{self.bind_address}:{self.etcd_peer_port}"
+            return [
+                str(binaries.etcd),
+                f"--name={self.name}",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster={self.name}={peer}",
+                "--unsafe-no-fsync",  # test data: durability across power loss is not wanted
+                "--log-level=warn",
+            ]
+        if component == "kube-apiserver":
+            pki = self.pki
+            return [
+                str(binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
+                f"--secure-port={self.apiserver_port}",
+                f"--cert-dir={self.directory / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                "--disable-admission-plugins=ServiceAccount",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--allow-privileged=true",
+                # Nothing here can route to a Service IP; do not maintain the kubernetes
+                # Service endpoints with a loopback address.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--v=1",
+            ]
+        if component == "kube-controller-manager":
+            return [
+                str(binaries.kube_controller_manager),
+                f"--kubeconfig={self.kubeconfig_path}",
+                f"--controllers={KCM_CONTROLLERS}",
+                "--leader-elect=false",
+                f"--bind-address={self.bind_address}",
+                f"--secure-port={self.controller_manager_port}",
+                # Same serving certificate as the apiserver (SANs cover the bind address), so
+                # the readiness probe can verify it against the cluster CA.
+                f"--tls-cert-file={self.pki.serving_cert}",
+                f"--tls-private-key-file={self.pki.serving_key}",
+                f"--authentication-kubeconfig={self.kubeconfig_path}",
+                f"--authorization-kubeconfig={self.kubeconfig_path}",
+                # No front proxy here: do not look up its client CA in kube-system.
+                "--authentication-skip-lookup=true",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ]
+        raise ValueError(f"unknown component {component!r}")
+
+    # --- probes -------------------------------------------------------------------
+
+    def _tls_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def get(self, path: str, timeout: float = 2.0, port: int | None = None) -> tuple[int, str]:
+        """GET ``path`` on the apiserver (or another of the cluster's secure ``port``s) as
+        admin; (status, body). Raises OSError when nothing answers."""
+        conn = http.client.HTTPSConnection(
+            self.bind_address, port or self.apiserver_port, context=self._tls_context(),
+            timeout=timeout,
+        )
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode(errors="replace")
+        finally:
+            conn.close()
+
+    def apiserver_ready(self) -> bool:
+        return self._probe("/readyz", self.apiserver_port)
+
+    def controller_manager_healthy(self) -> bool:
+        return self._probe("/healthz", self.controller_manager_port)
+
+    def _probe(self, path: str, port: int) -> bool:
+        try:
+            status, body = self.get(path, port=port)
+        except (OSError, ssl.SSLError, http.client.HTTPException):
+            return False
+        return status == 200 and body.strip() == "ok"
+
+    def etcd_healthy(self) -> bool:
+        conn = http.client.HTTPConnection(self.bind_address, self.etcd_client_port, timeout=2)
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            return response.status == 200 and json.loads(response.read()).get("health") == "true"
+        except (OSError, ValueError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def version(self) -> dict:
+        status, body = self.get("/version")
+        if status != 200:
+            raise ControlPlaneError(f"{self.name}: GET /version answered {status}: {body[:200]}")
+        return json.loads(body)
+
+
+def wait_until(
+    what: str,
+    probe,
+    timeout: float,
+    *,
+    alive=None,
+    log_file: Path | None = None,
+    interval: float = 0.1,
+) -> None:
+    """Poll ``probe`` until true. Fail early if ``alive()`` turns false (the process died),
+    and fail with the component's log tail either way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if probe():
+            return
+        if alive is not None and not alive():
+            tail = processes.log_tail(log_file) if log_file else ""
+            raise ControlPlaneError(f"{what}: process exited before it was ready. Log tail:\n{tail}")
+        if time.monotonic() >= deadline:
+            tail = processes.log_tail(log_file) if log_file else ""
+            raise ControlPlaneError(f"{what}: not ready after {timeout:.0f}s. Log tail:\n{tail}")
+        time.sleep(interval)

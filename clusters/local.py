@@ -1,0 +1,332 @@
+"""Local provider: a manager and N worker control planes as processes on this machine.
+
+All that a later command needs (ports, PIDs, which cluster is stopped) is in
+``<state-dir>/state.json``; ``up``, ``status``, ``stop``, ``start`` and ``down`` can each run
+in a new process. Bring-up is phased across clusters (every etcd, then every apiserver, then
+CRDs, then every controller-manager) so the slow steps overlap instead of adding up, while
+every process is still spawned from the calling thread (see ``processes.spawn``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from clusters import crds, processes
+from clusters.binaries import KUBERNETES_VERSION, ControlPlaneBinaries, find_binaries
+from clusters.controlplane import (
+    COMPONENTS,
+    ControlPlane,
+    ControlPlaneError,
+    free_port,
+    port_is_free,
+    wait_until,
+)
+from trainjob.kubeclient import api_client
+
+log = logging.getLogger(__name__)
+
+MANAGER = "manager"
+BIND_ADDRESS = "127.0.0.1"
+
+
+class ClusterRecord(BaseModel):
+    name: str
+    role: Literal["manager", "worker"]
+    apiserver_port: int
+    etcd_client_port: int
+    etcd_peer_port: int
+    controller_manager_port: int
+    stopped: bool = False
+    pids: dict[str, int] = Field(default_factory=dict)
+
+
+class HarnessState(BaseModel):
+    provider: Literal["local"] = "local"
+    kubernetes_version: str = KUBERNETES_VERSION
+    clusters: list[ClusterRecord] = Field(default_factory=list)
+
+
+class ClusterInfo(BaseModel):
+    """What `up` and `status` report for one cluster."""
+
+    name: str
+    role: Literal["manager", "worker"]
+    server: str
+    kubeconfig: str
+    state: Literal["running", "stopped", "degraded", "down"]
+
+
+def cluster_names(workers: int) -> list[str]:
+    return [MANAGER] + [f"worker-{i}" for i in range(1, workers + 1)]
+
+
+class LocalClusters:
+    """The local multi-cluster harness rooted at one state directory.
+
+    ``tied_to_caller`` makes every process die with the calling process (for test sessions);
+    without it the clusters keep running after the CLI returns.
+    """
+
+    def __init__(self, state_dir: Path | str, *, tied_to_caller: bool = False,
+                 binaries: ControlPlaneBinaries | None = None):
+        self.state_dir = Path(state_dir).resolve()
+        self.tied_to_caller = tied_to_caller
+        self._binaries = binaries
+
+    # --- state --------------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def load(self) -> HarnessState:
+        if not self.state_file.exists():
+            return HarnessState()
+        return HarnessState.model_validate_json(self.state_file.read_text())
+
+    def _save(self, state: HarnessState) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(state.model_dump_json(indent=2))
+        tmp.replace(self.state_file)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """One harness command at a time per state directory."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def binaries(self) -> ControlPlaneBinaries:
+        if self._binaries is None:
+            self._binaries = find_binaries(build=True)
+        return self._binaries
+
+    def control_plane(self, record: ClusterRecord) -> ControlPlane:
+        return ControlPlane(
+            name=record.name,
+            directory=self.state_dir / record.name,
+            kubeconfig_path=self.kubeconfig(record.name),
+            bind_address=BIND_ADDRESS,
+            apiserver_port=record.apiserver_port,
+            etcd_client_port=record.etcd_client_port,
+            etcd_peer_port=record.etcd_peer_port,
+            controller_manager_port=record.controller_manager_port,
+        )
+
+    def kubeconfig(self, name: str) -> Path:
+        return self.state_dir / f"{name}.kubeconfig"
+
+    def _running(self, record: ClusterRecord, component: str) -> bool:
+        return processes.is_harness_process(record.pids.get(component), self.state_dir)
+
+    # --- commands -----------------------------------------------------------------
+
+    def up(self, workers: int = 2, timeout: float = 120) -> list[ClusterInfo]:
+        """Bring up the manager and ``workers`` workers; a no-op for clusters already up."""
+        if workers < 0:
+            raise ValueError("--workers must be 0 or more")
+        with self._locked():
+            state = self.load()
+            wanted = cluster_names(workers)
+            existing = [c.name for c in state.clusters]
+            if existing and existing != wanted:
+                raise ControlPlaneError(
+                    f"{self.state_dir} already holds clusters {existing}; asked for {wanted}. "
+                    "Run `python -m clusters down` first, or use another --state-dir."
+                )
+            if not existing:
+                state.clusters = [self._new_record(name) for name in wanted]
+                self._save(state)
+            for record in state.clusters:
+                record.stopped = False  # `up` means every cluster up, stopped ones included
+            was_running = {
+                (r.name, c) for r in state.clusters for c in COMPONENTS if self._running(r, c)
+            }
+            try:
+                self._bring_up(state, [c.name for c in state.clusters], timeout)
+            except BaseException:
+                # A failed or interrupted `up` takes back what it started; whatever ran
+                # before it keeps running.
+                for record in state.clusters:
+                    for component in reversed(COMPONENTS):
+                        if (record.name, component) not in was_running:
+                            pid = record.pids.pop(component, None)
+                            if pid:
+                                processes.terminate(pid, self.state_dir)
+                self._save(state)
+                raise
+            return self._info(state)
+
+    def start(self, name: str, timeout: float = 60) -> ClusterInfo:
+        """Start a stopped cluster again on the same ports and data."""
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            record.stopped = False
+            self._save(state)
+            self._bring_up(state, [name], timeout)
+            return next(i for i in self._info(state) if i.name == name)
+
+    def stop(self, name: str) -> ClusterInfo:
+        """Stop one cluster's processes; its etcd data and PKI stay, so objects survive."""
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            self._terminate(record)
+            record.stopped = True
+            self._save(state)
+            return next(i for i in self._info(state) if i.name == name)
+
+    def down(self) -> None:
+        """Stop every process of this harness and remove its state directory."""
+        import shutil
+
+        with self._locked():
+            state = self.load()
+            for record in state.clusters:
+                self._terminate(record)
+            # Belt and braces: anything else still carrying our state dir on its command line.
+            for pid in processes.harness_processes(self.state_dir):
+                processes.terminate(pid, self.state_dir)
+            for child in list(self.state_dir.iterdir()) if self.state_dir.exists() else []:
+                if child.name != ".lock":
+                    if child.is_dir():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def status(self) -> list[ClusterInfo]:
+        return self._info(self.load())
+
+    # --- internals ----------------------------------------------------------------
+
+    def _new_record(self, name: str) -> ClusterRecord:
+        return ClusterRecord(
+            name=name,
+            role="manager" if name == MANAGER else "worker",
+            apiserver_port=free_port(BIND_ADDRESS),
+            etcd_client_port=free_port(BIND_ADDRESS),
+            etcd_peer_port=free_port(BIND_ADDRESS),
+            controller_manager_port=free_port(BIND_ADDRESS),
+        )
+
+    @staticmethod
+    def _record(state: HarnessState, name: str) -> ClusterRecord:
+        for record in state.clusters:
+            if record.name == name:
+                return record
+        known = ", ".join(c.name for c in state.clusters) or "none (run `up` first)"
+        raise ControlPlaneError(f"no cluster named {name!r}; clusters: {known}")
+
+    def _terminate(self, record: ClusterRecord) -> None:
+        # Reverse start order: the controller-manager and apiserver go before their etcd.
+        for component in reversed(COMPONENTS):
+            pid = record.pids.pop(component, None)
+            if pid:
+                processes.terminate(pid, self.state_dir)
+
+    def _spawn(self, record: ClusterRecord, plane: ControlPlane, component: str) -> None:
+        if self._running(record, component):
+            return
+        port = {
+            "etcd": record.etcd_client_port,
+            "kube-apiserver": record.apiserver_port,
+            "kube-controller-manager": record.controller_manager_port,
+        }[component]
+        if not port_is_free(port, BIND_ADDRESS):
+            raise ControlPlaneError(
+                f"{record.name}: {component} port {BIND_ADDRESS}:{port} is taken by another "
+                "process; run `python -m clusters down` and `up` again"
+            )
+        record.pids[component] = processes.spawn(
+            plane.argv(component, self.binaries()),
+            plane.log_file(component),
+            tied_to_parent=self.tied_to_caller,
+        )
+
+    def _bring_up(self, state: HarnessState, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        records = [self._record(state, n) for n in names]
+        records = [r for r in records if not r.stopped]
+        planes = {r.name: self.control_plane(r) for r in records}
+        self.binaries()  # provision (maybe build) before any clock that matters starts
+        for plane in planes.values():
+            plane.prepare()
+        try:
+            for record in records:
+                self._spawn(record, planes[record.name], "etcd")
+            self._save(state)
+            for record in records:
+                plane = planes[record.name]
+                wait_until(
+                    f"{record.name} etcd", plane.etcd_healthy, deadline - time.monotonic(),
+                    alive=lambda r=record: self._running(r, "etcd"),
+                    log_file=plane.log_file("etcd"),
+                )
+            for record in records:
+                self._spawn(record, planes[record.name], "kube-apiserver")
+            self._save(state)
+            for record in records:
+                plane = planes[record.name]
+                wait_until(
+                    f"{record.name} kube-apiserver", plane.apiserver_ready,
+                    deadline - time.monotonic(),
+                    alive=lambda r=record: self._running(r, "kube-apiserver"),
+                    log_file=plane.log_file("kube-apiserver"),
+                )
+            # CRDs before the controller-manager, so the garbage collector's first discovery
+            # already sees TrainJobs and JobSets (it re-discovers only every 30 s).
+            with ThreadPoolExecutor(max_workers=len(records) or 1) as pool:
+                futures = [
+                    pool.submit(self._install_crds, r, deadline - time.monotonic())
+                    for r in records
+                ]
+                for future in futures:
+                    future.result()
+            for record in records:
+                self._spawn(record, planes[record.name], "kube-controller-manager")
+            self._save(state)
+            for record in records:
+                plane = planes[record.name]
+                wait_until(
+                    f"{record.name} kube-controller-manager", plane.controller_manager_healthy,
+                    deadline - time.monotonic(),
+                    alive=lambda r=record: self._running(r, "kube-controller-manager"),
+                    log_file=plane.log_file("kube-controller-manager"),
+                )
+        finally:
+            self._save(state)
+
+    def _install_crds(self, record: ClusterRecord, timeout: float) -> None:
+        with api_client(self.kubeconfig(record.name)) as client:
+            crds.install_crds(client, crds.load_crds(crds.crd_dirs(record.role)), timeout)
+
+    def _info(self, state: HarnessState) -> list[ClusterInfo]:
+        infos = []
+        for record in state.clusters:
+            plane = self.control_plane(record)
+            alive = [self._running(record, c) for c in COMPONENTS]
+            if record.stopped:
+                status = "stopped"
+            elif all(alive) and plane.apiserver_ready():
+                status = "running"
+            elif any(alive):
+                status = "degraded"
+            else:
+                status = "down"
+            infos.append(ClusterInfo(
+                name=record.name, role=record.role, server=plane.server,
+                kubeconfig=str(self.kubeconfig(record.name)), state=status,
+            ))
+        return infos

@@ -1,0 +1,190 @@
+"""Throwaway PKI for one local cluster: a CA, the apiserver's serving certificate, an admin
+client certificate (organisation ``system:masters``) and the service-account signing key.
+
+ECDSA P-256 keys: the apiserver accepts them everywhere and they are generated in
+milliseconds, which matters for bringing several clusters up quickly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attrs)
+
+
+@dataclass
+class CertificateAuthority:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    @classmethod
+    def create(cls, common_name: str) -> CertificateAuthority:
+        key = _new_key()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        name = _name(common_name)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, key_cert_sign=True, crl_sign=True,
+                    content_commitment=False, key_encipherment=False, data_encipherment=False,
+                    key_agreement=False, encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return cls(key, cert)
+
+    @classmethod
+    def load(cls, cert_file: Path, key_file: Path) -> CertificateAuthority:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+        return cls(key, cert)  # type: ignore[arg-type]
+
+    def issue(
+        self,
+        common_name: str,
+        *,
+        organizations: tuple[str, ...] = (),
+        dns_names: tuple[str, ...] = (),
+        ip_addresses: tuple[str, ...] = (),
+        server: bool = False,
+        client: bool = False,
+    ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        """A new key and a certificate for it, signed by this CA."""
+        key = _new_key()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name, organizations))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return key, builder.sign(self.key, hashes.SHA256())
+
+
+@dataclass(frozen=True)
+class ClusterPKI:
+    """File locations of one cluster's PKI material."""
+
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.directory / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.directory / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.directory / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.directory / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.directory / "service-account.key"
+
+    @property
+    def service_account_pub(self) -> Path:
+        return self.directory / "service-account.pub"
+
+    def exists(self) -> bool:
+        return all(
+            p.is_file()
+            for p in (self.ca_cert, self.admin_cert, self.serving_cert, self.service_account_key)
+        )
+
+    def generate(self, cluster_name: str, bind_address: str) -> None:
+        """Write a fresh CA and every certificate and key the cluster needs."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ca = CertificateAuthority.create(f"{cluster_name}-ca")
+        serving_key, serving = ca.issue(
+            "kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default",
+                       "kubernetes.default.svc"),
+            ip_addresses=tuple(dict.fromkeys((bind_address, "127.0.0.1", "10.0.0.1"))),
+            server=True,
+        )
+        admin_key, admin = ca.issue("admin", organizations=("system:masters",), client=True)
+        sa_key = _new_key()
+        files = {
+            self.ca_cert: cert_pem(ca.cert),
+            self.ca_key: key_pem(ca.key),
+            self.serving_cert: cert_pem(serving),
+            self.serving_key: key_pem(serving_key),
+            self.admin_cert: cert_pem(admin),
+            self.admin_key: key_pem(admin_key),
+            self.service_account_key: key_pem(sa_key),
+            self.service_account_pub: sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ),
+        }
+        for path, data in files.items():
+            path.write_bytes(data)
+            if path.suffix == ".key":
+                path.chmod(0o600)

@@ -1,0 +1,127 @@
+"""Starting, recognising and stopping the harness's own child processes.
+
+Every process the harness starts carries a path under its state directory on its command
+line; ``is_harness_process`` checks that before anything is signalled, so a recycled PID
+that now belongs to someone else is never killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. If the process that owns the clusters (a
+    # pytest session, say) is SIGKILLed, the kernel sends SIGTERM here, so no apiserver
+    # outlives it. Note the kernel ties this to the creating *thread*; callers spawn from
+    # a long-lived thread (the main thread).
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool) -> int:
+    """Start ``argv`` in its own session with output appended to ``log_file``; return its PID."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in a terminal must not hit etcd before the apiserver
+            preexec_fn=_die_with_parent if tied_to_parent else None,
+            close_fds=True,
+        )
+    _children[proc.pid] = proc
+    return proc.pid
+
+
+# Popen objects of the processes this interpreter started, so their exit status is
+# collected (no zombies) and liveness checks see an exited child as dead.
+_children: dict[int, subprocess.Popen] = {}
+
+
+def is_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def is_harness_process(pid: int | None, marker: Path) -> bool:
+    """True when ``pid`` is alive and its command line mentions ``marker`` (a state dir)."""
+    if not is_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    # The trailing separator keeps /tmp/a from matching /tmp/ab.
+    return (str(marker).rstrip("/") + "/").encode() in cmdline
+
+
+def terminate(pid: int, marker: Path, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only if the process is ours."""
+    if not is_harness_process(pid, marker):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            break
+        time.sleep(0.05)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # SIGKILL is not ignorable; wait briefly so the port is free before a restart.
+        deadline = time.monotonic() + 5
+        while is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    child = _children.pop(pid, None)
+    if child is not None:
+        child.poll()
+
+
+def harness_processes(marker: Path) -> list[int]:
+    """Every live process whose command line mentions ``marker``: for leak checks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            if is_harness_process(int(entry.name), marker):
+                found.append(int(entry.name))
+    return found
+
+
+def log_tail(log_file: Path, lines: int = 20) -> str:
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:])

@@ -1,0 +1,133 @@
+"""pytest fixtures for tests that need real clusters.
+
+Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
+
+* ``multicluster`` (session): a manager and ``CLUSTERS_TEST_WORKERS`` workers (default 2),
+  started in the session's temporary directory and stopped at the end of the session on
+  every exit path: normal end, failures, Ctrl-C (fixture teardown) and a killed pytest (the
+  processes are tied to it with PDEATHSIG). Set ``CLUSTERS_TEST_STATE_DIR`` to reuse clusters
+  already started with ``python -m clusters up --state-dir DIR``; those are left running.
+* ``namespace`` (function): a fresh namespace of the same name in every cluster, deleted
+  afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from clusters.controlplane import ControlPlane
+from clusters.local import ClusterInfo, LocalClusters
+from trainjob.kubeclient import api_client
+
+
+@dataclass
+class Cluster:
+    """One cluster as a test sees it: its name, kubeconfig and ready API clients."""
+
+    name: str
+    role: str
+    kubeconfig: Path
+    control_plane: ControlPlane
+    api: client.ApiClient = field(repr=False)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    def reachable(self) -> bool:
+        return self.control_plane.apiserver_ready()
+
+
+@dataclass
+class MultiCluster:
+    harness: LocalClusters
+    clusters: dict[str, Cluster]
+
+    @property
+    def manager(self) -> Cluster:
+        return self.clusters["manager"]
+
+    @property
+    def workers(self) -> list[Cluster]:
+        return [c for c in self.clusters.values() if c.role == "worker"]
+
+    def __getitem__(self, name: str) -> Cluster:
+        return self.clusters[name]
+
+    def __iter__(self):
+        return iter(self.clusters.values())
+
+    def stop(self, name: str) -> ClusterInfo:
+        return self.harness.stop(name)
+
+    def start(self, name: str, timeout: float = 60) -> ClusterInfo:
+        return self.harness.start(name, timeout=timeout)
+
+
+def _connect(harness: LocalClusters) -> MultiCluster:
+    state = harness.load()
+    clusters = {}
+    for record in state.clusters:
+        clusters[record.name] = Cluster(
+            name=record.name,
+            role=record.role,
+            kubeconfig=harness.kubeconfig(record.name),
+            control_plane=harness.control_plane(record),
+            api=api_client(harness.kubeconfig(record.name)),
+        )
+    return MultiCluster(harness, clusters)
+
+
+@pytest.fixture(scope="session")
+def multicluster(tmp_path_factory) -> MultiCluster:
+    reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
+    if reuse:
+        harness = LocalClusters(reuse)
+        not_running = [i.name for i in harness.status() if i.state != "running"]
+        if not harness.load().clusters or not_running:
+            pytest.fail(
+                f"CLUSTERS_TEST_STATE_DIR={reuse}: clusters not running ({not_running or 'none'}); "
+                f"run `python -m clusters up --state-dir {reuse}` first"
+            )
+        yield _connect(harness)
+        return
+    workers = int(os.environ.get("CLUSTERS_TEST_WORKERS", "2"))
+    harness = LocalClusters(tmp_path_factory.mktemp("clusters"), tied_to_caller=True)
+    try:
+        harness.up(workers=workers, timeout=180)
+        multi = _connect(harness)
+        yield multi
+        for cluster in multi:
+            cluster.api.close()
+    finally:
+        harness.down()
+
+
+def _namespace_name(test_name: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(multicluster: MultiCluster, request) -> str:
+    name = _namespace_name(request.node.name)
+    for cluster in multicluster:
+        cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    for cluster in multicluster:
+        try:
+            cluster.core.delete_namespace(name)
+        except Exception:  # noqa: BLE001 - cleanup must not mask the test result
+            # A test may leave a cluster stopped; its namespace goes with `down`.
+            pass
