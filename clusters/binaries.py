@@ -109,8 +109,9 @@ def find_binaries(build: bool = True) -> ControlPlaneBinaries:
     """Return the three binaries, building what is missing into the cache when ``build``."""
     found: dict[str, Path] = {}
     missing_kube: list[str] = []
-    for binary in ("etcd", *KUBE_COMMANDS):
-        path = _from_environment(binary)
+    # A broken explicit override is reported before anything is looked up or built.
+    overrides = {binary: _from_environment(binary) for binary in ("etcd", *KUBE_COMMANDS)}
+    for binary, path in overrides.items():
         if path is None and _is_executable(cached_path(binary)):
             path = cached_path(binary)
         if path is None:

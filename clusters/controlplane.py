@@ -174,6 +174,10 @@ class ControlPlane:
                 # No front proxy here: do not look up its client CA in kube-system.
                 "--authentication-skip-lookup=true",
                 "--use-service-account-credentials=false",
+                # The default 20 QPS makes each namespace deletion (a list and a
+                # deletecollection per resource type) take seconds, and test namespaces queue.
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
                 "--v=1",
             ]
         raise ValueError(f"unknown component {component!r}")

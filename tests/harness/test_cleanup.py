@@ -1,0 +1,59 @@
+"""A test session that owns clusters leaves no process behind, however it ends."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from clusters.processes import harness_processes
+from clusters.testing import eventually
+
+INNER_TEST = textwrap.dedent('''
+    import os
+    import pathlib
+    import threading
+
+    def test_holds_clusters(multicluster):
+        assert multicluster.manager.reachable()
+        pathlib.Path(os.environ["READY_FILE"]).write_text("ready")
+        if os.environ["INNER_MODE"] == "fail":
+            assert False, "deliberate failure"
+        # Keep the session open until the outer test interrupts or kills it.
+        threading.Event().wait(120)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["failing-test", "ctrl-c", "sigkill"])
+def test_owned_clusters_are_stopped_when_the_session_ends(tmp_path, ending):
+    (tmp_path / "test_inner.py").write_text(INNER_TEST)
+    basetemp = tmp_path / "inner-base"
+    ready = tmp_path / "ready"
+    env = dict(os.environ, READY_FILE=str(ready), CLUSTERS_TEST_WORKERS="0",
+               INNER_MODE="fail" if ending == "failing-test" else "hold")
+    env.pop("CLUSTERS_TEST_STATE_DIR", None)
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "clusters.pytest_plugin",
+         "-p", "no:cacheprovider", f"--basetemp={basetemp}", "test_inner.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        eventually(lambda: ready.exists() or inner.poll() is not None, bool,
+                   expected="the inner session to start its clusters", timeout=120)
+        assert ready.exists(), f"inner session ended early:\n{inner.communicate()[0]}"
+        assert harness_processes(basetemp), "inner session's clusters are not running"
+        if ending == "ctrl-c":
+            inner.send_signal(signal.SIGINT)
+        elif ending == "sigkill":
+            inner.kill()
+        output, _ = inner.communicate(timeout=120)
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+    if ending == "failing-test":
+        assert inner.returncode == 1 and "deliberate failure" in output, output
+    eventually(lambda: harness_processes(basetemp), lambda pids: pids == [],
+               expected=f"no process of {basetemp} left after a {ending} ending", timeout=30)

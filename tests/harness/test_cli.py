@@ -1,0 +1,75 @@
+"""The `python -m clusters` command line: up, idempotent up, status, down and no leftovers."""
+
+import base64
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from clusters.processes import harness_processes
+
+
+def clusters_cli(*args: str, state_dir) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clusters", *args, "--state-dir", str(state_dir)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+
+
+@pytest.mark.slow
+def test_up_status_down_lifecycle(tmp_path):
+    state_dir = tmp_path / "cli-clusters"
+    try:
+        first = clusters_cli("up", "--workers", "1", "--json", state_dir=state_dir)
+        assert first.returncode == 0, first.stderr
+        clusters = json.loads(first.stdout)["clusters"]
+        assert [(c["name"], c["role"], c["state"]) for c in clusters] == [
+            ("manager", "manager", "running"), ("worker-1", "worker", "running")]
+        for c in clusters:
+            assert c["kubeconfig"] == str(state_dir / f"{c['name']}.kubeconfig")
+            assert c["server"].startswith("https://127.0.0.1:")
+
+        # The processes outlive the command that started them.
+        assert harness_processes(state_dir), "no harness process running after `up` returned"
+
+        # Again while up: a no-op that reports the same clusters.
+        again = clusters_cli("up", "--workers", "1", "--json", state_dir=state_dir)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["clusters"] == clusters
+
+        # Asking for a different layout over a running one is refused, and changes nothing.
+        other = clusters_cli("up", "--workers", "3", state_dir=state_dir)
+        assert other.returncode == 1
+        assert "already holds clusters ['manager', 'worker-1']" in other.stderr
+        status = clusters_cli("status", "--json", state_dir=state_dir)
+        assert json.loads(status.stdout)["clusters"] == clusters
+
+        # Kubeconfigs embed their certificates so they can be stored in a Secret as they are.
+        config = yaml.safe_load((state_dir / "worker-1.kubeconfig").read_text())
+        cluster = config["clusters"][0]["cluster"]
+        user = config["users"][0]["user"]
+        assert set(cluster) == {"server", "certificate-authority-data"}
+        assert set(user) == {"client-certificate-data", "client-key-data"}
+        assert base64.b64decode(cluster["certificate-authority-data"]).startswith(
+            b"-----BEGIN CERTIFICATE-----")
+    finally:
+        down = clusters_cli("down", state_dir=state_dir)
+    assert down.returncode == 0, down.stderr
+    assert harness_processes(state_dir) == []
+    assert not state_dir.exists()
+
+
+def test_stop_of_an_unknown_cluster_names_the_known_ones(tmp_path):
+    result = clusters_cli("stop", "worker-9", state_dir=tmp_path / "empty")
+    assert result.returncode == 1
+    assert "no cluster named 'worker-9'" in result.stderr
+    assert "run `up` first" in result.stderr
+
+
+def test_help_explains_the_commands():
+    result = subprocess.run([sys.executable, "-m", "clusters", "--help"],
+                            capture_output=True, text=True, check=True)
+    for word in ("up", "status", "down", "stop", "start", "provision", "KUBEBUILDER_ASSETS"):
+        assert word in result.stdout
