@@ -123,6 +123,31 @@ class LocalClusters:
             controller_manager_port=record.controller_manager_port,
         )
 
+    def issue_serving_certificate(self, name: str, directory: Path,
+                                  hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Path:
+        """Write ``tls.crt``/``tls.key`` signed by cluster ``name``'s CA into ``directory``
+        (for a webhook server the apiserver calls); return the CA file to use as caBundle."""
+        import ipaddress
+
+        from clusters.pki import CertificateAuthority, cert_pem, key_pem
+
+        pki = self.control_plane(self._record(self.load(), name)).pki
+        ca = CertificateAuthority.load(pki.ca_cert, pki.ca_key)
+        ips, dns = [], []
+        for host in hosts:
+            try:
+                ipaddress.ip_address(host)
+                ips.append(host)
+            except ValueError:
+                dns.append(host)
+        key, cert = ca.issue("webhook", dns_names=tuple(dns), ip_addresses=tuple(ips),
+                             server=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "tls.crt").write_bytes(cert_pem(cert))
+        (directory / "tls.key").write_bytes(key_pem(key))
+        (directory / "tls.key").chmod(0o600)
+        return pki.ca_cert
+
     def kubeconfig(self, name: str) -> Path:
         return self.state_dir / f"{name}.kubeconfig"
 

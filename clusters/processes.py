@@ -74,6 +74,10 @@ def is_harness_process(pid: int | None, marker: Path) -> bool:
     """True when ``pid`` is alive and its command line mentions ``marker`` (a state dir)."""
     if not is_alive(pid):
         return False
+    if pid in _children:
+        # Started by this interpreter: ours for sure. (Between fork and exec its command
+        # line is still the parent's, so the check below would wrongly say no.)
+        return True
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:

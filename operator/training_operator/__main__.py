@@ -1,0 +1,5 @@
+import sys
+
+from training_operator.cli import main
+
+sys.exit(main())

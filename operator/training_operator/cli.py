@@ -1,0 +1,97 @@
+"""``training-operator`` / ``python -m training_operator``: the worker-side operator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+
+from trainjob import logs
+from trainjob.kubeclient import api_client
+from trainjob.observability import ObservabilityServer
+
+log = logging.getLogger("training_operator")
+
+DESCRIPTION = """\
+Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty
+or kubeflow.org/training-operator) into JobSets, report their status, and validate
+TrainJobs in an admission webhook. TrainJobs managed by anyone else (for example
+kueue.x-k8s.io/multikueue) are never touched.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="training-operator", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the operator until interrupted",
+                         description=DESCRIPTION)
+    run.add_argument("--kubeconfig", help="kubeconfig of the cluster to operate on; "
+                     "in-cluster service-account configuration when omitted")
+    run.add_argument("--namespace", default=None,
+                     help="only reconcile TrainJobs in this namespace (default: all namespaces)")
+    run.add_argument("--webhook-port", type=int, default=9443,
+                     help="HTTPS port of the validating admission webhook (default: %(default)s)")
+    run.add_argument("--webhook-host", default="127.0.0.1",
+                     help="address the webhook binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
+    run.add_argument("--webhook-cert-dir", default=None,
+                     help="directory holding tls.crt and tls.key; the webhook server starts "
+                     "only when this is given (without it the operator still reconciles and "
+                     "the CRD's CEL rules still apply)")
+    run.add_argument("--metrics-port", type=int, default=8080,
+                     help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
+    run.add_argument("--metrics-host", default="127.0.0.1",
+                     help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
+    run.add_argument("--workers", type=int, default=4, help="concurrent reconciles (default: %(default)s)")
+    run.add_argument("--log-level", default="info",
+                     choices=("debug", "info", "warning", "error"),
+                     help="(default: %(default)s)")
+    run.add_argument("--log-format", default="text", choices=("text", "json"),
+                     help="text for people, json lines for collectors (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    from training_operator.controller import OperatorController
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        api = api_client(args.kubeconfig)
+    except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
+        print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
+        return 2
+    controller = OperatorController(api, namespace=args.namespace, workers=args.workers,
+                                    instance=socket.gethostname())
+    servers = []
+    try:
+        observability = ObservabilityServer(args.metrics_port, controller.metrics.registry,
+                                            controller.ready, host=args.metrics_host).start()
+        servers.append(observability)
+        controller.start()
+        if args.webhook_cert_dir:
+            from training_operator.webhook_server import WebhookServer
+
+            webhook = WebhookServer(args.webhook_port, args.webhook_cert_dir,
+                                    controller.lookups(), host=args.webhook_host,
+                                    on_review=controller.observe_review)
+            webhook.start()
+            servers.append(webhook)
+            log.info("webhook serving on https://%s:%d", args.webhook_host, webhook.port)
+        log.info("operator running (namespace: %s); metrics on http://%s:%d/metrics",
+                 args.namespace or "all", args.metrics_host, observability.port)
+        stop.wait()
+    except (OSError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        controller.stop()
+    log.info("operator stopped")
+    return 0

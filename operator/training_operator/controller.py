@@ -1,0 +1,178 @@
+"""Wiring of the operator: informers feed a work queue, workers run the reconciler.
+
+Watched: TrainJobs (the subject), JobSets (status comes from them), TrainingRuntimes and
+ClusterTrainingRuntimes (a job waiting for a missing runtime starts when it appears).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+
+from kubernetes import client
+
+from training_operator.metrics import OperatorMetrics
+from training_operator.reconciler import Caches, TrainJobReconciler
+from trainjob import constants as c
+from trainjob.events import EventRecorder
+from trainjob.informer import Informer
+from trainjob.workqueue import ShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+def _custom_list(api: client.ApiClient, group: str, version: str, plural: str,
+                 namespace: str | None):
+    custom = client.CustomObjectsApi(api)
+    if namespace:
+        return functools.partial(custom.list_namespaced_custom_object, group, version,
+                                 namespace, plural)
+    return functools.partial(custom.list_cluster_custom_object, group, version, plural)
+
+
+class OperatorController:
+    def __init__(self, api: client.ApiClient, namespace: str | None = None, workers: int = 4,
+                 metrics: OperatorMetrics | None = None, instance: str = ""):
+        self.api = api
+        self.namespace = namespace
+        self.metrics = metrics or OperatorMetrics()
+        self.queue = WorkQueue()
+        self.trainjobs = Informer("trainjobs", _custom_list(
+            api, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS, namespace))
+        self.jobsets = Informer("jobsets", _custom_list(
+            api, c.JOBSET_GROUP, c.JOBSET_VERSION, c.JOBSETS, namespace))
+        self.runtimes = Informer("trainingruntimes", _custom_list(
+            api, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAININGRUNTIMES, namespace))
+        self.cluster_runtimes = Informer("clustertrainingruntimes", _custom_list(
+            api, c.TRAINER_GROUP, c.TRAINER_VERSION, c.CLUSTERTRAININGRUNTIMES, None))
+        self.recorder = EventRecorder(api, "training-operator", instance)
+        self.reconciler = TrainJobReconciler(
+            api, Caches(self.trainjobs, self.jobsets, self.runtimes, self.cluster_runtimes),
+            self.recorder, self.metrics)
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+        self.trainjobs.add_handler(self._on_trainjob)
+        self.jobsets.add_handler(self._on_jobset)
+        self.runtimes.add_handler(self._on_runtime)
+        self.cluster_runtimes.add_handler(self._on_runtime)
+
+    @property
+    def informers(self) -> list[Informer]:
+        return [self.trainjobs, self.jobsets, self.runtimes, self.cluster_runtimes]
+
+    # --- event routing --------------------------------------------------------------
+
+    def _on_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
+        obj = new or old
+        managed_by = (obj.get("spec") or {}).get("managedBy")
+        if managed_by not in (None, "", c.MANAGED_BY_TRAINING_OPERATOR):
+            return  # not ours: not even queued
+        meta = obj["metadata"]
+        self.queue.add((meta.get("namespace", ""), meta["name"]))
+
+    def _on_jobset(self, kind: str, old: dict | None, new: dict | None) -> None:
+        obj = new or old
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == c.TRAINJOB_KIND:
+                self.queue.add((obj["metadata"].get("namespace", ""), ref["name"]))
+
+    def _on_runtime(self, kind: str, old: dict | None, new: dict | None) -> None:
+        obj = new or old
+        name = obj["metadata"]["name"]
+        namespace = obj["metadata"].get("namespace")
+        runtime_kind = c.TRAININGRUNTIME_KIND if namespace else c.CLUSTERTRAININGRUNTIME_KIND
+        for job in self.trainjobs.list():
+            ref = (job.get("spec") or {}).get("runtimeRef") or {}
+            if ref.get("name") != name or ref.get("kind", c.CLUSTERTRAININGRUNTIME_KIND) != \
+                    runtime_kind:
+                continue
+            if namespace and job["metadata"].get("namespace") != namespace:
+                continue
+            self._on_trainjob("MODIFIED", None, job)
+
+    # --- running --------------------------------------------------------------------
+
+    def start(self, sync_timeout: float = 60) -> OperatorController:
+        for informer in self.informers:
+            informer.start()
+        deadline = time.monotonic() + sync_timeout
+        for informer in self.informers:
+            if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"{informer.name} cache not synced after {sync_timeout}s")
+        for i in range(self._workers):
+            thread = threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def lookups(self) -> CacheLookups:
+        """What the webhook reads: the operator's caches (no API call per review)."""
+        return CacheLookups(self)
+
+    def observe_review(self, seconds: float, allowed: bool, reason: str) -> None:
+        self.metrics.webhook_duration.observe(seconds)
+        if not allowed:
+            self.metrics.webhook_rejections.labels(reason=reason or "unknown").inc()
+
+    def ready(self) -> tuple[bool, str]:
+        missing = [i.name for i in self.informers if not i.synced.is_set()]
+        return (not missing, "ok" if not missing else f"caches not synced: {', '.join(missing)}")
+
+    def stop(self) -> None:
+        self.queue.shutdown()
+        for informer in self.informers:
+            informer.stop()
+        for thread in self._threads:
+            thread.join(5)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                key = self.queue.get()
+            except ShutDown:
+                return
+            started = time.perf_counter()
+            try:
+                self.reconciler.reconcile(*key)
+                self.queue.forget(key)
+            except Exception as err:  # noqa: BLE001 - retried with backoff, never dropped
+                self.metrics.reconcile_errors.inc()
+                delay = self.queue.add_rate_limited(key)
+                log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
+                            key[0], key[1], err, delay)
+            finally:
+                self.metrics.reconcile_duration.observe(time.perf_counter() - started)
+                self.queue.done(key)
+
+
+class CacheLookups:
+    """Webhook lookups from the informer caches; for a namespace outside ``--namespace``
+    (not cached) it asks the API server."""
+
+    def __init__(self, controller: OperatorController):
+        self._controller = controller
+        self._api = None
+
+    def _direct(self):
+        if self._api is None:
+            from training_operator.webhook import ApiLookups
+
+            self._api = ApiLookups(self._controller.api)
+        return self._api
+
+    def _cached(self, namespace: str) -> bool:
+        return self._controller.namespace in (None, namespace)
+
+    def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
+        if kind == c.CLUSTERTRAININGRUNTIME_KIND:
+            return self._controller.cluster_runtimes.get("", name)
+        if self._cached(namespace):
+            return self._controller.runtimes.get(namespace, name)
+        return self._direct().runtime(namespace, kind, name)
+
+    def jobset(self, namespace: str, name: str) -> dict | None:
+        if self._cached(namespace):
+            return self._controller.jobsets.get(namespace, name)
+        return self._direct().jobset(namespace, name)

@@ -1,0 +1,188 @@
+"""The TrainJob reconciler: read the world from caches, compute the desired JobSet and
+status, apply only the difference. Level-triggered and idempotent: any number of calls
+with the same world writes at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from training_operator import jobset_builder, status as status_mod
+from training_operator.metrics import OperatorMetrics
+from trainjob import constants as c
+from trainjob.api import TrainingRuntime, TrainJob
+from trainjob.events import NORMAL, WARNING, EventRecorder
+from trainjob.kubeclient import APPLY_PATCH, apply_custom_object
+from trainjob.runtime import build_runtime_info
+from trainjob.runtime.plugins import mpi as mpi_plugin
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "training-operator"
+CREATE_ONLY_ANNOTATION = "trainer.kubeflow.org/create-only"
+
+
+class Cache(Protocol):
+    def get(self, namespace: str, name: str) -> dict | None: ...
+
+    def observe(self, obj: dict) -> None: ...
+
+
+@dataclass
+class Caches:
+    trainjobs: Cache
+    jobsets: Cache
+    runtimes: Cache
+    cluster_runtimes: Cache
+
+
+class TrainJobReconciler:
+    def __init__(self, api: client.ApiClient, caches: Caches, recorder: EventRecorder,
+                 metrics: OperatorMetrics):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.caches = caches
+        self.recorder = recorder
+        self.metrics = metrics
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        """Bring TrainJob ``namespace/name`` and its JobSet to the desired state."""
+        raw = self.caches.trainjobs.get(namespace, name)
+        if raw is None:
+            return  # deleted: the garbage collector removes the JobSet it owned
+        try:
+            job = TrainJob.model_validate(raw)
+        except ValidationError as err:
+            log.warning("TrainJob %s/%s: unreadable (%s); skipped", namespace, name, err)
+            return
+        if not job.managed_by_operator:
+            return  # someone else's job: no JobSet, no status, no finalizer, no Event
+        if job.metadata.deletion_timestamp or job.finished:
+            return
+        jobset = self.caches.jobsets.get(namespace, name)
+        if jobset is not None and not self._owned(jobset, job):
+            self._write_status(job, raw, jobset=None, created=status_mod.Transition(
+                status_mod.CONDITION_CREATED, "False", status_mod.REASON_BUILD_FAILED,
+                f"JobSet {namespace}/{name} exists and is not controlled by this TrainJob"))
+            return
+        runtime = self._runtime(job)
+        if runtime is None:
+            ref = job.spec.runtime_ref
+            where = f" in namespace {namespace}" if ref.kind == c.TRAININGRUNTIME_KIND else ""
+            self._write_status(job, raw, jobset, status_mod.Transition(
+                status_mod.CONDITION_CREATED, "False", status_mod.REASON_RUNTIME_NOT_FOUND,
+                f"{ref.kind} {ref.name} not found{where}; the job starts when it exists"))
+            return
+        try:
+            info = build_runtime_info(job, runtime)
+            desired = jobset_builder.build_jobset(job, info)
+        except Exception as err:  # noqa: BLE001 - a bad runtime must not stop the operator
+            self._write_status(job, raw, jobset, status_mod.Transition(
+                status_mod.CONDITION_CREATED, "False", status_mod.REASON_BUILD_FAILED,
+                f"cannot build the JobSet from {job.spec.runtime_ref.kind} "
+                f"{job.spec.runtime_ref.name}: {err}"))
+            return
+        if jobset is None:
+            self._apply_objects(job, info.objects)
+            jobset = self._apply(desired)
+            self.metrics.jobsets_created.inc()
+        else:
+            jobset = self._update_jobset(job, jobset, desired, info.objects)
+        # Level-based: whenever our JobSet exists, Created is True (also after a crash
+        # between creating the JobSet and writing the status).
+        self._write_status(job, raw, jobset, status_mod.Transition(
+            status_mod.CONDITION_CREATED, "True", status_mod.REASON_JOBSET_CREATED,
+            f"JobSet {namespace}/{name} created"))
+
+    # --- pieces ---------------------------------------------------------------------
+
+    @staticmethod
+    def _owned(jobset: dict, job: TrainJob) -> bool:
+        return any(ref.get("controller") and ref.get("uid") == job.metadata.uid
+                   for ref in jobset.get("metadata", {}).get("ownerReferences") or [])
+
+    def _runtime(self, job: TrainJob) -> TrainingRuntime | None:
+        ref = job.spec.runtime_ref
+        if ref.api_group != c.TRAINER_GROUP:
+            return None
+        if ref.kind == c.TRAININGRUNTIME_KIND:
+            raw = self.caches.runtimes.get(job.metadata.namespace or "", ref.name)
+        else:
+            raw = self.caches.cluster_runtimes.get("", ref.name)
+        return TrainingRuntime.model_validate(raw) if raw is not None else None
+
+    def _apply(self, desired: dict[str, Any]) -> dict[str, Any]:
+        applied = apply_custom_object(self.api, c.JOBSET_GROUP, c.JOBSET_VERSION, c.JOBSETS,
+                                      desired, FIELD_MANAGER)
+        self.caches.jobsets.observe(applied)
+        return applied
+
+    def _update_jobset(self, job: TrainJob, jobset: dict, desired: dict,
+                       objects: list[dict]) -> dict:
+        running = not job.spec.suspend and not (jobset.get("spec") or {}).get("suspend")
+        current_hash = (jobset["metadata"].get("annotations") or {}).get(
+            jobset_builder.SPEC_HASH_ANNOTATION)
+        wanted_hash = desired["metadata"]["annotations"][jobset_builder.SPEC_HASH_ANNOTATION]
+        if running:
+            # Neither side suspended: the pods are running from the current spec; only the
+            # suspend flag (already false on both) could change, so there is nothing to do.
+            return jobset
+        if current_hash == wanted_hash and bool(jobset["spec"].get("suspend")) == job.spec.suspend:
+            return jobset  # a resync: nothing changed
+        self._apply_objects(job, objects)
+        return self._apply(desired)
+
+    def _apply_objects(self, job: TrainJob, objects: list[dict]) -> None:
+        """Plug-in objects (MPI's SSH Secret and hostfile ConfigMap), owned by the job."""
+        for obj in objects:
+            body = {**obj, "metadata": {**obj["metadata"],
+                                        "ownerReferences": [jobset_builder.owner_reference(job)]}}
+            namespace = body["metadata"]["namespace"]
+            if body["metadata"].get("annotations", {}).get(CREATE_ONLY_ANNOTATION) == "true":
+                if body["kind"] == "Secret" and not body.get("data"):
+                    body["data"] = mpi_plugin.generate_ssh_secret_data()
+                create = (self.core.create_namespaced_secret if body["kind"] == "Secret"
+                          else self.core.create_namespaced_config_map)
+                try:
+                    create(namespace, body)
+                except ApiException as err:
+                    if err.status != 409:  # exists: created once, never rewritten
+                        raise
+                continue
+            patch = (self.core.patch_namespaced_secret if body["kind"] == "Secret"
+                     else self.core.patch_namespaced_config_map)
+            patch(body["metadata"]["name"], namespace, body, field_manager=FIELD_MANAGER,
+                  force=True, _content_type=APPLY_PATCH)
+
+    def _write_status(self, job: TrainJob, raw: dict, jobset: dict | None,
+                      created: status_mod.Transition | None) -> None:
+        desired, transitions = status_mod.desired_status(job, jobset, created)
+        if status_mod.same_status(raw.get("status") or {}, desired):
+            return
+        written = self.custom.patch_namespaced_custom_object_status(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, job.metadata.namespace, c.TRAINJOBS,
+            job.metadata.name, {"status": desired},
+            _content_type="application/merge-patch+json",
+        )
+        self.caches.trainjobs.observe(written)
+        self.metrics.status_writes.inc()
+        for transition in transitions:
+            self._event_for(raw, transition)
+
+    def _event_for(self, raw: dict, t: status_mod.Transition) -> None:
+        warning = (t.type == c.CONDITION_FAILED or (
+            t.type == status_mod.CONDITION_CREATED and t.status == "False"))
+        reason = {
+            (c.CONDITION_SUSPENDED, "True"): "Suspended",
+            (c.CONDITION_SUSPENDED, "False"): "Resumed",
+            (c.CONDITION_COMPLETE, "True"): "Completed",
+            (c.CONDITION_FAILED, "True"): "Failed",
+        }.get((t.type, t.status), t.reason)
+        self.recorder.event(raw, WARNING if warning else NORMAL, reason, t.message)

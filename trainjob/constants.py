@@ -1,0 +1,57 @@
+"""API groups, well-known values, labels and condition vocabulary shared by both sides."""
+
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_VERSION = "v1alpha1"
+TRAINER_API_VERSION = f"{TRAINER_GROUP}/{TRAINER_VERSION}"
+TRAINJOBS = "trainjobs"
+TRAININGRUNTIMES = "trainingruntimes"
+CLUSTERTRAININGRUNTIMES = "clustertrainingruntimes"
+TRAINJOB_KIND = "TrainJob"
+TRAININGRUNTIME_KIND = "TrainingRuntime"
+CLUSTERTRAININGRUNTIME_KIND = "ClusterTrainingRuntime"
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+JOBSETS = "jobsets"
+JOBSET_KIND = "JobSet"
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+MULTIKUEUECLUSTERS = "multikueueclusters"
+MULTIKUEUECONFIGS = "multikueueconfigs"
+
+# spec.managedBy: no default; unset or empty means the built-in operator.
+MANAGED_BY_TRAINING_OPERATOR = "kubeflow.org/training-operator"
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+MANAGED_BY_VALUES = (MANAGED_BY_TRAINING_OPERATOR, MANAGED_BY_MULTIKUEUE)
+
+# Replicated-job roles, by name or by this label on the replicated job's template.
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ROLE_DATASET_INITIALIZER = "dataset-initializer"
+ROLE_MODEL_INITIALIZER = "model-initializer"
+ROLE_TRAINER = "trainer"
+ROLE_LAUNCHER = "launcher"
+INITIALIZER_ROLES = (ROLE_DATASET_INITIALIZER, ROLE_MODEL_INITIALIZER)
+
+# Replicated-job and container names.
+NODE = "node"
+LAUNCHER = "launcher"
+DATASET_INITIALIZER = "dataset-initializer"
+MODEL_INITIALIZER = "model-initializer"
+
+# TrainJob condition types and reasons.
+CONDITION_SUSPENDED = "Suspended"
+CONDITION_COMPLETE = "Complete"
+CONDITION_FAILED = "Failed"
+REASON_SUSPENDED = "Suspended"
+REASON_RESUMED = "Resumed"
+
+# JobSet condition types.
+JOBSET_COMPLETED = "Completed"
+JOBSET_FAILED = "Failed"
+JOBSET_SUSPENDED = "Suspended"
+
+# MultiKueue conventions.
+MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+DEFAULT_ORIGIN = "multikueue"

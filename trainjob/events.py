@@ -1,0 +1,82 @@
+"""Kubernetes Events about our objects, written off the reconcile path.
+
+Events are for people (``kubectl describe``); a reconcile must not wait on them. They go
+through a bounded queue to one writer thread, which retries a failed write a few times.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import threading
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+NORMAL, WARNING = "Normal", "Warning"
+
+
+class EventRecorder:
+    def __init__(self, api: client.ApiClient, component: str, instance: str = "",
+                 max_queued: int = 10_000):
+        self._core = client.CoreV1Api(api)
+        self._component = component
+        self._instance = instance or component
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
+        self._thread = threading.Thread(target=self._run, name=f"events-{component}",
+                                        daemon=True)
+        self._thread.start()
+        self.written = 0
+
+    def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Queue an Event about ``obj`` (a dict with apiVersion, kind, metadata)."""
+        meta = obj.get("metadata") or {}
+        timestamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.",
+                         "namespace": meta.get("namespace") or "default"},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                "name": meta.get("name"), "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": self._component},
+            "reportingComponent": self._component, "reportingInstance": self._instance,
+            "firstTimestamp": timestamp, "lastTimestamp": timestamp, "count": 1,
+        }
+        try:
+            self._queue.put_nowait(body)
+        except queue.Full:
+            log.warning("event queue full; dropped %s %s for %s/%s", type_, reason,
+                        meta.get("namespace"), meta.get("name"))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every queued Event was written (or given up on)."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            body = self._queue.get()
+            if isinstance(body, threading.Event):
+                body.set()
+                continue
+            for attempt in range(3):
+                try:
+                    self._core.create_namespaced_event(body["metadata"]["namespace"], body)
+                    self.written += 1
+                    break
+                except ApiException as err:
+                    if err.status in (403, 404, 422):  # namespace gone, not allowed, invalid
+                        break
+                    threading.Event().wait(0.2 * (attempt + 1))
+                except Exception:  # noqa: BLE001 - events are best effort
+                    threading.Event().wait(0.2 * (attempt + 1))

@@ -1,0 +1,265 @@
+"""List-then-watch cache of one resource, kept as plain dictionaries.
+
+* The initial list is paged; its resourceVersion starts the watch.
+* The watch asks for bookmarks and resumes from the last resourceVersion it saw (event or
+  bookmark) after any disconnect, with capped exponential backoff.
+* 410 Gone (history compacted) triggers a fresh list; the difference between the old cache
+  and the new list is delivered as events, so handlers never miss a deletion.
+* A watch that stays silent (no event, no bookmark) past ``silence_timeout`` is dropped
+  and restarted: a half-open connection cannot freeze the cache.
+
+Handlers run on the informer's thread and must be quick (typically: enqueue a key).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+Handler = Callable[[str, dict | None, dict | None], None]
+ListFn = Callable[..., Any]
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+
+def object_key(obj: dict) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old: relist."""
+
+
+class Informer:
+    """Cache of one resource. ``list_fn`` is a client list call (e.g. a partial of
+    ``CustomObjectsApi.list_cluster_custom_object``) that accepts the usual list/watch
+    keyword arguments and ``_preload_content``."""
+
+    def __init__(
+        self,
+        name: str,
+        list_fn: ListFn,
+        *,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        silence_timeout: float = 90.0,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 30.0,
+    ):
+        self.name = name
+        self._list_fn = list_fn
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._silence_timeout = silence_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._store: dict[Key, dict] = {}
+        self._lock = threading.RLock()
+        self._handlers: list[Handler] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._response = None
+        self.synced = threading.Event()
+        self.resource_version: str | None = None
+        self.relists = 0
+
+    # --- reading --------------------------------------------------------------------
+
+    def get(self, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            return self._store.get((namespace or "", name))
+
+    def list(self) -> list[dict]:
+        with self._lock:
+            return list(self._store.values())
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._store)
+
+    def observe(self, obj: dict) -> None:
+        """Put an object this process just wrote into the cache, unless the watch already
+        delivered something as new. Without it, a reconcile that runs before the watch
+        catches up would act on the old state and write the same change twice."""
+        key = object_key(obj)
+        with self._lock:
+            cached = self._store.get(key)
+            if cached is None or _newer(obj, cached):
+                self._store[key] = obj
+
+    def add_handler(self, handler: Handler) -> None:
+        """``handler(event_type, old, new)``; called for every change, including the
+        objects of the first list (as ADDED)."""
+        self._handlers.append(handler)
+
+    # --- running --------------------------------------------------------------------
+
+    def start(self) -> Informer:
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()  # unblocks a read parked in the socket
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self.synced.wait(timeout)
+
+    def _run(self) -> None:
+        backoff = self._backoff_initial
+        while not self._stop.is_set():
+            try:
+                self._relist()
+                backoff = self._backoff_initial
+                self._watch()
+            except _Gone:
+                log.info("%s: watch history expired; relisting", self.name)
+                continue
+            except Exception as err:  # noqa: BLE001 - keep the cache alive whatever happens
+                if self._stop.is_set():
+                    break
+                log.warning("%s: list failed (%s); retrying in %.1fs", self.name,
+                            _describe(err), backoff)
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, self._backoff_max)
+
+    def _relist(self) -> None:
+        items: dict[Key, dict] = {}
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self._page_size, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            response = self._list_fn(**kwargs)
+            body = json.loads(response.data)
+            for item in body.get("items") or []:
+                items[object_key(item)] = item
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                resource_version = meta.get("resourceVersion")
+                break
+        with self._lock:
+            old = self._store
+            self._store = items
+            self.resource_version = resource_version
+            self.relists += 1
+        for key, obj in items.items():
+            previous = old.get(key)
+            if previous is None:
+                self._dispatch(ADDED, None, obj)
+            elif previous.get("metadata", {}).get("resourceVersion") != obj.get(
+                    "metadata", {}).get("resourceVersion"):
+                self._dispatch(MODIFIED, previous, obj)
+        for key, obj in old.items():
+            if key not in items:
+                self._dispatch(DELETED, obj, None)
+        self.synced.set()
+
+    def _watch(self) -> None:
+        """Watch until stopped; returns normally only on stop, raises _Gone for a relist."""
+        backoff = self._backoff_initial
+        while not self._stop.is_set():
+            try:
+                self._response = self._list_fn(
+                    watch=True,
+                    resource_version=self.resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=self._watch_timeout,
+                    _preload_content=False,
+                    _request_timeout=(10, self._silence_timeout),
+                )
+                for line in iter_resp_lines(self._response):
+                    if not line:
+                        continue
+                    self._handle(json.loads(line))
+                    backoff = self._backoff_initial
+            except _Gone:
+                raise
+            except ApiException as err:
+                if err.status == 410:
+                    raise _Gone() from err
+                self._pause(err, backoff)
+                backoff = min(backoff * 2, self._backoff_max)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+                # Includes read timeouts: a silent watch is restarted from where it was.
+                self._pause(err, backoff)
+                backoff = min(backoff * 2, self._backoff_max)
+            finally:
+                response, self._response = self._response, None
+                if response is not None:
+                    response.release_conn()
+
+    def _pause(self, err: Exception, delay: float) -> None:
+        if self._stop.is_set():
+            return
+        log.info("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name,
+                 _describe(err), self.resource_version, delay)
+        self._stop.wait(delay * random.uniform(0.8, 1.2))
+
+    def _handle(self, event: dict) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone()
+            raise ApiException(status=obj.get("code", 500), reason=obj.get("message"))
+        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self.resource_version = resource_version
+            return
+        key = object_key(obj)
+        with self._lock:
+            previous = self._store.get(key)
+            if kind == DELETED:
+                self._store.pop(key, None)
+            else:
+                self._store[key] = obj
+            self.resource_version = resource_version
+        if kind == DELETED:
+            self._dispatch(kind, obj, None)  # the object's last state, as the server sent it
+        else:
+            self._dispatch(kind, previous, obj)
+
+    def _dispatch(self, kind: str, old: dict | None, new: dict | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(kind, old, new)
+            except Exception:  # noqa: BLE001 - one bad handler must not stop the cache
+                log.exception("%s: event handler failed", self.name)
+
+
+def _newer(a: dict, b: dict) -> bool:
+    """Whether ``a`` is a later version than ``b``. resourceVersions are opaque, but the
+    apiserver's are etcd revisions; when either is not a number, trust the watch."""
+    try:
+        return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status} {err.reason}"
+    return f"{type(err).__name__}: {err}"

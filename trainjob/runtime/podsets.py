@@ -1,0 +1,161 @@
+"""PodSets, RuntimePolicy and RuntimeInfo, and the one place totals are computed.
+
+A PodSet is a view over one replicated job of the runtime's JobSet template: its role, how
+many pods it runs and what each pod requests. Policy plug-ins mutate the replicated job
+in place; everything a PodSet reports is derived from it, so the JobSet that is built and
+the totals that placement uses can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from trainjob.api import MLPolicy
+
+
+@dataclass
+class RuntimePolicy:
+    """The ML policy and pod-group policy of the resolved runtime. No node count here:
+    counts live on PodSets."""
+
+    ml_policy: MLPolicy = field(default_factory=MLPolicy)
+    pod_group_policy: dict[str, Any] | None = None
+
+    @property
+    def framework(self) -> str:
+        if self.ml_policy.torch is not None:
+            return "torch"
+        if self.ml_policy.mpi is not None:
+            return "mpi"
+        return "plain"
+
+
+@dataclass
+class PodSet:
+    """One replicated job: ``job`` is its JobSet ``replicatedJobs[]`` entry (mutable)."""
+
+    role: str
+    job: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.job["name"]
+
+    @property
+    def job_spec(self) -> dict[str, Any]:
+        return self.job.setdefault("template", {}).setdefault("spec", {})
+
+    @property
+    def pod_spec(self) -> dict[str, Any]:
+        return self.job_spec.setdefault("template", {}).setdefault("spec", {})
+
+    @property
+    def containers(self) -> list[dict[str, Any]]:
+        return self.pod_spec.setdefault("containers", [])
+
+    @property
+    def init_containers(self) -> list[dict[str, Any]]:
+        return self.pod_spec.setdefault("initContainers", [])
+
+    @property
+    def volumes(self) -> list[dict[str, Any]]:
+        return self.pod_spec.setdefault("volumes", [])
+
+    def container(self, name: str) -> dict[str, Any] | None:
+        return next((x for x in self.containers if x.get("name") == name), None)
+
+    @property
+    def replicas(self) -> int:
+        return int(self.job.get("replicas", 1))
+
+    @property
+    def parallelism(self) -> int:
+        return int(self.job_spec.get("parallelism", 1))
+
+    @property
+    def count(self) -> int:
+        """Pods this PodSet runs at once: replicas x parallelism."""
+        return self.replicas * self.parallelism
+
+    def set_count(self, pods: int) -> None:
+        """Run ``pods`` pods as one indexed Job (replicas 1, parallelism = completions)."""
+        self.job["replicas"] = 1
+        self.job_spec["parallelism"] = pods
+        self.job_spec["completions"] = pods
+
+    @property
+    def requests(self) -> dict[str, Decimal]:
+        """Per-pod requests: the containers' sum, or the largest init container's if larger
+        (the scheduler's effective request). A limit stands in for a missing request."""
+        total: dict[str, Decimal] = {}
+        for container in self.containers:
+            for resource, amount in _container_requests(container).items():
+                total[resource] = total.get(resource, Decimal(0)) + amount
+        for container in self.init_containers:
+            for resource, amount in _container_requests(container).items():
+                total[resource] = max(total.get(resource, Decimal(0)), amount)
+        return total
+
+
+def _container_requests(container: dict[str, Any]) -> dict[str, Decimal]:
+    resources = container.get("resources") or {}
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {name: parse_quantity(value) for name, value in merged.items()}
+
+
+@dataclass
+class Totals:
+    pods: int
+    requests: dict[str, Decimal]
+
+    def as_strings(self) -> dict[str, str]:
+        return {name: format_quantity(amount) for name, amount in sorted(self.requests.items())}
+
+
+def totals(pod_sets: list[PodSet]) -> Totals:
+    """Sum over PodSets of per-pod requests x count: the job's whole footprint. The JobSet
+    annotations, the status and the dispatcher's placement all use this function."""
+    requests: dict[str, Decimal] = {}
+    for pod_set in pod_sets:
+        for resource, amount in pod_set.requests.items():
+            requests[resource] = requests.get(resource, Decimal(0)) + amount * pod_set.count
+    return Totals(pods=sum(p.count for p in pod_sets), requests=requests)
+
+
+def format_quantity(amount: Decimal) -> str:
+    """A compact, exact quantity string: whole numbers plain, fractions in milli-units."""
+    if amount == amount.to_integral_value():
+        return str(int(amount))
+    milli = amount * 1000
+    if milli == milli.to_integral_value():
+        return f"{int(milli)}m"
+    return str(amount.normalize())
+
+
+@dataclass
+class RuntimeInfo:
+    """What resolving a runtime for one TrainJob produces; plug-ins mutate it in order."""
+
+    policy: RuntimePolicy
+    pod_sets: list[PodSet]
+    # The JobSet template's spec other than replicatedJobs (network, successPolicy, ...).
+    jobset_spec: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    # Extra objects a plug-in needs next to the JobSet (e.g. MPI's SSH Secret and hostfile
+    # ConfigMap); the operator applies them with the same owner as the JobSet.
+    objects: list[dict[str, Any]] = field(default_factory=list)
+
+    def pod_set(self, name: str) -> PodSet | None:
+        return next((p for p in self.pod_sets if p.name == name), None)
+
+    def by_role(self, role: str) -> list[PodSet]:
+        return [p for p in self.pod_sets if p.role == role]
+
+    @property
+    def totals(self) -> Totals:
+        return totals(self.pod_sets)
