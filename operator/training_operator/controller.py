@@ -139,7 +139,13 @@ class OperatorController:
                 self.queue.forget(key)
             except Exception as err:  # noqa: BLE001 - retried with backoff, never dropped
                 self.metrics.reconcile_errors.inc()
+                first = self.queue.failures(key) == 0
                 delay = self.queue.add_rate_limited(key)
+                job = self.trainjobs.get(*key)
+                if first and job is not None:
+                    # Once per streak of failures: people see it; retries do not spam.
+                    self.recorder.event(job, "Warning", "ReconcileError",
+                                        f"reconcile failed, retrying with backoff: {err}")
                 log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
                             key[0], key[1], err, delay)
             finally:

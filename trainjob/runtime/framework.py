@@ -70,7 +70,9 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
                      if k != "replicatedJobs"}
     info = RuntimeInfo(
         policy=RuntimePolicy(
-            ml_policy=runtime.spec.ml_policy or RuntimePolicy().ml_policy,
+            # A copy: plug-ins may read it freely without touching the cached runtime.
+            ml_policy=(runtime.spec.ml_policy.model_copy(deep=True)
+                       if runtime.spec.ml_policy else RuntimePolicy().ml_policy),
             pod_group_policy=runtime.spec.pod_group_policy,
         ),
         pod_sets=pod_sets_from_template(runtime),

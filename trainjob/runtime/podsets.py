@@ -89,13 +89,18 @@ class PodSet:
 
     @property
     def requests(self) -> dict[str, Decimal]:
-        """Per-pod requests: the containers' sum, or the largest init container's if larger
-        (the scheduler's effective request). A limit stands in for a missing request."""
+        """Per-pod requests as the scheduler sees them: containers and sidecars summed, or
+        the largest plain init container if that is larger. A limit stands in for a
+        missing request."""
         total: dict[str, Decimal] = {}
-        for container in self.containers:
+        sidecars = [x for x in self.init_containers if x.get("restartPolicy") == "Always"]
+        # Sidecars (restartable init containers) run alongside the main containers.
+        for container in self.containers + sidecars:
             for resource, amount in _container_requests(container).items():
                 total[resource] = total.get(resource, Decimal(0)) + amount
         for container in self.init_containers:
+            if container.get("restartPolicy") == "Always":
+                continue
             for resource, amount in _container_requests(container).items():
                 total[resource] = max(total.get(resource, Decimal(0)), amount)
         return total

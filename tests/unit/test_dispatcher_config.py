@@ -1,0 +1,80 @@
+"""Dispatcher configuration and the worker-kubeconfig rules (pure)."""
+
+import pytest
+import yaml
+
+from dispatcher.config import ConfigError, load_config
+from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, INSECURE_KUBECONFIG, check_kubeconfig
+
+
+def test_defaults_follow_multikueue():
+    config = load_config()
+    assert config.namespace == "kueue-system"
+    assert config.origin == "multikueue"
+    assert config.gc_interval_seconds == 60
+    assert config.worker_lost_timeout_seconds == 900
+    assert config.client.qps >= 100
+
+
+def test_file_then_flags(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"origin": "team-a", "client": {"qps": 50},
+                                    "gc-interval-seconds": 5}))
+    config = load_config(path, {"origin": "team-b", "multikueue_config": None})
+    assert (config.origin, config.client.qps, config.gc_interval_seconds) == ("team-b", 50, 5)
+
+
+@pytest.mark.parametrize("content, key", [
+    ({"client": {"qps": 0}}, "client.qps"),
+    ({"origin": "not a label!"}, "origin"),
+    ({"gc_interval_seconds": -1}, "gc_interval_seconds"),
+    ({"unknown_key": 1}, "unknown_key"),
+    ({"workers": [{"name": "w"}]}, "workers.0.kubeconfig"),
+])
+def test_invalid_configuration_names_the_key(tmp_path, content, key):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(content))
+    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+        load_config(path)
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def kubeconfig(cluster=None, user=None):
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "w",
+        "contexts": [{"name": "w", "context": {"cluster": "w", "user": "u"}}],
+        "clusters": [{"name": "w", "cluster": {"server": "https://127.0.0.1:6443",
+                                               "certificate-authority-data": "Q0E=",
+                                               **(cluster or {})}}],
+        "users": [{"name": "u", "user": {"client-certificate-data": "Qw==",
+                                         "client-key-data": "Sw==", **(user or {})}}],
+    })
+
+
+def test_embedded_certificates_are_accepted():
+    assert check_kubeconfig(kubeconfig()).ok
+
+
+@pytest.mark.parametrize("cluster, user, reason, words", [
+    ({"insecure-skip-tls-verify": True}, None, INSECURE_KUBECONFIG, "insecure-skip-tls-verify"),
+    ({"certificate-authority": "/etc/ca.crt"}, None, INSECURE_KUBECONFIG, "certificate-authority"),
+    (None, {"tokenFile": "/var/run/token"}, INSECURE_KUBECONFIG, "tokenFile"),
+    (None, {"client-key": "/k"}, INSECURE_KUBECONFIG, "client-key"),
+    (None, {"username": "a", "password": "b"}, INSECURE_KUBECONFIG, "basic authentication"),
+    (None, {"exec": {"command": "aws"}}, INSECURE_KUBECONFIG, "exec"),
+    (None, {"auth-provider": {"name": "gcp"}}, INSECURE_KUBECONFIG, "auth-provider"),
+    ({"server": ""}, None, BAD_KUBECONFIG, "empty server"),
+])
+def test_kubeconfigs_multikueue_refuses(cluster, user, reason, words):
+    verdict = check_kubeconfig(kubeconfig(cluster, user))
+    assert not verdict.ok and verdict.reason == reason and words in verdict.message
+
+
+@pytest.mark.parametrize("text", ["{", "- a list", "", "current-context: nope\ncontexts: []"])
+def test_garbage_is_a_bad_kubeconfig(text):
+    verdict = check_kubeconfig(text)
+    assert not verdict.ok and verdict.reason == BAD_KUBECONFIG
