@@ -63,3 +63,4 @@ def test_shutdown_wakes_waiting_workers():
     queue.shutdown()
     thread.join(2)
     assert outcome == ["stopped"]
+
