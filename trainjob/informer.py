@@ -74,6 +74,9 @@ class Informer:
         self.synced = threading.Event()
         self.resource_version: str | None = None
         self.relists = 0
+        # The last list/watch failure, cleared by the next success: lets an owner tell a
+        # cluster that stopped answering from one that is merely quiet.
+        self.last_error: str | None = None
 
     # --- reading --------------------------------------------------------------------
 
@@ -139,8 +142,9 @@ class Informer:
             except Exception as err:  # noqa: BLE001 - keep the cache alive whatever happens
                 if self._stop.is_set():
                     break
+                self.last_error = _describe(err)
                 log.warning("%s: list failed (%s); retrying in %.1fs", self.name,
-                            _describe(err), backoff)
+                            self.last_error, backoff)
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
                 backoff = min(backoff * 2, self._backoff_max)
 
@@ -165,6 +169,7 @@ class Informer:
             self._store = items
             self.resource_version = resource_version
             self.relists += 1
+            self.last_error = None
         for key, obj in items.items():
             previous = old.get(key)
             if previous is None:
@@ -190,6 +195,7 @@ class Informer:
                     _preload_content=False,
                     _request_timeout=(10, self._silence_timeout),
                 )
+                self.last_error = None
                 for line in iter_resp_lines(self._response):
                     if not line:
                         continue
@@ -214,6 +220,7 @@ class Informer:
     def _pause(self, err: Exception, delay: float) -> None:
         if self._stop.is_set():
             return
+        self.last_error = _describe(err)
         log.info("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name,
                  _describe(err), self.resource_version, delay)
         self._stop.wait(delay * random.uniform(0.8, 1.2))

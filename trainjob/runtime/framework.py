@@ -43,12 +43,27 @@ class PolicyPlugin(Protocol):
 
 
 def role_of(replicated_job: dict[str, Any]) -> str:
-    labels = (((replicated_job.get("template") or {}).get("metadata") or {}).get("labels") or {})
-    return labels.get(c.ANCESTOR_LABEL) or _ROLE_BY_NAME.get(replicated_job.get("name", ""), "")
+    template = replicated_job.get("template")
+    metadata = template.get("metadata") if isinstance(template, dict) else None
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    role = labels.get(c.ANCESTOR_LABEL) if isinstance(labels, dict) else None
+    return role if isinstance(role, str) and role else _ROLE_BY_NAME.get(
+        replicated_job.get("name", ""), "")
 
 
 def pod_sets_from_template(runtime: TrainingRuntime) -> list[PodSet]:
+    """One PodSet per replicated job. The template is schemaless in the CRD, so its shape
+    is checked here: a malformed runtime fails with a message, not a crash."""
     jobs = copy.deepcopy(runtime.spec.template.spec.get("replicatedJobs") or [])
+    if not isinstance(jobs, list):
+        raise ValueError("spec.template.spec.replicatedJobs must be a list")
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict) or not isinstance(job.get("name"), str):
+            raise ValueError(f"spec.template.spec.replicatedJobs[{i}] needs a name")
+        template = job.get("template", {})
+        if not isinstance(template, dict) or not isinstance(template.get("spec", {}), dict):
+            raise ValueError(f"spec.template.spec.replicatedJobs[{i}].template must be an "
+                             "object with a Job spec")
     return [PodSet(role=role_of(job), job=job) for job in jobs]
 
 

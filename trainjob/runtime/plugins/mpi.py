@@ -99,7 +99,7 @@ def slots(info: RuntimeInfo, job: TrainJob) -> int:
         value = trainer.num_proc_per_node
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
-        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+        if isinstance(value, str) and value.isascii() and value.isdigit() and int(value) >= 1:
             return int(value)
     mpi = info.policy.ml_policy.mpi
     if mpi is not None and mpi.num_proc_per_node:
@@ -229,7 +229,7 @@ class MPIPlugin:
     def validate(self, info: RuntimeInfo, job: TrainJob) -> list[tuple[str, str]]:
         trainer = job.spec.trainer
         value = trainer.num_proc_per_node if trainer is not None else None
-        if isinstance(value, str) and not value.isdigit():
+        if isinstance(value, str) and not (value.isascii() and value.isdigit()):
             return [("spec.trainer.numProcPerNode",
                      f"{value!r} is not a number of MPI slots: the mpi policy needs a "
                      "positive integer")]

@@ -128,7 +128,7 @@ def _check_nproc(value: int | str | None) -> list[tuple[str, str]]:
     path = "spec.trainer.numProcPerNode"
     if value is None:
         return []
-    if isinstance(value, str) and not value.isdigit():
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
         if value not in PROC_WORDS:
             return [(path, f"{value!r} is not understood by torchrun: "
                            "use auto, cpu, gpu or a positive integer")]

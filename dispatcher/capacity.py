@@ -1,0 +1,255 @@
+"""What one worker cluster can still run, kept current by its Node and Pod informers.
+
+Handlers update per-node totals as events arrive, so a placement decision is a walk over
+nodes in memory, never a re-list. Jobs the dispatcher has just placed are reserved until
+their pods appear, so a burst of decisions sees each other's footprint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from trainjob.runtime.podsets import PodSet, format_quantity
+
+log = logging.getLogger(__name__)
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# Pod slots are accounted like any other resource: each pod uses one, nodes allocate them.
+PODS = "pods"
+DELETED = "DELETED"
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+# PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+JobKey = tuple[str, str]
+Resources = dict[str, Decimal]
+
+
+@dataclass
+class _Node:
+    allocatable: Resources
+    labels: dict[str, str]
+    taints: list[dict[str, Any]]
+    usable: bool
+
+
+@dataclass
+class _PodUse:
+    node: str
+    job: JobKey | None
+    requests: Resources
+
+
+class WorkerCapacity:
+    """Incremental capacity picture of one worker cluster; thread-safe, no API calls."""
+
+    def __init__(self, name: str = ""):
+        self.name = name
+        self._lock = threading.Lock()
+        self._nodes: dict[str, _Node] = {}
+        # Only bound, non-terminal pods are recorded. Removing a pod subtracts what was
+        # recorded for it, not what its last event says, so the totals cannot drift.
+        self._pods: dict[tuple[str, str], _PodUse] = {}
+        self._used: dict[str, Resources] = {}  # node name -> requests of pods bound there
+        self._job_used: dict[JobKey, Resources] = {}  # job -> requests of its bound pods
+        self._reserved: dict[JobKey, Resources] = {}
+
+    # --- informer handlers ------------------------------------------------------------
+
+    def on_node(self, kind: str, old: dict | None, new: dict | None) -> None:
+        """Node informer handler."""
+        gone = kind == DELETED or new is None
+        obj = old if gone else new
+        if obj is None:
+            return
+        name = (obj.get("metadata") or {}).get("name") or ""
+        with self._lock:
+            if gone:
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = _node_from(new)
+
+    def on_pod(self, kind: str, old: dict | None, new: dict | None) -> None:
+        """Pod informer handler."""
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        use = None if kind == DELETED or new is None else _pod_use(new)
+        with self._lock:
+            previous = self._pods.pop(key, None)
+            if previous is not None:
+                self._count(previous, -1)
+            if use is not None:
+                self._pods[key] = use
+                self._count(use, +1)
+
+    def _count(self, use: _PodUse, sign: int) -> None:
+        _add(self._used, use.node, use.requests, sign)
+        if use.job is not None:
+            _add(self._job_used, use.job, use.requests, sign)
+
+    # --- reservations -----------------------------------------------------------------
+
+    def reserve(self, job_key: JobKey, requests: Resources, pods: int) -> None:
+        """Count a just-placed job's footprint until its pods account for it (idempotent)."""
+        with self._lock:
+            self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
+
+    def release(self, job_key: JobKey) -> None:
+        """Stop counting the job's reservation (job finished, deleted or moved)."""
+        with self._lock:
+            self._reserved.pop(job_key, None)
+
+    def _counted_reservations(self) -> Resources:
+        # A reservation shrinks by what the job's bound pods already use: pods that exist
+        # but are not yet bound (or not yet created, e.g. the trainer after its
+        # initializer) stay covered, and once all pods run the reservation counts nothing.
+        total: Resources = {}
+        for job, reserved in self._reserved.items():
+            bound = self._job_used.get(job, {})
+            for resource, amount in reserved.items():
+                left = amount - bound.get(resource, Decimal(0))
+                if left > 0:
+                    total[resource] = total.get(resource, Decimal(0)) + left
+        return total
+
+    # --- reading ----------------------------------------------------------------------
+
+    def free(self, node_selector: dict[str, str] | None = None,
+             tolerations: list[dict] | None = None) -> Resources:
+        """Free capacity on usable nodes that admit the selector and tolerations, less all
+        counted reservations; never negative."""
+        with self._lock:
+            nodes = [name for name, node in self._nodes.items()
+                     if node.usable and admits(node.labels, node.taints, node_selector,
+                                               tolerations)]
+            return self._free(nodes)
+
+    def _free(self, node_names: list[str]) -> Resources:
+        total: Resources = {}
+        for name in node_names:
+            used = self._used.get(name, {})
+            for resource, amount in self._nodes[name].allocatable.items():
+                # Clamped per node: an overcommitted node must not eat into another's room.
+                room = max(amount - used.get(resource, Decimal(0)), Decimal(0))
+                total[resource] = total.get(resource, Decimal(0)) + room
+        # Reservations are not tied to nodes, so they come off every selection.
+        for resource, amount in self._counted_reservations().items():
+            if resource in total:
+                total[resource] = max(total[resource] - amount, Decimal(0))
+        return total
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over usable nodes, as strings, for dashboards and logs."""
+        with self._lock:
+            usable = [name for name, node in self._nodes.items() if node.usable]
+            allocatable: Resources = {}
+            used: Resources = {}
+            for name in usable:
+                _accumulate(allocatable, self._nodes[name].allocatable)
+                _accumulate(used, self._used.get(name, {}))
+            return {
+                "nodes": len(self._nodes),
+                "usableNodes": len(usable),
+                "reservations": len(self._reserved),
+                "allocatable": _strings(allocatable),
+                "used": _strings(used),
+                "reserved": _strings(self._counted_reservations()),
+                "free": _strings(self._free(usable)),
+            }
+
+
+# --- pure helpers -----------------------------------------------------------------------
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Kubernetes' Toleration.ToleratesTaint: effect and key must match when set; Exists
+    ignores the value, Equal (or no operator) compares it."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint.get("key"):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def admits(labels: dict[str, str], taints: list[dict[str, Any]],
+           node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> bool:
+    """Whether a pod with this nodeSelector and these tolerations may land on the node."""
+    if any(labels.get(key) != value for key, value in (node_selector or {}).items()):
+        return False
+    return all(any(tolerates(t, taint) for t in tolerations or [])
+               for taint in taints if taint.get("effect") in _BLOCKING_EFFECTS)
+
+
+def pod_requests(pod: dict[str, Any]) -> Resources:
+    """What the scheduler reserves for a pod: PodSet's per-pod rule, plus overhead and one
+    pod slot."""
+    # A shallow copy: PodSet's accessors fill in missing lists, and the informer's cached
+    # object must stay as the server sent it.
+    spec = dict(pod.get("spec") or {})
+    view = PodSet(role="", job={"name": "", "template": {"spec": {"template": {"spec": spec}}}})
+    requests = view.requests
+    # RuntimeClass overhead is charged on the node on top of the containers.
+    overhead = {name: parse_quantity(value) for name, value in (spec.get("overhead") or {}).items()}
+    _accumulate(requests, overhead)
+    requests[PODS] = requests.get(PODS, Decimal(0)) + 1
+    return requests
+
+
+def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+        return None
+    meta = pod.get("metadata") or {}
+    jobset = (meta.get("labels") or {}).get(JOBSET_NAME_LABEL)
+    job = (meta.get("namespace") or "", jobset) if jobset else None
+    return _PodUse(node=node, job=job, requests=pod_requests(pod))
+
+
+def _node_from(obj: dict[str, Any]) -> _Node:
+    meta, spec, status = (obj.get(k) or {} for k in ("metadata", "spec", "status"))
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    allocatable: Resources = {}
+    for resource, value in (status.get("allocatable") or {}).items():
+        try:
+            allocatable[resource] = parse_quantity(value)
+        except ValueError:
+            # One malformed extended resource must not hide the node's cpu and memory.
+            log.warning("node %s: ignoring allocatable %s=%r", meta.get("name"), resource, value)
+    return _Node(allocatable=allocatable, labels=dict(meta.get("labels") or {}),
+                 taints=list(spec.get("taints") or []),
+                 usable=ready and not spec.get("unschedulable", False))
+
+
+def _accumulate(total: Resources, amounts: Resources, sign: int = 1) -> None:
+    for resource, amount in amounts.items():
+        total[resource] = total.get(resource, Decimal(0)) + sign * amount
+
+
+def _add(table: dict[Any, Resources], key: Any, amounts: Resources, sign: int) -> None:
+    row = table.setdefault(key, {})
+    _accumulate(row, amounts, sign)
+    # Drop what returned to zero, so a node or job whose pods are all gone leaves no row.
+    for resource in [r for r, value in row.items() if not value]:
+        del row[resource]
+    if not row:
+        del table[key]
+
+
+def _strings(amounts: Resources) -> dict[str, str]:
+    return {name: format_quantity(amount) for name, amount in sorted(amounts.items())}

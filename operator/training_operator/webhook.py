@@ -1,0 +1,565 @@
+"""Validating admission for TrainJobs (DESIGN 2.1-2.4): the rules, with no HTTP in sight.
+
+``review`` takes an ``admission.k8s.io/v1`` AdmissionReview as a dict and returns the
+response AdmissionReview. It never raises: whatever arrives (the apiserver's request, or
+garbage) gets a well-formed answer, because an exception here would reach the apiserver as
+a failed webhook call and hide the reason from the user.
+
+What needs state the webhook cannot see in the object itself (the runtime, the JobSet) comes
+through ``Lookups``; the operator passes a cache-backed implementation, so a review costs no
+network round trip except on a cache miss.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trainjob import constants as c
+
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+ADMISSION_KIND = "AdmissionReview"
+
+# A TrainJob's name becomes the JobSet's name, its headless Service and the pods' subdomain:
+# a Service name must be a DNS-1035 label.
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1035_MAX_LENGTH = 63
+POSITIVE_INTEGER = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts "²"
+PROC_WORDS = ("auto", "cpu", "gpu")
+
+# Causes as metav1.StatusCause reasons, so kubectl prints them like the apiserver's own.
+INVALID = "FieldValueInvalid"
+NOT_FOUND = "FieldValueNotFound"
+DUPLICATE = "FieldValueDuplicate"
+NOT_SUPPORTED = "FieldValueNotSupported"
+FORBIDDEN = "FieldValueForbidden"
+
+
+class Lookups(Protocol):
+    """Reads the objects a review depends on; None when the object does not exist."""
+
+    def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
+        """A TrainingRuntime in ``namespace``, or a (cluster-scoped) ClusterTrainingRuntime."""
+
+    def jobset(self, namespace: str, name: str) -> dict | None:
+        """The JobSet ``namespace/name``."""
+
+
+class ApiLookups:
+    """``Lookups`` by direct GETs against the API server (no cache)."""
+
+    def __init__(self, api_client: Any, request_timeout: float = 3.0):
+        from kubernetes import client
+
+        self._custom = client.CustomObjectsApi(api_client)
+        # Well inside the webhook's 5 s timeout, so a slow read becomes our own error.
+        self._timeout = request_timeout
+
+    def _get(self, read, *args) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return read(*args, _request_timeout=self._timeout)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
+        if kind == c.TRAININGRUNTIME_KIND:
+            return self._get(self._custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+                             c.TRAINER_VERSION, namespace, c.TRAININGRUNTIMES, name)
+        return self._get(self._custom.get_cluster_custom_object, c.TRAINER_GROUP,
+                         c.TRAINER_VERSION, c.CLUSTERTRAININGRUNTIMES, name)
+
+    def jobset(self, namespace: str, name: str) -> dict | None:
+        return self._get(self._custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                         c.JOBSET_VERSION, namespace, c.JOBSETS, name)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One refusal reason: the field path, why, and the StatusCause reason."""
+
+    field: str
+    reason: str
+    cause: str = INVALID
+
+    @property
+    def forbidden(self) -> bool:
+        return self.cause == FORBIDDEN
+
+
+class _Malformed(Exception):
+    """The AdmissionReview itself is unusable (400)."""
+
+
+class _LookupFailed(Exception):
+    """Reading a runtime or JobSet failed; refuse rather than guess (500)."""
+
+
+# --- the AdmissionReview envelope ------------------------------------------------------------
+
+
+def review(admission_review: Any, lookups: Lookups) -> dict:
+    """The AdmissionReview response for ``admission_review``; never raises."""
+    uid = ""
+    try:
+        if isinstance(admission_review, dict):
+            request = admission_review.get("request")
+            if isinstance(request, dict) and isinstance(request.get("uid"), str):
+                uid = request["uid"]
+        return _review(admission_review, lookups, uid)
+    except _Malformed as err:
+        return response(uid, allowed=False, code=400, reason="BadRequest",
+                        message=f"malformed AdmissionReview: {err}")
+    except _LookupFailed as err:
+        return response(uid, allowed=False, code=500, reason="InternalError", message=str(err))
+    except Exception as err:  # noqa: BLE001 - never let a request crash the webhook
+        return response(uid, allowed=False, code=500, reason="InternalError",
+                        message=f"TrainJob webhook internal error: {type(err).__name__}: "
+                                f"{_short(err)}")
+
+
+def review_json(body: bytes | str, lookups: Lookups) -> dict:
+    """``review`` of a raw request body; malformed JSON gets a 400 refusal."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        return response("", allowed=False, code=400, reason="BadRequest",
+                        message=f"malformed AdmissionReview: body is not JSON: {_short(err)}")
+    return review(parsed, lookups)
+
+
+def response(uid: str, *, allowed: bool, code: int = 200, reason: str = "",
+             message: str = "", causes: list[dict] | None = None,
+             details: dict | None = None) -> dict:
+    """An ``admission.k8s.io/v1`` AdmissionReview carrying one response."""
+    answer: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        status: dict[str, Any] = {"status": "Failure", "code": code, "reason": reason,
+                                  "message": message}
+        if causes:
+            status["details"] = {**(details or {}), "causes": causes}
+        answer["status"] = status
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": ADMISSION_KIND, "response": answer}
+
+
+def _review(admission_review: Any, lookups: Lookups, uid: str) -> dict:
+    if not isinstance(admission_review, dict):
+        raise _Malformed(f"expected an object, got {_type(admission_review)}")
+    request = admission_review.get("request")
+    if not isinstance(request, dict):
+        raise _Malformed("request is missing or not an object")
+    if not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise _Malformed("request.uid is missing")
+    operation = request.get("operation")
+    if operation in ("DELETE", "CONNECT"):
+        return response(uid, allowed=True)  # nothing of ours to check
+    if operation not in ("CREATE", "UPDATE"):
+        raise _Malformed(f"request.operation {_show(operation)} is not CREATE or UPDATE")
+    new = _object(request, "object")
+    old = _object(request, "oldObject") if operation == "UPDATE" else None
+
+    metadata = new["metadata"]
+    namespace = _str(metadata.get("namespace")) or _str(request.get("namespace"))
+    name = _str(metadata.get("name")) or _str(request.get("name"))
+    subject = f"TrainJob {namespace}/{name or '<unnamed>'}"
+
+    if operation == "CREATE":
+        problems = validate_create(new, namespace, lookups)
+    else:
+        problems = validate_update(old, new, namespace, name, lookups)
+    if not problems:
+        return response(uid, allowed=True)
+    forbidden = all(p.forbidden for p in problems)
+    return response(
+        uid, allowed=False,
+        code=403 if forbidden else 422,
+        reason="Forbidden" if forbidden else "Invalid",
+        message=f"{subject}: " + "; ".join(f"{p.field}: {p.reason}" for p in problems),
+        causes=[{"reason": p.cause, "field": p.field, "message": p.reason} for p in problems],
+        details={"name": name, "group": c.TRAINER_GROUP, "kind": c.TRAINJOB_KIND},
+    )
+
+
+def _object(request: dict, key: str) -> dict:
+    obj = request.get(key)
+    if not isinstance(obj, dict):
+        raise _Malformed(f"request.{key} is missing or not an object")
+    if not isinstance(obj.get("metadata"), dict):
+        raise _Malformed(f"request.{key}.metadata is missing or not an object")
+    if not isinstance(obj.get("spec"), dict):
+        raise _Malformed(f"request.{key}.spec is missing or not an object")
+    return obj
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def validate_create(job: dict, namespace: str, lookups: Lookups) -> list[Problem]:
+    """Problems with a new TrainJob; the runtime-dependent ones only for operator-owned jobs
+    (a MultiKueue job's runtime lives on a worker, not here)."""
+    spec = job["spec"]
+    problems = check_managed_by(spec)
+    problems += check_name(job)
+    problems += check_trainer(spec)
+    if _managed_by(spec) in ("", c.MANAGED_BY_TRAINING_OPERATOR):
+        problems += check_against_runtime(job, namespace, lookups, problems)
+    return _unique(problems)
+
+
+def validate_update(old: dict, new: dict, namespace: str, name: str,
+                    lookups: Lookups) -> list[Problem]:
+    """Problems with changing ``old`` into ``new``: managedBy and podSpecOverrides."""
+    problems = check_managed_by(new["spec"])
+    was, now = _managed_by(old["spec"]), _managed_by(new["spec"])
+    if was != now:
+        problems.append(Problem("spec.managedBy", f"field is immutable (was {_show_managed(was)}, "
+                                                  f"now {_show_managed(now)})", INVALID))
+    problems += check_overrides_change(old, new, namespace, name, lookups)
+    return _unique(problems)
+
+
+def _managed_by(spec: dict) -> Any:
+    value = spec.get("managedBy")
+    return "" if value is None else value
+
+
+def _show_managed(value: Any) -> str:
+    return "unset" if value == "" else _show(value)
+
+
+def check_managed_by(spec: dict) -> list[Problem]:
+    value = _managed_by(spec)
+    if value == "" or value in c.MANAGED_BY_VALUES:
+        return []
+    return [Problem("spec.managedBy", f"unsupported value {_show(value)}: must be one of "
+                                      f"{', '.join(c.MANAGED_BY_VALUES)}, or unset",
+                    NOT_SUPPORTED)]
+
+
+def check_name(job: dict) -> list[Problem]:
+    metadata = job["metadata"]
+    name = metadata.get("name")
+    if name is None or name == "":
+        if _str(metadata.get("generateName")):
+            return []  # generated later by the apiserver; nothing to judge yet
+        return [Problem("metadata.name", "must be set")]
+    if not isinstance(name, str):
+        return [Problem("metadata.name", f"must be a string, got {_type(name)}")]
+    reasons = []
+    if len(name) > DNS1035_MAX_LENGTH:
+        reasons.append(f"must be no more than {DNS1035_MAX_LENGTH} characters "
+                       f"(has {len(name)})")
+    if not DNS1035_LABEL.fullmatch(name):
+        reasons.append("must consist of lower case alphanumeric characters or '-', start with "
+                       "an alphabetic character and end with an alphanumeric character")
+    if not reasons:
+        return []
+    return [Problem("metadata.name", f"{_show(name)} is not a valid DNS-1035 label (the "
+                                     f"JobSet's Service is named after it): "
+                                     f"{' and '.join(reasons)}")]
+
+
+def check_trainer(spec: dict) -> list[Problem]:
+    trainer = spec.get("trainer")
+    if trainer is None:
+        return []
+    if not isinstance(trainer, dict):
+        return [Problem("spec.trainer", f"must be an object, got {_type(trainer)}")]
+    problems = []
+    nodes = trainer.get("numNodes")
+    if nodes is not None and not (_is_int(nodes) and nodes >= 1):
+        problems.append(Problem("spec.trainer.numNodes",
+                                f"{_show(nodes)}: must be an integer >= 1"))
+    procs = trainer.get("numProcPerNode")
+    if procs is not None and not _valid_num_proc(procs):
+        problems.append(Problem("spec.trainer.numProcPerNode",
+                                f"{_show(procs)}: must be auto, cpu, gpu or a positive integer",
+                                NOT_SUPPORTED))
+    return problems
+
+
+def _valid_num_proc(value: Any) -> bool:
+    if _is_int(value):
+        return value >= 1
+    if isinstance(value, str):
+        return value in PROC_WORDS or (POSITIVE_INTEGER.fullmatch(value) is not None
+                                       and int(value) >= 1)
+    return False
+
+
+def check_overrides_change(old: dict, new: dict, namespace: str, name: str,
+                           lookups: Lookups) -> list[Problem]:
+    """DESIGN 2.2: podSpecOverrides change only while suspended and the JobSet is idle,
+    because a queueing system injects scheduling constraints into a suspended job."""
+    before = old["spec"].get("podSpecOverrides") or []
+    after = new["spec"].get("podSpecOverrides") or []
+    if before == after:
+        return []
+    field = "spec.podSpecOverrides"
+    if new["spec"].get("suspend") is not True:
+        return [Problem(field, "may change only while the TrainJob is suspended "
+                               "(spec.suspend is not true)", FORBIDDEN)]
+    jobset = _lookup(lambda: lookups.jobset(namespace, name), f"JobSet {namespace}/{name}")
+    active = active_replicated_jobs(jobset)
+    if not active:
+        return []
+    names = ", ".join(active)
+    still = (f"replicated job {names} still has active pods" if len(active) == 1
+             else f"replicated jobs {names} still have active pods")
+    return [Problem(field, f"may change only while JobSet {namespace}/{name} has no active "
+                           f"replicated job: {still}", FORBIDDEN)]
+
+
+def active_replicated_jobs(jobset: Any) -> list[str]:
+    """Names of the JobSet's replicated jobs with ``active > 0`` (none for a missing JobSet)."""
+    if not isinstance(jobset, dict):
+        return []
+    status = jobset.get("status")
+    entries = status.get("replicatedJobsStatus") if isinstance(status, dict) else None
+    names = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        active = entry.get("active")
+        if _is_int(active) and active > 0:
+            names.append(_show(entry.get("name")) if not isinstance(entry.get("name"), str)
+                         else entry["name"])
+    return names
+
+
+# --- checks against the runtime --------------------------------------------------------------
+
+
+def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
+                          earlier: list[Problem]) -> list[Problem]:
+    """The runtime exists, overrides and initializers fit it, and the policy plug-ins agree."""
+    spec = job["spec"]
+    ref = spec.get("runtimeRef")
+    if not isinstance(ref, dict):
+        return [Problem("spec.runtimeRef", "must be set to the runtime this job runs on")]
+    name, kind = ref.get("name"), ref.get("kind", c.CLUSTERTRAININGRUNTIME_KIND)
+    group = ref.get("apiGroup", c.TRAINER_GROUP)
+    if not isinstance(name, str) or not name:
+        return [Problem("spec.runtimeRef.name", "must name a runtime")]
+    if group != c.TRAINER_GROUP:
+        return [Problem("spec.runtimeRef.apiGroup", f"unsupported value {_show(group)}: must "
+                                                    f"be {c.TRAINER_GROUP}", NOT_SUPPORTED)]
+    if kind not in (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND):
+        return [Problem("spec.runtimeRef.kind", f"unsupported value {_show(kind)}: must be "
+                                                f"{c.TRAININGRUNTIME_KIND} or "
+                                                f"{c.CLUSTERTRAININGRUNTIME_KIND}",
+                        NOT_SUPPORTED)]
+    described = (f"TrainingRuntime {namespace}/{name}" if kind == c.TRAININGRUNTIME_KIND
+                 else f"ClusterTrainingRuntime {name}")
+    runtime = _lookup(lambda: lookups.runtime(namespace, kind, name), described)
+    if runtime is None:
+        return [Problem("spec.runtimeRef", f"{described} not found", NOT_FOUND)]
+
+    jobs = _replicated_jobs(runtime)
+    problems = check_overrides(spec, jobs, described)
+    problems += check_initializers(spec, jobs, described)
+    refused = {p.field for p in earlier + problems}
+    # A plug-in may refuse a field the core already refused (numProcPerNode): say it once.
+    problems += [p for p in check_policies(job, runtime, described, bool(refused))
+                 if p.field not in refused]
+    return problems
+
+
+def _replicated_jobs(runtime: Any) -> dict[str, dict]:
+    """The runtime template's replicated jobs by name (malformed entries skipped)."""
+    template = _path(runtime, "spec", "template", "spec")
+    entries = template.get("replicatedJobs") if isinstance(template, dict) else None
+    jobs: dict[str, dict] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            jobs.setdefault(entry["name"], entry)
+    return jobs
+
+
+def _role(name: str, replicated_job: dict) -> str:
+    """The job's ancestor step, as the framework's ``role_of`` reads it (type-safe here: a
+    runtime's template spec is schemaless)."""
+    labels = _path(replicated_job, "template", "metadata", "labels")
+    label = labels.get(c.ANCESTOR_LABEL) if isinstance(labels, dict) else None
+    if isinstance(label, str) and label:
+        return label
+    return {c.DATASET_INITIALIZER: c.ROLE_DATASET_INITIALIZER,
+            c.MODEL_INITIALIZER: c.ROLE_MODEL_INITIALIZER}.get(name, "")
+
+
+def _container_names(replicated_job: dict, key: str) -> list[str]:
+    containers = _path(replicated_job, "template", "spec", "template", "spec", key)
+    if not isinstance(containers, list):
+        return []
+    return [x["name"] for x in containers
+            if isinstance(x, dict) and isinstance(x.get("name"), str)]
+
+
+def check_overrides(spec: dict, jobs: dict[str, dict], described: str) -> list[Problem]:
+    overrides = spec.get("podSpecOverrides")
+    if overrides is None:
+        return []
+    if not isinstance(overrides, list):
+        return [Problem("spec.podSpecOverrides", f"must be a list, got {_type(overrides)}")]
+    problems = []
+    known = ", ".join(jobs) or "none"
+    for i, override in enumerate(overrides):
+        base = f"spec.podSpecOverrides[{i}]"
+        if not isinstance(override, dict):
+            problems.append(Problem(base, f"must be an object, got {_type(override)}"))
+            continue
+        targets = override.get("targetJobs")
+        if not isinstance(targets, list) or not targets:
+            problems.append(Problem(f"{base}.targetJobs", "must list at least one replicated job"))
+            continue
+        seen: set[str] = set()
+        resolved = []
+        for j, target in enumerate(targets):
+            field = f"{base}.targetJobs[{j}].name"
+            job_name = target.get("name") if isinstance(target, dict) else None
+            if not isinstance(job_name, str) or not job_name:
+                problems.append(Problem(field, "must name a replicated job"))
+                continue
+            if job_name in seen:
+                problems.append(Problem(field, f"duplicate replicated job {_show(job_name)}: "
+                                               f"each job may appear once per override",
+                                        DUPLICATE))
+                continue
+            seen.add(job_name)
+            if job_name not in jobs:
+                problems.append(Problem(field, f"replicated job {_show(job_name)} not found in "
+                                               f"{described} (it has: {known})", NOT_FOUND))
+                continue
+            resolved.append(job_name)
+        for key in ("containers", "initContainers"):
+            problems += _check_override_containers(override, key, base, resolved, jobs)
+    return problems
+
+
+def _check_override_containers(override: dict, key: str, base: str, targets: list[str],
+                               jobs: dict[str, dict]) -> list[Problem]:
+    items = override.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        return [Problem(f"{base}.{key}", f"must be a list, got {_type(items)}")]
+    kind = "container" if key == "containers" else "init container"
+    problems = []
+    for k, item in enumerate(items):
+        field = f"{base}.{key}[{k}].name"
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(Problem(field, f"must name a {kind}"))
+            continue
+        for target in targets:
+            present = _container_names(jobs[target], key)
+            if name not in present:
+                problems.append(Problem(
+                    field, f"{kind} {_show(name)} not found in replicated job {_show(target)} "
+                           f"(it has: {', '.join(present) or 'none'})", NOT_FOUND))
+    return problems
+
+
+def check_initializers(spec: dict, jobs: dict[str, dict], described: str) -> list[Problem]:
+    initializer = spec.get("initializer")
+    if initializer is None:
+        return []
+    if not isinstance(initializer, dict):
+        return [Problem("spec.initializer", f"must be an object, got {_type(initializer)}")]
+    roles = {_role(name, job) for name, job in jobs.items()}
+    problems = []
+    for key, role in (("dataset", c.ROLE_DATASET_INITIALIZER),
+                      ("model", c.ROLE_MODEL_INITIALIZER)):
+        if initializer.get(key) is not None and role not in roles:
+            problems.append(Problem(f"spec.initializer.{key}",
+                                    f"{described} has no {role} replicated job to run it"))
+    return problems
+
+
+def check_policies(job: dict, runtime: dict, described: str,
+                   already_refused: bool) -> list[Problem]:
+    """What the runtime's policy plug-ins (torch, mpi, ...) refuse in this job."""
+    from pydantic import ValidationError
+
+    from trainjob.api import TrainingRuntime, TrainJob
+    from trainjob.runtime import build_runtime_info, validate_policies
+
+    try:
+        model = TrainJob.model_validate(job)
+    except ValidationError as err:
+        return [] if already_refused else _validation_problems(err, "")
+    try:
+        runtime_model = TrainingRuntime.model_validate(runtime)
+        info = build_runtime_info(model, runtime_model)
+        found = validate_policies(info, model)
+    except Exception as err:  # noqa: BLE001 - a plug-in choking on the job is a refusal
+        if already_refused:
+            return []  # the job is refused anyway; the earlier problems say why
+        return [Problem("spec.runtimeRef", f"{described} cannot be applied to this job: "
+                                           f"{type(err).__name__}: {_short(err)}")]
+    return [Problem(str(field), str(reason)) for field, reason in found]
+
+
+def _validation_problems(err: Any, prefix: str) -> list[Problem]:
+    problems = []
+    for error in err.errors()[:10]:
+        loc = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error["loc"])
+        problems.append(Problem(f"{prefix}{loc}".replace(".[", "["), error["msg"]))
+    return problems
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def _lookup(read, described: str):
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - fail closed with the reason
+        raise _LookupFailed(f"cannot read {described}: {type(err).__name__}: "
+                            f"{_short(err)}") from err
+
+
+def _unique(problems: list[Problem]) -> list[Problem]:
+    return list(dict.fromkeys(problems))
+
+
+def _path(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), "a value")
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _short(err: BaseException) -> str:
+    try:
+        text = str(err).replace("\n", " ")
+    except Exception:  # noqa: BLE001 - an exception whose str() fails still gets an answer
+        text = type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,380 @@
+"""WorkerCapacity: the incremental, watch-fed capacity picture of one worker (pure)."""
+
+import copy
+import threading
+from decimal import Decimal as D
+
+import pytest
+
+from dispatcher.capacity import (JOBSET_NAME_LABEL, WorkerCapacity, admits, pod_requests,
+                                 tolerates)
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+GPU = "nvidia.com/gpu"
+
+
+def node(name, *, cpu=8, memory="32Gi", gpu=None, extra=None, ready=True,
+         unschedulable=False, labels=None, taints=None):
+    allocatable = {"cpu": str(cpu), "memory": memory, "pods": "110", **(extra or {})}
+    if gpu is not None:
+        allocatable[GPU] = str(gpu)
+    spec = {"taints": taints or []}
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+        "status": {"allocatable": allocatable,
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def pod(name, *, node_name=None, phase="Running", cpu=None, memory=None, gpu=None,
+        job=None, namespace="team-a", limits=None, init=None):
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory), (GPU, gpu)) if v}
+    resources = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
+    spec = {"containers": [{"name": "main", "resources": resources}]}
+    if init:
+        spec["initContainers"] = init
+    if node_name:
+        spec["nodeName"] = node_name
+    labels = {JOBSET_NAME_LABEL: job} if job else {}
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": spec, "status": {"phase": phase}}
+
+
+def add_nodes(capacity, *nodes):
+    for n in nodes:
+        capacity.on_node(ADDED, None, n)
+
+
+# --- nodes ------------------------------------------------------------------------------
+
+def test_only_ready_schedulable_nodes_count():
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity, node("a"), node("b", ready=False), node("c", unschedulable=True))
+    assert capacity.free() == {"cpu": D(8), "memory": D(32 * 2**30), "pods": D(110)}
+    assert capacity.summary()["nodes"] == 3
+    assert capacity.summary()["usableNodes"] == 1
+
+
+def test_node_without_ready_condition_is_not_usable():
+    capacity = WorkerCapacity()
+    bare = node("a")
+    bare["status"]["conditions"] = []
+    add_nodes(capacity, bare)
+    assert capacity.free() == {}
+
+
+def test_node_becoming_ready_then_deleted():
+    capacity = WorkerCapacity()
+    not_ready = node("a", ready=False)
+    capacity.on_node(ADDED, None, not_ready)
+    assert capacity.free() == {}
+    ready = node("a")
+    capacity.on_node(MODIFIED, not_ready, ready)
+    assert capacity.free()["cpu"] == 8
+    cordoned = node("a", unschedulable=True)
+    capacity.on_node(MODIFIED, ready, cordoned)
+    assert capacity.free() == {}
+    capacity.on_node(MODIFIED, cordoned, ready)
+    capacity.on_node(DELETED, ready, None)
+    assert capacity.free() == {}
+    assert capacity.summary()["nodes"] == 0
+
+
+def test_gpus_and_extended_resources_by_name():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("g1", gpu=8), node("g2", gpu=4),
+              node("plain", extra={"example.com/fpga": "2"}))
+    free = capacity.free()
+    assert free[GPU] == 12
+    assert free["example.com/fpga"] == 2
+    assert free["cpu"] == 24
+
+
+def test_malformed_allocatable_value_is_skipped_not_fatal():
+    capacity = WorkerCapacity()
+    bad = node("a")
+    bad["status"]["allocatable"]["example.com/odd"] = "lots"
+    add_nodes(capacity, bad)
+    assert capacity.free()["cpu"] == 8
+    assert "example.com/odd" not in capacity.free()
+
+
+# --- nodeSelector, taints and tolerations ------------------------------------------------
+
+def test_node_selector_needs_every_label():
+    capacity = WorkerCapacity()
+    add_nodes(capacity,
+              node("a", labels={"pool": "gpu", "zone": "z1"}, cpu=10),
+              node("b", labels={"pool": "gpu", "zone": "z2"}, cpu=20),
+              node("c", labels={"pool": "cpu"}, cpu=40))
+    assert capacity.free({"pool": "gpu"})["cpu"] == 30
+    assert capacity.free({"pool": "gpu", "zone": "z2"})["cpu"] == 20
+    assert capacity.free({"pool": "tpu"}) == {}
+    assert capacity.free({})["cpu"] == 70
+    assert capacity.free(None)["cpu"] == 70
+
+
+GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize("toleration, expected", [
+    ({"key": GPU, "operator": "Exists"}, True),
+    ({"key": GPU, "operator": "Exists", "effect": "NoSchedule"}, True),
+    ({"key": GPU, "operator": "Exists", "effect": "NoExecute"}, False),
+    ({"key": GPU, "operator": "Equal", "value": "present"}, True),
+    ({"key": GPU, "value": "present"}, True),  # no operator means Equal
+    ({"key": GPU, "operator": "Equal", "value": "absent"}, False),
+    ({"key": GPU, "operator": "Equal"}, False),  # empty value != "present"
+    ({"operator": "Exists"}, True),  # empty key with Exists tolerates everything
+    ({"operator": "Exists", "effect": "NoSchedule"}, True),
+    ({"operator": "Exists", "effect": "NoExecute"}, False),
+    ({"key": "other", "operator": "Exists"}, False),
+    ({"key": GPU, "operator": "Gt", "value": "1"}, False),  # unknown operator
+])
+def test_toleration_matching(toleration, expected):
+    assert tolerates(toleration, GPU_TAINT) is expected
+
+
+def test_taint_without_value_matches_exists_and_equal_with_empty_value():
+    taint = {"key": "dedicated", "effect": "NoExecute"}
+    assert tolerates({"key": "dedicated", "operator": "Exists"}, taint)
+    assert tolerates({"key": "dedicated", "operator": "Equal", "value": ""}, taint)
+    assert not tolerates({"key": "dedicated", "operator": "Equal", "value": "x"}, taint)
+
+
+def test_only_blocking_effects_keep_pods_off():
+    soft = [{"key": "k", "value": "v", "effect": "PreferNoSchedule"}]
+    hard = [{"key": "k", "value": "v", "effect": "NoExecute"}]
+    assert admits({}, soft, None, None)
+    assert not admits({}, hard, None, None)
+    assert admits({}, hard, None, [{"key": "k", "operator": "Equal", "value": "v"}])
+    # Every blocking taint must be tolerated, not just one.
+    two = hard + [{"key": "j", "effect": "NoSchedule"}]
+    assert not admits({}, two, None, [{"key": "k", "operator": "Exists"}])
+    assert admits({}, two, None, [{"key": "k", "operator": "Exists"},
+                                  {"key": "j", "operator": "Exists"}])
+
+
+def test_free_counts_only_nodes_whose_taints_are_tolerated():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("cpu-node", cpu=16),
+              node("gpu-node", cpu=32, gpu=8, taints=[GPU_TAINT]))
+    assert capacity.free() == {"cpu": D(16), "memory": D(32 * 2**30), "pods": D(110)}
+    tolerant = capacity.free(None, [{"key": GPU, "operator": "Exists"}])
+    assert tolerant["cpu"] == 48 and tolerant[GPU] == 8
+    everything = capacity.free(None, [{"operator": "Exists"}])
+    assert everything == tolerant
+
+
+# --- pods -------------------------------------------------------------------------------
+
+def test_bound_pods_use_their_node():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    capacity.on_pod(ADDED, None, pod("p1", node_name="a", cpu="3", memory="4Gi"))
+    capacity.on_pod(ADDED, None, pod("p2", node_name="b", cpu="500m"))
+    free = capacity.free()
+    assert free["cpu"] == D("12.5")
+    assert free["memory"] == 60 * 2**30
+    assert free["pods"] == 218
+    summary = capacity.summary()
+    assert summary["used"] == {"cpu": "3500m", "memory": str(4 * 2**30), "pods": "2"}
+    assert summary["free"]["cpu"] == "12500m"
+
+
+def test_unbound_pod_counts_once_bound():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8))
+    pending = pod("p", cpu="2", phase="Pending")
+    capacity.on_pod(ADDED, None, pending)
+    assert capacity.free()["cpu"] == 8  # the scheduler has not given it a node yet
+    bound = copy.deepcopy(pending)
+    bound["spec"]["nodeName"] = "a"
+    capacity.on_pod(MODIFIED, pending, bound)
+    assert capacity.free()["cpu"] == 6
+    running = copy.deepcopy(bound)
+    running["status"]["phase"] = "Running"
+    capacity.on_pod(MODIFIED, bound, running)  # an update does not count it twice
+    assert capacity.free()["cpu"] == 6
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_terminal_pods_release_their_node(phase):
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8))
+    running = pod("p", node_name="a", cpu="6")
+    capacity.on_pod(ADDED, None, running)
+    assert capacity.free()["cpu"] == 2
+    done = copy.deepcopy(running)
+    done["status"]["phase"] = phase
+    capacity.on_pod(MODIFIED, running, done)
+    assert capacity.free()["cpu"] == 8
+    capacity.on_pod(DELETED, done, None)
+    assert capacity.free()["cpu"] == 8
+
+
+def test_deleted_pod_frees_its_node_and_repeated_events_do_not_drift():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8))
+    p = pod("p", node_name="a", cpu="4")
+    capacity.on_pod(ADDED, None, p)
+    capacity.on_pod(ADDED, None, p)  # a relist may deliver the same pod again
+    assert capacity.free()["cpu"] == 4
+    bigger = pod("p", node_name="a", cpu="5")
+    capacity.on_pod(MODIFIED, p, bigger)
+    assert capacity.free()["cpu"] == 3
+    capacity.on_pod(DELETED, bigger, None)
+    assert capacity.free()["cpu"] == 8
+    capacity.on_pod(DELETED, bigger, None)  # deleting twice is harmless
+    assert capacity.free()["cpu"] == 8
+    assert capacity.summary()["used"] == {}
+
+
+def test_pod_moving_between_nodes_and_nodes_arriving_after_their_pods():
+    capacity = WorkerCapacity()
+    capacity.on_pod(ADDED, None, pod("p", node_name="late", cpu="3"))
+    add_nodes(capacity, node("late", cpu=8))
+    assert capacity.free()["cpu"] == 5  # pods seen before their node still count
+    add_nodes(capacity, node("other", cpu=8))
+    capacity.on_pod(MODIFIED, None, pod("p", node_name="other", cpu="3"))
+    free = capacity.free()
+    assert free["cpu"] == 13
+
+
+def test_usage_is_clamped_per_node():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("full", cpu=4), node("empty", cpu=4))
+    capacity.on_pod(ADDED, None, pod("big", node_name="full", cpu="6"))  # overcommitted
+    assert capacity.free()["cpu"] == 4  # not 2: "full" cannot take from "empty"
+
+
+def test_pods_on_unusable_or_unselected_nodes_do_not_matter():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8, labels={"pool": "x"}), node("b", cpu=8, ready=False))
+    capacity.on_pod(ADDED, None, pod("p", node_name="b", cpu="8"))
+    assert capacity.free({"pool": "x"})["cpu"] == 8
+
+
+def test_pod_requests_follow_podset_rules():
+    # limits stand in for missing requests; sidecars add up; plain init containers max.
+    p = pod("p", node_name="a", cpu="1", limits={"memory": "1Gi", GPU: "2"}, init=[
+        {"name": "sidecar", "restartPolicy": "Always",
+         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+        {"name": "setup", "resources": {"requests": {"cpu": "4"}}},
+    ])
+    p["spec"]["overhead"] = {"cpu": "100m"}
+    before = copy.deepcopy(p)
+    assert pod_requests(p) == {"cpu": D("4.1"), "memory": D(2 * 2**30), GPU: D(2),
+                               "pods": D(1)}
+    assert p == before  # the informer's cached object is not touched
+
+
+# --- reservations -----------------------------------------------------------------------
+
+def test_reservation_counted_then_superseded_by_pods_then_released():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=16, gpu=8))
+    job = ("team-a", "train")
+    capacity.reserve(job, {"cpu": D(8), GPU: D(4)}, pods=2)
+    free = capacity.free()
+    assert (free["cpu"], free[GPU], free["pods"]) == (8, 4, 108)
+    assert capacity.summary()["reserved"] == {"cpu": "8", GPU: "4", "pods": "2"}
+
+    # One pod bound: the reservation only covers what is not running yet.
+    p0 = pod("train-node-0", node_name="a", cpu="4", gpu="2", job="train")
+    capacity.on_pod(ADDED, None, p0)
+    assert (capacity.free()["cpu"], capacity.free()[GPU]) == (8, 4)
+    # All pods bound: the pods are counted, the reservation adds nothing.
+    p1 = pod("train-node-1", node_name="a", cpu="4", gpu="2", job="train")
+    capacity.on_pod(ADDED, None, p1)
+    assert (capacity.free()["cpu"], capacity.free()[GPU]) == (8, 4)
+    assert capacity.summary()["reserved"] == {}
+
+    # The pods finish before the dispatcher releases: the reservation counts again.
+    for p in (p0, p1):
+        capacity.on_pod(DELETED, p, None)
+    assert capacity.free()["cpu"] == 8
+    capacity.release(job)
+    assert capacity.free()["cpu"] == 16
+    capacity.release(job)  # idempotent
+    assert capacity.summary()["reservations"] == 0
+
+
+def test_reservation_not_superseded_by_other_jobs_or_namespaces():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=32))
+    capacity.reserve(("team-a", "train"), {"cpu": D(8)}, pods=1)
+    capacity.on_pod(ADDED, None, pod("x", node_name="a", cpu="8", job="other"))
+    capacity.on_pod(ADDED, None, pod("y", node_name="a", cpu="8", job="train",
+                                     namespace="team-b"))
+    assert capacity.free()["cpu"] == 8  # 32 - 8 - 8 - reservation 8
+
+
+def test_unbound_pods_of_a_reserved_job_stay_covered():
+    # Pods that exist but wait for the scheduler must not make the job vanish from the
+    # picture, or a burst would pile onto a worker whose pods are all pending.
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=16))
+    capacity.reserve(("team-a", "train"), {"cpu": D(8)}, pods=2)
+    capacity.on_pod(ADDED, None, pod("train-0", cpu="4", job="train", phase="Pending"))
+    capacity.on_pod(ADDED, None, pod("train-1", cpu="4", job="train", phase="Pending"))
+    assert capacity.free()["cpu"] == 8
+
+
+def test_reserve_replaces_and_reservations_come_off_every_selection():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8, labels={"pool": "x"}), node("b", cpu=8))
+    job = ("team-a", "train")
+    capacity.reserve(job, {"cpu": D(2)}, pods=1)
+    capacity.reserve(job, {"cpu": D(6)}, pods=1)  # re-placing replaces, never adds up
+    assert capacity.free()["cpu"] == 10
+    # Not tied to nodes, so conservatively subtracted from any selection; clamped at 0.
+    assert capacity.free({"pool": "x"})["cpu"] == 2
+    capacity.reserve(("team-a", "huge"), {"cpu": D(100), GPU: D(1)}, pods=1)
+    free = capacity.free({"pool": "x"})
+    assert free["cpu"] == 0
+    assert GPU not in free  # no node offers GPUs; a reservation does not invent them
+
+
+def test_summary_is_strings():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu="7500m", memory="1Gi"), node("b", ready=False))
+    capacity.on_pod(ADDED, None, pod("p", node_name="a", cpu="250m"))
+    capacity.reserve(("ns", "j"), {"cpu": D("0.25")}, pods=1)
+    assert capacity.summary() == {
+        "nodes": 2, "usableNodes": 1, "reservations": 1,
+        "allocatable": {"cpu": "7500m", "memory": str(2**30), "pods": "110"},
+        "used": {"cpu": "250m", "pods": "1"},
+        "reserved": {"cpu": "250m", "pods": "1"},
+        "free": {"cpu": "7", "memory": str(2**30), "pods": "108"},
+    }
+
+
+def test_concurrent_events_and_reads_keep_totals_exact():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=1000))
+    errors = []
+
+    def churn(prefix):
+        for i in range(200):
+            p = pod(f"{prefix}-{i}", node_name="a", cpu="1", job=prefix)
+            capacity.on_pod(ADDED, None, p)
+            capacity.reserve(("team-a", prefix), {"cpu": D(1)}, pods=1)
+            if capacity.free()["cpu"] < 0:
+                errors.append("negative")
+            capacity.on_pod(DELETED, p, None)
+            capacity.release(("team-a", prefix))
+
+    threads = [threading.Thread(target=churn, args=(f"t{n}",)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert capacity.free()["cpu"] == 1000
+    assert capacity.summary()["used"] == {} and capacity.summary()["reserved"] == {}
