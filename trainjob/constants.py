@@ -55,3 +55,12 @@ JOBSET_SUSPENDED = "Suspended"
 # MultiKueue conventions.
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 DEFAULT_ORIGIN = "multikueue"
+
+# The dispatcher's own keys. On the manager TrainJob: where it was placed, and the finalizer
+# that holds deletion until the remote copy is gone. On the remote copy: the manager
+# object's UID (a same-named manager object created later is a different job) and the
+# job's footprint (so capacity reservations survive a dispatcher restart).
+PLACEMENT_ANNOTATION = "trainjob-dispatcher.io/cluster"
+DISPATCH_FINALIZER = "trainjob-dispatcher.io/remote-cleanup"
+MANAGER_UID_ANNOTATION = "trainjob-dispatcher.io/manager-uid"
+REQUESTS_ANNOTATION = "trainjob-dispatcher.io/requests"

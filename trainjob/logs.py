@@ -35,3 +35,4 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     # The client's own urllib3 retries are noise at info level.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)

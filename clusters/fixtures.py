@@ -1,0 +1,127 @@
+"""Objects the tests, the demo and the benchmarks put into the local clusters: worker
+registration on the manager (Secret + MultiKueueCluster + MultiKueueConfig), Nodes with
+capacity on workers (there is no kubelet: the Node and its Ready condition are written
+here, and no node-lifecycle controller runs to mark them NotReady), and runtimes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from trainjob import constants as c
+from trainjob.kubeclient import apply_custom_object
+
+FIELD_MANAGER = "trainjob-clusters"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ensure_namespace(api: client.ApiClient, name: str) -> None:
+    try:
+        client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
+def register_worker(manager: client.ApiClient, name: str, kubeconfig: Path | str,
+                    namespace: str = "kueue-system") -> None:
+    """A Secret holding ``kubeconfig`` under key ``kubeconfig`` and a MultiKueueCluster
+    pointing at it, as MultiKueue users set workers up."""
+    ensure_namespace(manager, namespace)
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=f"{name}-kubeconfig", namespace=namespace),
+        data={"kubeconfig": base64.b64encode(Path(kubeconfig).read_bytes()).decode()})
+    core = client.CoreV1Api(manager)
+    try:
+        core.create_namespaced_secret(namespace, secret)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        core.replace_namespaced_secret(secret.metadata.name, namespace, secret)
+    apply_custom_object(manager, c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, {
+        "apiVersion": f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {"location": f"{name}-kubeconfig",
+                                                  "locationType": "Secret"}}},
+    }, FIELD_MANAGER)
+
+
+def register_config(manager: client.ApiClient, name: str, clusters: list[str]) -> None:
+    apply_custom_object(manager, c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECONFIGS, {
+        "apiVersion": f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", "kind": "MultiKueueConfig",
+        "metadata": {"name": name}, "spec": {"clusters": clusters},
+    }, FIELD_MANAGER)
+
+
+def add_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
+             labels: dict[str, str] | None = None, taints: list[dict] | None = None,
+             ready: bool = True) -> None:
+    """A Node with ``allocatable`` capacity and a Ready condition, as a kubelet would
+    report it (this harness has no kubelet)."""
+    core = client.CoreV1Api(api)
+    body = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                                                  **(labels or {})}},
+            "spec": {"taints": taints or []}}
+    try:
+        core.create_node(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    now = _now()
+    core.patch_node_status(name, {"status": {
+        "capacity": allocatable, "allocatable": allocatable,
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                        "reason": "KubeletReady" if ready else "KubeletNotReady",
+                        "message": "written by the test harness (no kubelet runs here)",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+    }}, _content_type="application/strategic-merge-patch+json")
+    # The apiserver taints every new Node not-ready; the node-lifecycle controller, which
+    # would lift it, does not run here, so lift it as that controller would.
+    core.patch_node(name, {"spec": {"taints": taints or None}},
+                    _content_type="application/merge-patch+json")
+
+
+def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "1Gi",
+                  namespace: str | None = None) -> dict[str, Any]:
+    """A ClusterTrainingRuntime (or TrainingRuntime with ``namespace``) for torch with
+    dataset and model initializers and a trainer job, each pod requesting cpu/memory."""
+    def job(job_name: str, role: str, image: str) -> dict[str, Any]:
+        return {"name": job_name, "template": {
+            "metadata": {"labels": {c.ANCESTOR_LABEL: role}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+                "name": job_name, "image": image,
+                "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}}}}
+
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": c.TRAINER_API_VERSION,
+        "kind": c.TRAININGRUNTIME_KIND if namespace else c.CLUSTERTRAININGRUNTIME_KIND,
+        "metadata": metadata,
+        "spec": {
+            "mlPolicy": {"numNodes": num_nodes, "torch": {"numProcPerNode": "auto"}},
+            "template": {"spec": {"replicatedJobs": [
+                job(c.DATASET_INITIALIZER, c.ROLE_DATASET_INITIALIZER, "dataset-initializer:v1"),
+                job(c.MODEL_INITIALIZER, c.ROLE_MODEL_INITIALIZER, "model-initializer:v1"),
+                job(c.NODE, c.ROLE_TRAINER, "pytorch/pytorch:2.5.0"),
+            ]}},
+        },
+    }
+
+
+def install_runtime(api: client.ApiClient, runtime: dict[str, Any]) -> None:
+    plural = (c.TRAININGRUNTIMES if runtime["kind"] == c.TRAININGRUNTIME_KIND
+              else c.CLUSTERTRAININGRUNTIMES)
+    apply_custom_object(api, c.TRAINER_GROUP, c.TRAINER_VERSION, plural, runtime, FIELD_MANAGER)

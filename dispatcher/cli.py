@@ -1,0 +1,99 @@
+"""``python -m dispatcher``: the manager-side MultiKueue TrainJob dispatcher."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+
+from dispatcher.config import ConfigError, load_config
+from trainjob import logs
+from trainjob.kubeclient import api_client
+from trainjob.observability import ObservabilityServer
+
+log = logging.getLogger("dispatcher")
+
+DESCRIPTION = """\
+Claim every TrainJob on the manager cluster whose spec.managedBy is
+kueue.x-k8s.io/multikueue, place it on a worker cluster with room for it, create a copy
+there (labelled kueue.x-k8s.io/multikueue-origin=<origin>, managedBy removed so the
+worker's training operator runs it) and keep the manager's status in sync with the copy.
+Workers come from MultiKueueCluster objects (grouped by a MultiKueueConfig) and from the
+configuration file.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dispatcher", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the dispatcher until interrupted",
+                         description=DESCRIPTION)
+    run.add_argument("--kubeconfig", help="kubeconfig of the manager cluster; in-cluster "
+                     "service-account configuration when omitted")
+    run.add_argument("--config", help="YAML configuration file (keys as in the "
+                     "DispatcherConfig model; flags override it)")
+    run.add_argument("--namespace", help="where kubeconfig Secrets and the Lease live "
+                     "(default: kueue-system)")
+    run.add_argument("--multikueue-config", help="MultiKueueConfig naming the candidate "
+                     "clusters, in tie-break order (default: every MultiKueueCluster)")
+    run.add_argument("--origin", help="value of the kueue.x-k8s.io/multikueue-origin label "
+                     "on remote copies; only objects with it are ever changed "
+                     "(default: multikueue)")
+    run.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
+                     help="how to choose among workers that fit (default: best-fit)")
+    run.add_argument("--metrics-port", type=int,
+                     help="port for /metrics, /healthz, /readyz (default: 8081; 0 = any)")
+    run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1)")
+    run.add_argument("--workers", type=int, default=8,
+                     help="concurrent reconciles (default: %(default)s)")
+    run.add_argument("--log-level", default="info",
+                     choices=("debug", "info", "warning", "error"))
+    run.add_argument("--log-format", default="text", choices=("text", "json"),
+                     help="text for people, json lines for collectors (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    try:
+        config = load_config(args.config, {
+            "namespace": args.namespace, "multikueue_config": args.multikueue_config,
+            "origin": args.origin, "placement_policy": args.placement_policy,
+            "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
+        })
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        manager = api_client(args.kubeconfig)
+    except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
+        print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
+        return 2
+    from dispatcher.controller import DispatcherController
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    controller = DispatcherController(manager, config, workers=args.workers,
+                                      instance=socket.gethostname())
+    server = None
+    try:
+        server = ObservabilityServer(config.metrics_port, controller.metrics.registry,
+                                     controller.ready, host=config.metrics_host).start()
+        controller.start()
+        log.info("dispatcher running (origin %s, namespace %s); metrics on http://%s:%d",
+                 config.origin, config.namespace, config.metrics_host, server.port)
+        stop.wait()
+    except (OSError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if server is not None:
+            server.stop()
+        controller.stop()
+    log.info("dispatcher stopped")
+    return 0

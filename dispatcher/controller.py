@@ -1,0 +1,155 @@
+"""Wiring of the dispatcher: manager and worker informers feed one work queue of manager
+TrainJob keys; workers run the reconciler.
+
+What wakes a job up:
+* its manager object changed;
+* its remote copy changed (status to sync, or it disappeared);
+* capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone,
+  a worker coming back): every job still waiting for placement is looked at again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+
+from kubernetes import client
+from kubernetes.utils.quantity import parse_quantity
+
+from dispatcher import mirror
+from dispatcher.config import DispatcherConfig
+from dispatcher.metrics import DispatcherMetrics
+from dispatcher.reconciler import DispatchReconciler, Requeue
+from dispatcher.registry import WorkerCluster, WorkerRegistry
+from trainjob import constants as c
+from trainjob.events import EventRecorder
+from trainjob.informer import Informer
+from trainjob.workqueue import ShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+_CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES)
+
+
+class DispatcherController:
+    def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
+                 workers: int = 8, metrics: DispatcherMetrics | None = None,
+                 instance: str = ""):
+        self.manager = manager
+        self.config = config
+        self.metrics = metrics or DispatcherMetrics()
+        self.queue = WorkQueue()
+        custom = client.CustomObjectsApi(manager)
+        self.trainjobs = Informer("manager/trainjobs", functools.partial(
+            custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS))
+        self.trainjobs.add_handler(self._on_manager_trainjob)
+        self.registry = WorkerRegistry(manager, config, self._on_worker_event,
+                                       self._on_worker_state)
+        self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
+        self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
+                                             self.recorder, self.metrics)
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+
+    # --- event routing --------------------------------------------------------------
+
+    @staticmethod
+    def _ours(obj: dict | None) -> bool:
+        return bool(obj) and (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE
+
+    def _on_manager_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
+        obj = new or old
+        if self._ours(obj):
+            self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+
+    def _on_worker_event(self, worker_name: str, resource: str, kind: str,
+                         old: dict | None, new: dict | None) -> None:
+        if resource == c.TRAINJOBS:
+            obj = new or old
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            if new is not None and (old or {}).get("status") != new.get("status"):
+                self.reconciler.remote_changed_at.setdefault(key, time.monotonic())
+            self._track_reservation(worker_name, key, kind, new)
+            self.queue.add(key)
+        elif resource in _CAPACITY_RESOURCES or (resource == "pods" and kind == "DELETED"):
+            self._requeue_pending()
+
+    def _track_reservation(self, worker_name: str, key: tuple[str, str], kind: str,
+                           remote: dict | None) -> None:
+        """Reservations follow remote copies, so they survive a restart of the dispatcher."""
+        worker = self.registry.get(worker_name)
+        if worker is None:
+            return
+        recorded = mirror.footprint(remote) if remote is not None else None
+        if kind == "DELETED" or remote is None or mirror.finished(remote) or recorded is None:
+            worker.capacity.release(key)
+            return
+        requests, pods = recorded
+        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
+
+    def _on_worker_state(self, worker: WorkerCluster) -> None:
+        self.metrics.cluster_active.labels(cluster=worker.name).set(1 if worker.active else 0)
+        for job in self.trainjobs.list():
+            if self._ours(job) and (job["metadata"].get("annotations") or {}).get(
+                    c.PLACEMENT_ANNOTATION) == worker.name:
+                self.queue.add((job["metadata"]["namespace"], job["metadata"]["name"]))
+        self._requeue_pending()
+
+    def _requeue_pending(self) -> None:
+        for job in self.trainjobs.list():
+            meta = job["metadata"]
+            if self._ours(job) and not (meta.get("annotations") or {}).get(
+                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend"):
+                self.queue.add((meta["namespace"], meta["name"]))
+
+    # --- running --------------------------------------------------------------------
+
+    def start(self, sync_timeout: float = 60) -> DispatcherController:
+        self.registry.start(sync_timeout)
+        self.trainjobs.start()
+        if not self.trainjobs.wait_synced(sync_timeout):
+            raise TimeoutError("manager TrainJob cache not synced")
+        # Placement decisions need the workers' caches; give connected workers a moment
+        # to sync so the first decisions are not made against empty pictures.
+        deadline = time.monotonic() + sync_timeout
+        for worker in self.registry.snapshot():
+            for informer in worker.informers.values():
+                informer.wait_synced(max(0.0, deadline - time.monotonic()))
+        for i in range(self._workers):
+            thread = threading.Thread(target=self._work, name=f"dispatch-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.trainjobs.synced.is_set():
+            return False, "manager TrainJob cache not synced"
+        return True, "ok"
+
+    def stop(self) -> None:
+        self.queue.shutdown()
+        self.trainjobs.stop()
+        self.registry.stop()
+        for thread in self._threads:
+            thread.join(5)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                key = self.queue.get()
+            except ShutDown:
+                return
+            try:
+                self.reconciler.reconcile(*key)
+                self.queue.forget(key)
+            except Requeue as again:
+                self.queue.add_after(key, again.delay)
+            except Exception as err:  # noqa: BLE001 - retried with backoff, never dropped
+                self.metrics.reconcile_errors.inc()
+                delay = self.queue.add_rate_limited(key)
+                log.warning("TrainJob %s/%s: dispatch failed (%s); retry in %.2fs",
+                            key[0], key[1], err, delay)
+            finally:
+                self.queue.done(key)

@@ -1,0 +1,35 @@
+"""The dispatcher's Prometheus metrics, on a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class DispatcherMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dispatch_latency = Histogram(
+            "dispatcher_dispatch_latency_seconds",
+            "From a manager TrainJob becoming eligible to its remote copy existing",
+            registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.sync_lag = Histogram(
+            "dispatcher_status_sync_lag_seconds",
+            "From a remote status change being observed to the manager status written",
+            registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.manager_writes = Counter(
+            "dispatcher_manager_writes_total", "Writes to manager TrainJobs", ["kind"],
+            registry=self.registry)
+        self.worker_writes = Counter(
+            "dispatcher_worker_writes_total", "Writes to remote TrainJobs",
+            ["cluster", "kind"], registry=self.registry)
+        self.reconcile_errors = Counter(
+            "dispatcher_reconcile_errors_total", "Reconciles that failed and were retried",
+            registry=self.registry)
+        self.cluster_active = Gauge(
+            "dispatcher_cluster_active", "1 when the worker cluster answers", ["cluster"],
+            registry=self.registry)
+        self.jobs = Gauge(
+            "dispatcher_jobs", "Manager TrainJobs by state and cluster", ["state", "cluster"],
+            registry=self.registry)

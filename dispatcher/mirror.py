@@ -1,0 +1,68 @@
+"""The remote copy of a manager TrainJob, and how to tell whose a remote object is."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from trainjob import constants as c
+
+# Manager-only annotations that must not travel to the worker.
+_MANAGER_ONLY = (c.PLACEMENT_ANNOTATION, "kubectl.kubernetes.io/last-applied-configuration")
+
+
+def build_remote(manager: dict[str, Any], origin: str, requests: dict[str, str],
+                 pods: int) -> dict[str, Any]:
+    """Same namespace and name, the manager's labels and annotations plus the origin label
+    and the manager UID, the manager's spec without ``managedBy`` (so the worker's
+    operator owns it). ``requests``/``pods`` record the footprint used for placement."""
+    meta = manager["metadata"]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if k not in _MANAGER_ONLY}
+    annotations[c.MANAGER_UID_ANNOTATION] = meta["uid"]
+    annotations[c.REQUESTS_ANNOTATION] = json.dumps({"pods": pods, "requests": requests},
+                                                    sort_keys=True)
+    spec = copy.deepcopy(manager.get("spec") or {})
+    spec.pop("managedBy", None)
+    return {
+        "apiVersion": c.TRAINER_API_VERSION,
+        "kind": c.TRAINJOB_KIND,
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": {**(meta.get("labels") or {}), c.MULTIKUEUE_ORIGIN_LABEL: origin},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def is_ours(remote: dict[str, Any], origin: str) -> bool:
+    """Carries our origin label: the only remote objects the dispatcher may change."""
+    labels = (remote.get("metadata") or {}).get("labels") or {}
+    return labels.get(c.MULTIKUEUE_ORIGIN_LABEL) == origin
+
+
+def mirrors(remote: dict[str, Any], manager: dict[str, Any]) -> bool:
+    """Ours and a copy of this very manager object (not of an earlier same-named one)."""
+    annotations = (remote.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(c.MANAGER_UID_ANNOTATION) == manager["metadata"].get("uid")
+
+
+def footprint(remote: dict[str, Any]) -> tuple[dict[str, str], int] | None:
+    """The (requests, pods) recorded on a remote at creation, if any."""
+    raw = ((remote.get("metadata") or {}).get("annotations") or {}).get(c.REQUESTS_ANNOTATION)
+    try:
+        data = json.loads(raw) if raw else None
+        return (dict(data["requests"]), int(data["pods"])) if data else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def finished(obj: dict[str, Any] | None) -> bool:
+    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
+                condition.get("status") == "True":
+            return True
+    return False

@@ -1,0 +1,413 @@
+"""The dispatcher's reconciler for one manager TrainJob.
+
+Level-triggered: every call reads the manager object and the remote copy from caches and
+moves one step towards the desired state. The order of writes makes it crash-safe:
+
+1. placement: the chosen worker and our finalizer go onto the manager object in one
+   request, guarded by its resourceVersion (a second dispatcher or a stale cache loses
+   with 409 instead of placing twice);
+2. the remote copy is created (POST; 409 means it exists: adopted when it carries our
+   origin and the manager's UID);
+3. remote status changes are copied onto the manager (the whole ``.status``, PUT with the
+   resourceVersion; on 409 re-read and retry, never overwrite blindly);
+4. teardown (deletion, suspension, finish) deletes the remote first and releases the
+   finalizer/placement after it is gone.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dispatcher import mirror
+from dispatcher.config import DispatcherConfig
+from dispatcher.metrics import DispatcherMetrics
+from dispatcher.placement import POLICIES, Candidate, describe_reasons, place_trainjob
+from dispatcher.registry import WorkerCluster, WorkerRegistry
+from trainjob import constants as c
+from trainjob.api import TrainingRuntime, TrainJob
+from trainjob.events import NORMAL, WARNING, EventRecorder
+from trainjob.informer import Informer
+from trainjob.runtime import build_runtime_info
+
+log = logging.getLogger(__name__)
+
+CONDITION_PLACED = "Placed"
+REASON_NO_WORKER = "NoWorkerFits"
+
+
+class Requeue(Exception):
+    """Not an error: try this key again after ``delay`` seconds."""
+
+    def __init__(self, delay: float, why: str):
+        super().__init__(why)
+        self.delay = delay
+
+
+@dataclass
+class Need:
+    requests: dict[str, Decimal]
+    pods: int
+    node_selector: dict[str, str] | None
+    tolerations: list[dict] | None
+
+
+class DispatchReconciler:
+    def __init__(self, manager: client.ApiClient, trainjobs: Informer,
+                 registry: WorkerRegistry, config: DispatcherConfig,
+                 recorder: EventRecorder, metrics: DispatcherMetrics):
+        self.custom = client.CustomObjectsApi(manager)
+        self.trainjobs = trainjobs
+        self.registry = registry
+        self.config = config
+        self.recorder = recorder
+        self.metrics = metrics
+        self.policy = POLICIES[config.placement_policy]
+        # Workers where a same-named TrainJob without our origin label was found: never
+        # touched, and not a candidate for that job again.
+        self.foreign: dict[tuple[str, str], set[str]] = {}
+        # When a job first became eligible for dispatch, and when a remote's change was
+        # observed: the starts of the dispatch-latency and status-sync-lag histograms.
+        self.eligible_since: dict[tuple[str, str], float] = {}
+        self.remote_changed_at: dict[tuple[str, str], float] = {}
+
+    # --- entry point ----------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        raw = self.trainjobs.get(namespace, name)
+        if raw is None:
+            self.eligible_since.pop(key, None)
+            return  # remote copies of deleted jobs are the garbage collector's business
+        spec = raw.get("spec") or {}
+        if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
+            return  # never ours: not written, annotated or finalized
+        meta = raw["metadata"]
+        placed = (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
+        worker = self.registry.get(placed) if placed else None
+        if meta.get("deletionTimestamp"):
+            self._teardown(raw, worker, release_placement=False)
+            return
+        if spec.get("suspend"):
+            if placed:
+                self._teardown(raw, worker, release_placement=True)
+            return
+        if not placed:
+            if not mirror.finished(raw):
+                self._place(raw)
+            return
+        if worker is None:
+            log.warning("TrainJob %s/%s: placed on %s, which is not in the registry",
+                        namespace, name, placed)
+            return
+        if not worker.active:
+            return  # status sync resumes when it answers again (the worker-lost policy
+            # re-places after a timeout)
+        self._sync(raw, worker)
+
+    # --- placement --------------------------------------------------------------------
+
+    def _place(self, raw: dict) -> None:
+        meta = raw["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.eligible_since.setdefault(key, time.monotonic())
+        job = TrainJob.model_validate(raw)
+        candidates, needs = [], {}
+        for worker in self.registry.snapshot():
+            problem, need = self._eligibility(job, worker)
+            if need is not None:
+                needs[worker.name] = need
+            free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
+            candidates.append(Candidate(worker.name, worker.order, free, problem))
+        if not candidates:
+            self._pending(raw, "no worker cluster is registered")
+            return
+        # Needs can differ per worker (each has its own copy of the runtime); evaluate
+        # each candidate against its own.
+        fitting: dict[str, Candidate] = {}
+        reasons: dict[str, str] = {}
+        for candidate in candidates:
+            need = needs.get(candidate.name)
+            result = place_trainjob(need.requests if need else {}, need.pods if need else 0,
+                                    [candidate], self.policy)
+            if result.cluster:
+                fitting[candidate.name] = candidate
+            else:
+                reasons.update(result.reasons)
+        if not fitting:
+            self._pending(raw, describe_reasons(reasons))
+            return
+        # Needs differ between workers only when their runtimes differ; rank by the largest.
+        chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
+                                    list(fitting.values())) or next(iter(fitting))
+        worker = self.registry.get(chosen)
+        need = needs[chosen]
+        patch = {"metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {c.PLACEMENT_ANNOTATION: chosen},
+            "finalizers": sorted(set(meta.get("finalizers") or []) | {c.DISPATCH_FINALIZER}),
+        }}
+        written = self.custom.patch_namespaced_custom_object(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, meta["name"],
+            patch, _content_type="application/merge-patch+json")
+        self.trainjobs.observe(written)
+        self.metrics.manager_writes.labels(kind="placement").inc()
+        worker.capacity.reserve(key, need.requests, need.pods)
+        self.recorder.event(raw, NORMAL, "Placed", f"placed on worker cluster {chosen}")
+        log.info("TrainJob %s/%s placed on %s", *key, chosen)
+        self._create_remote(written, worker, need)
+
+    def _eligibility(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
+        if not worker.active:
+            return f"not connected ({worker.reason}: {worker.message})", None
+        namespace, name = job.metadata.namespace or "", job.metadata.name
+        if worker.name in self.foreign.get((namespace, name), set()):
+            return (f"TrainJob {namespace}/{name} exists there without our origin label",
+                    None)
+        if worker.cache("namespaces").get("", namespace) is None:
+            return f"namespace {namespace} not found", None
+        ref = job.spec.runtime_ref
+        if ref.kind == c.TRAININGRUNTIME_KIND:
+            runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
+        else:
+            runtime = worker.cache(c.CLUSTERTRAININGRUNTIMES).get("", ref.name)
+        if runtime is None:
+            return f"{ref.kind} {ref.name} not found", None
+        try:
+            info = build_runtime_info(job, TrainingRuntime.model_validate(runtime))
+        except Exception as err:  # noqa: BLE001 - a broken runtime excludes this worker only
+            return f"runtime {ref.name} unusable: {err}", None
+        trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
+        pod_spec = trainers[0].pod_spec if trainers else {}
+        totals = info.totals
+        return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
+                          pod_spec.get("tolerations"))
+
+    def _pending(self, raw: dict, message: str) -> None:
+        conditions = [x for x in (raw.get("status") or {}).get("conditions") or []
+                      if x.get("type") != CONDITION_PLACED]
+        current = next((x for x in (raw.get("status") or {}).get("conditions") or []
+                        if x.get("type") == CONDITION_PLACED), None)
+        if current and current.get("message") == message and current.get("status") == "False":
+            return
+        conditions.append({"type": CONDITION_PLACED, "status": "False",
+                           "reason": REASON_NO_WORKER, "message": message,
+                           "lastTransitionTime": _now()})
+        status = {**(raw.get("status") or {}), "conditions": conditions}
+        self._write_status(raw, status)
+        self.recorder.event(raw, WARNING, REASON_NO_WORKER, message)
+        log.info("TrainJob %s/%s pending: %s", raw["metadata"]["namespace"],
+                 raw["metadata"]["name"], message)
+
+    # --- the remote copy --------------------------------------------------------------
+
+    def _create_remote(self, manager: dict, worker: WorkerCluster, need: Need) -> None:
+        meta = manager["metadata"]
+        key = (meta["namespace"], meta["name"])
+        from trainjob.runtime.podsets import format_quantity
+
+        body = mirror.build_remote(manager, self.config.origin,
+                                   {k: format_quantity(v) for k, v in need.requests.items()},
+                                   need.pods)
+        remote_api = client.CustomObjectsApi(worker.api)
+        try:
+            created = remote_api.create_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body)
+            worker.cache(c.TRAINJOBS).observe(created)
+            self.metrics.worker_writes.labels(cluster=worker.name, kind="create").inc()
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            existing = remote_api.get_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, meta["name"])
+            if not mirror.is_ours(existing, self.config.origin):
+                # Someone else's object: never touched; this job goes elsewhere.
+                self.foreign.setdefault(key, set()).add(worker.name)
+                self.recorder.event(manager, WARNING, "NameTaken",
+                                    f"worker {worker.name} has a TrainJob {key[0]}/{key[1]} "
+                                    "that is not ours; placing elsewhere")
+                worker.capacity.release(key)
+                self._clear_placement(manager)
+                return
+            if not mirror.mirrors(existing, manager):
+                # A copy of an earlier same-named job: ours to remove; recreate next round.
+                self._delete_remote(worker, existing)
+                raise Requeue(0.2, "stale remote copy of an earlier job being deleted")
+            worker.cache(c.TRAINJOBS).observe(existing)  # adopted
+        started = self.eligible_since.pop(key, None)
+        if started is not None:
+            self.metrics.dispatch_latency.observe(time.monotonic() - started)
+
+    def _delete_remote(self, worker: WorkerCluster, remote: dict) -> None:
+        meta = remote["metadata"]
+        try:
+            client.CustomObjectsApi(worker.api).delete_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+                meta["name"], propagation_policy="Background",
+                # Only this very object: a same-named one created meanwhile is not touched.
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(
+                    uid=meta["uid"])))
+            self.metrics.worker_writes.labels(cluster=worker.name, kind="delete").inc()
+        except ApiException as err:
+            if err.status not in (404, 409):
+                raise
+
+    # --- steady state -----------------------------------------------------------------
+
+    def _sync(self, manager: dict, worker: WorkerCluster) -> None:
+        meta = manager["metadata"]
+        key = (meta["namespace"], meta["name"])
+        remote = worker.cache(c.TRAINJOBS).get(*key)
+        if remote is not None and not mirror.mirrors(remote, manager):
+            self._delete_remote(worker, remote)
+            remote = None
+            raise Requeue(0.2, "stale remote copy of an earlier job being deleted")
+        if remote is None:
+            if mirror.finished(manager):
+                worker.capacity.release(key)
+                if c.DISPATCH_FINALIZER in (meta.get("finalizers") or []):
+                    self._remove_finalizer(manager)
+                return
+            if (manager.get("status") or {}).get("conditions") and not _only_ours(manager):
+                # It had reported status, so it existed: someone deleted it while running.
+                self.recorder.event(manager, WARNING, "RemoteDeleted",
+                                    f"the copy on {worker.name} was deleted by someone "
+                                    "else; placing the job again")
+                worker.capacity.release(key)
+                self._clear_placement(manager)
+                return
+            job = TrainJob.model_validate(manager)
+            problem, need = self._eligibility(job, worker)
+            if need is None:
+                raise Requeue(1.0, f"cannot create the remote copy on {worker.name}: {problem}")
+            self._create_remote(manager, worker, need)
+            return
+        if mirror.finished(remote):
+            worker.capacity.release(key)
+        remote_status = remote.get("status") or {}
+        if remote_status and remote_status != (manager.get("status") or {}):
+            self._write_status(manager, remote_status, remote=remote)
+            return
+        if mirror.finished(remote) and mirror.finished(manager):
+            retention = self.config.retention_seconds
+            finished_at = _finished_at(remote)
+            wait = retention - (time.time() - finished_at) if finished_at else 0
+            if wait > 0:
+                raise Requeue(wait, "keeping the finished remote for the retention period")
+            self._delete_remote(worker, remote)
+
+    def _write_status(self, manager: dict, status: dict, remote: dict | None = None) -> None:
+        """Replace the manager's whole status; on a conflict re-read and try again."""
+        meta = manager["metadata"]
+        body = copy.deepcopy(manager)
+        for attempt in range(5):
+            body["status"] = status
+            try:
+                written = self.custom.replace_namespaced_custom_object_status(
+                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+                    meta["name"], body)
+                self.trainjobs.observe(written)
+                self.metrics.manager_writes.labels(kind="status").inc()
+                changed_at = self.remote_changed_at.pop((meta["namespace"], meta["name"]), None)
+                if remote is not None and changed_at is not None:
+                    self.metrics.sync_lag.observe(time.monotonic() - changed_at)
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                body = self.custom.get_namespaced_custom_object(
+                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+                    meta["name"])
+                if body["metadata"].get("uid") != meta.get("uid"):
+                    return  # a different object now: its own reconcile will handle it
+        raise Requeue(0.5, "status write kept conflicting")
+
+    # --- teardown ---------------------------------------------------------------------
+
+    def _teardown(self, manager: dict, worker: WorkerCluster | None,
+                  release_placement: bool) -> None:
+        meta = manager["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if worker is not None:
+            if not worker.active:
+                lost_for = time.time() - worker.since
+                if lost_for < self.config.worker_lost_timeout_seconds:
+                    raise Requeue(min(5.0, self.config.worker_lost_timeout_seconds - lost_for),
+                                  f"worker {worker.name} unreachable; remote not deleted yet")
+                # Past the worker-lost timeout: let go; the garbage collector removes the
+                # copy when the worker returns.
+            else:
+                remote = worker.cache(c.TRAINJOBS).get(*key)
+                if remote is not None and mirror.is_ours(remote, self.config.origin):
+                    self._delete_remote(worker, remote)
+                    return  # the remote's DELETED event brings us back here
+            worker.capacity.release(key)
+        if release_placement:
+            self._clear_placement(manager)
+        elif c.DISPATCH_FINALIZER in (meta.get("finalizers") or []):
+            self._remove_finalizer(manager)
+
+    def _clear_placement(self, manager: dict) -> None:
+        meta = manager["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != c.DISPATCH_FINALIZER]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                              "annotations": {c.PLACEMENT_ANNOTATION: None},
+                              "finalizers": finalizers}}
+        self._patch_manager(manager, patch, "unplace")
+
+    def _remove_finalizer(self, manager: dict) -> None:
+        meta = manager["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != c.DISPATCH_FINALIZER]
+        self._patch_manager(manager, {"metadata": {"resourceVersion": meta["resourceVersion"],
+                                                   "finalizers": finalizers}}, "finalizer")
+
+    def _patch_manager(self, manager: dict, patch: dict, kind: str) -> None:
+        meta = manager["metadata"]
+        try:
+            written = self.custom.patch_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+                meta["name"], patch, _content_type="application/merge-patch+json")
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        self.trainjobs.observe(written)
+        self.metrics.manager_writes.labels(kind=kind).inc()
+
+
+def _largest(requests_list) -> dict[str, Decimal]:
+    merged: dict[str, Decimal] = {}
+    for requests in requests_list:
+        for resource, amount in requests.items():
+            merged[resource] = max(merged.get(resource, Decimal(0)), amount)
+    return merged
+
+
+def _only_ours(manager: dict) -> bool:
+    """The manager status holds only the dispatcher's own Placed condition."""
+    conditions = (manager.get("status") or {}).get("conditions") or []
+    return all(x.get("type") == CONDITION_PLACED for x in conditions)
+
+
+def _finished_at(remote: dict) -> float | None:
+    import calendar
+
+    for condition in (remote.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
+                condition.get("status") == "True" and condition.get("lastTransitionTime"):
+            try:
+                return calendar.timegm(time.strptime(condition["lastTransitionTime"],
+                                                     "%Y-%m-%dT%H:%M:%SZ"))
+            except ValueError:
+                return None
+    return None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+

@@ -1,0 +1,335 @@
+"""The worker registry: which worker clusters exist, how to reach them, and whether they
+answer.
+
+Workers come from MultiKueueCluster objects on the manager (kubeconfig in a Secret in the
+dispatcher's namespace under key ``kubeconfig``, or a Path), narrowed and ordered by the
+configured MultiKueueConfig, and from the configuration file's static list. The registry is
+level-triggered: any change to those objects or Secrets re-derives the whole set, and a
+worker whose kubeconfig did not change keeps its connection and caches.
+
+Connection state is probed every ``probe_interval`` seconds per worker, each worker on its
+own thread, and reported as the ``Active`` condition on its MultiKueueCluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from kubernetes import client
+
+from dispatcher.capacity import WorkerCapacity
+from dispatcher.config import DispatcherConfig
+from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
+from trainjob import constants as c
+from trainjob.informer import Informer
+from trainjob.kubeclient import api_client
+
+log = logging.getLogger(__name__)
+
+ACTIVE = "Active"
+REASON_ACTIVE = "Active"
+REASON_CONNECTION_FAILED = "ClientConnectionFailed"
+KUBECONFIG_KEY = "kubeconfig"
+
+WorkerEvent = Callable[[str, str, str, dict | None, dict | None], None]
+
+
+@dataclass
+class WorkerCluster:
+    """One worker as the dispatcher sees it."""
+
+    name: str
+    order: int
+    fingerprint: str
+    api: client.ApiClient | None = None
+    informers: dict[str, Informer] = field(default_factory=dict)
+    capacity: WorkerCapacity = field(default_factory=WorkerCapacity)
+    active: bool = False
+    reason: str = REASON_CONNECTION_FAILED
+    message: str = "not probed yet"
+    since: float = field(default_factory=time.time)  # wall clock of the last state change
+    from_object: bool = True  # a MultiKueueCluster (not the static list) describes it
+
+    @property
+    def connected(self) -> bool:
+        return self.api is not None
+
+    def cache(self, resource: str) -> Informer:
+        return self.informers[resource]
+
+    def stop(self) -> None:
+        for informer in self.informers.values():
+            informer.stop(timeout=1)
+        if self.api is not None:
+            self.api.close()
+
+
+class WorkerRegistry:
+    def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
+                 on_worker_event: WorkerEvent, on_state_change: Callable[[WorkerCluster], None],
+                 probe_interval: float = 2.0, probe_timeout: float = 2.0):
+        self.manager = manager
+        self.config = config
+        self.on_worker_event = on_worker_event
+        self.on_state_change = on_state_change
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        self.workers: dict[str, WorkerCluster] = {}
+        self._lock = threading.RLock()
+        custom = client.CustomObjectsApi(manager)
+        self.clusters = Informer("multikueueclusters", functools.partial(
+            custom.list_cluster_custom_object, c.KUEUE_GROUP, c.KUEUE_VERSION,
+            c.MULTIKUEUECLUSTERS))
+        self.configs = Informer("multikueueconfigs", functools.partial(
+            custom.list_cluster_custom_object, c.KUEUE_GROUP, c.KUEUE_VERSION,
+            c.MULTIKUEUECONFIGS))
+        self.secrets = Informer("secrets", functools.partial(
+            client.CoreV1Api(manager).list_namespaced_secret, config.namespace))
+        for informer in (self.clusters, self.configs, self.secrets):
+            informer.add_handler(lambda *_: self.sync())
+        self._scheduler = BackgroundScheduler(daemon=True)
+        self._probes = ThreadPoolExecutor(max_workers=16, thread_name_prefix="probe")
+        self._probing: set[str] = set()
+        self._started = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self, sync_timeout: float = 60) -> WorkerRegistry:
+        for informer in (self.clusters, self.configs, self.secrets):
+            informer.start()
+        for informer in (self.clusters, self.configs, self.secrets):
+            if not informer.wait_synced(sync_timeout):
+                raise TimeoutError(f"manager {informer.name} cache not synced")
+        self._started = True
+        self.sync()
+        self._scheduler.add_job(self.probe_all, "interval", seconds=self.probe_interval,
+                                id="probe-workers", max_instances=1, coalesce=True)
+        self._scheduler.start()
+        self.probe_all()
+        return self
+
+    def stop(self) -> None:
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        self._probes.shutdown(wait=False, cancel_futures=True)
+        for informer in (self.clusters, self.configs, self.secrets):
+            informer.stop(timeout=1)
+        with self._lock:
+            for worker in self.workers.values():
+                worker.stop()
+            self.workers.clear()
+
+    def snapshot(self) -> list[WorkerCluster]:
+        with self._lock:
+            return sorted(self.workers.values(), key=lambda w: w.order)
+
+    def get(self, name: str) -> WorkerCluster | None:
+        with self._lock:
+            return self.workers.get(name)
+
+    # --- deriving the set of workers ---------------------------------------------------
+
+    def _desired(self) -> list[tuple[str, int, str | None, str, str, bool]]:
+        """(name, order, kubeconfig text or None, problem reason, problem message,
+        described by a MultiKueueCluster)."""
+        if self.config.multikueue_config:
+            mk_config = self.configs.get("", self.config.multikueue_config)
+            names = list(((mk_config or {}).get("spec") or {}).get("clusters") or [])
+            if mk_config is None:
+                log.warning("MultiKueueConfig %s not found: no worker from MultiKueueClusters",
+                            self.config.multikueue_config)
+        else:
+            names = sorted(name for _, name in self.clusters.keys())
+        desired = []
+        for order, name in enumerate(names):
+            obj = self.clusters.get("", name)
+            if obj is None:
+                log.warning("MultiKueueConfig lists %s, but no MultiKueueCluster has that name",
+                            name)
+                continue
+            text, reason, message = self._kubeconfig_of(obj)
+            desired.append((name, order, text, reason, message, True))
+        for offset, static in enumerate(self.config.workers):
+            try:
+                text, reason, message = Path(static.kubeconfig).read_text(), "", ""
+            except OSError as err:
+                text, reason, message = None, BAD_KUBECONFIG, (
+                    f"cannot read {static.kubeconfig}: {err.strerror}")
+            desired.append((static.name, len(names) + offset, text, reason, message, False))
+        return desired
+
+    def _kubeconfig_of(self, obj: dict) -> tuple[str | None, str, str]:
+        source = (((obj.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {})
+        location = source.get("location", "")
+        if source.get("locationType", "Secret") == "Path":
+            try:
+                return Path(location).read_text(), "", ""
+            except OSError as err:
+                return None, BAD_KUBECONFIG, f"cannot read kubeconfig file {location}: {err.strerror}"
+        secret = self.secrets.get(self.config.namespace, location)
+        if secret is None:
+            return None, BAD_KUBECONFIG, (
+                f"Secret {self.config.namespace}/{location} not found")
+        data = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+        if not data:
+            return None, BAD_KUBECONFIG, (
+                f"Secret {self.config.namespace}/{location} has no key {KUBECONFIG_KEY!r}")
+        try:
+            return base64.b64decode(data).decode(), "", ""
+        except (ValueError, UnicodeDecodeError):
+            return None, BAD_KUBECONFIG, (
+                f"Secret {self.config.namespace}/{location} key {KUBECONFIG_KEY!r} is not text")
+
+    def sync(self) -> None:
+        """Re-derive the workers from the manager's objects; connect, reconnect, drop."""
+        if not self._started:
+            return
+        changed: list[WorkerCluster] = []
+        with self._lock:
+            desired = self._desired()
+            wanted = {name for name, *_ in desired}
+            for name in list(self.workers):
+                if name not in wanted:
+                    log.info("worker %s removed from the registry", name)
+                    self.workers.pop(name).stop()
+            for name, order, text, reason, message, from_object in desired:
+                fingerprint = hashlib.sha256((text or reason + message).encode()).hexdigest()
+                current = self.workers.get(name)
+                if current is not None and current.fingerprint == fingerprint:
+                    current.order = order
+                    continue
+                if current is not None:
+                    log.info("worker %s: kubeconfig changed; reconnecting", name)
+                    current.stop()
+                worker = WorkerCluster(name=name, order=order, fingerprint=fingerprint,
+                                       from_object=from_object)
+                self.workers[name] = worker
+                if text is not None:
+                    verdict = check_kubeconfig(text)
+                    if verdict.ok:
+                        self._connect(worker, verdict.config)
+                    else:
+                        reason, message = verdict.reason, verdict.message
+                if not worker.connected:
+                    self._set_state(worker, False, reason, message)
+                changed.append(worker)
+        for worker in changed:
+            self._publish(worker)
+            if worker.connected:
+                self._probes.submit(self._probe, worker)
+
+    def _connect(self, worker: WorkerCluster, kubeconfig: dict) -> None:
+        worker.api = api_client(kubeconfig, qps=self.config.client.qps,
+                                burst=self.config.client.burst)
+        custom = client.CustomObjectsApi(worker.api)
+        core = client.CoreV1Api(worker.api)
+        origin = f"{c.MULTIKUEUE_ORIGIN_LABEL}={self.config.origin}"
+        sources = {
+            c.TRAINJOBS: functools.partial(custom.list_cluster_custom_object, c.TRAINER_GROUP,
+                                           c.TRAINER_VERSION, c.TRAINJOBS, label_selector=origin),
+            c.TRAININGRUNTIMES: functools.partial(
+                custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                c.TRAININGRUNTIMES),
+            c.CLUSTERTRAININGRUNTIMES: functools.partial(
+                custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                c.CLUSTERTRAININGRUNTIMES),
+            "namespaces": core.list_namespace,
+            "nodes": core.list_node,
+            "pods": functools.partial(core.list_pod_for_all_namespaces,
+                                      field_selector="status.phase!=Succeeded,status.phase!=Failed"),
+        }
+        for resource, list_fn in sources.items():
+            informer = Informer(f"{worker.name}/{resource}", list_fn)
+            informer.add_handler(functools.partial(self._worker_event, worker, resource))
+            worker.informers[resource] = informer
+            informer.start()
+
+    def _worker_event(self, worker: WorkerCluster, resource: str, kind: str,
+                      old: dict | None, new: dict | None) -> None:
+        if resource == "nodes":
+            worker.capacity.on_node(kind, old, new)
+        elif resource == "pods":
+            worker.capacity.on_pod(kind, old, new)
+        self.on_worker_event(worker.name, resource, kind, old, new)
+
+    # --- probing and reporting ------------------------------------------------------
+
+    def probe_all(self) -> None:
+        for worker in self.snapshot():
+            if worker.connected and worker.name not in self._probing:
+                self._probing.add(worker.name)
+                self._probes.submit(self._probe, worker)
+
+    def _probe(self, worker: WorkerCluster) -> None:
+        try:
+            try:
+                client.VersionApi(worker.api).get_code(_request_timeout=self.probe_timeout)
+                unsynced = [i.name for i in worker.informers.values() if not i.synced.is_set()]
+                if unsynced:
+                    ok, message = False, f"caches not synced yet: {', '.join(unsynced)}"
+                else:
+                    ok, message = True, "connected"
+            except Exception as err:  # noqa: BLE001 - any failure means not reachable
+                ok, message = False, f"cannot reach {worker.api.configuration.host}: " + (
+                    f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            with self._lock:
+                if self.workers.get(worker.name) is not worker:
+                    return  # replaced or removed meanwhile
+                changed = self._set_state(worker, ok, REASON_ACTIVE if ok else
+                                          REASON_CONNECTION_FAILED, message)
+            if changed:
+                self._publish(worker)
+                self.on_state_change(worker)
+        finally:
+            self._probing.discard(worker.name)
+
+    def _set_state(self, worker: WorkerCluster, active: bool, reason: str, message: str) -> bool:
+        if (worker.active, worker.reason) == (active, reason) and (active or worker.message == message):
+            return False
+        if worker.active != active:
+            worker.since = time.time()
+            log.log(logging.INFO if active else logging.WARNING,
+                    "worker %s is %s: %s (%s)", worker.name, "active" if active else "inactive",
+                    reason, message)
+        worker.active, worker.reason, worker.message = active, reason, message
+        return True
+
+    def _publish(self, worker: WorkerCluster) -> None:
+        """Write the Active condition on the worker's MultiKueueCluster when it changed."""
+        if not worker.from_object:
+            return
+        obj = self.clusters.get("", worker.name)
+        if obj is None:
+            return
+        status = "True" if worker.active else "False"
+        conditions = [dict(x) for x in (obj.get("status") or {}).get("conditions") or []]
+        current = next((x for x in conditions if x.get("type") == ACTIVE), None)
+        if current and (current.get("status"), current.get("reason"), current.get("message")) == (
+                status, worker.reason, worker.message):
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(worker.since))
+        conditions = [x for x in conditions if x.get("type") != ACTIVE] + [{
+            "type": ACTIVE, "status": status, "reason": worker.reason,
+            "message": worker.message,
+            "lastTransitionTime": stamp if current is None or current.get("status") != status
+            else current.get("lastTransitionTime", stamp),
+        }]
+        try:
+            written = client.CustomObjectsApi(self.manager).patch_cluster_custom_object_status(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, worker.name,
+                {"status": {"conditions": conditions}},
+                _content_type="application/merge-patch+json")
+            self.clusters.observe(written)
+        except Exception as err:  # noqa: BLE001 - reported again on the next change/probe
+            log.warning("MultiKueueCluster %s: cannot write Active condition: %s",
+                        worker.name, err)
