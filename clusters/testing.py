@@ -1,10 +1,19 @@
-"""Test helpers that go with the harness: waiting on a condition, with a useful failure."""
+"""Test helpers that go with the harness: waiting on a condition with a useful failure,
+and running the project's own commands as real processes."""
 
 from __future__ import annotations
 
+import ctypes
+import http.client
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import TypeVar
+
+from clusters.controlplane import free_port
 
 T = TypeVar("T")
 
@@ -41,3 +50,78 @@ def eventually(
                 f"expected {expected} within {timeout:.1f}s; last seen: {last!r}"
             )
         time.sleep(interval)
+
+
+class ServiceProcess:
+    """A project command (``python -m <module> run ...``) as a separate process, tied to
+    the test process (PDEATHSIG), ready once its /readyz answers 200 ok."""
+
+    def __init__(self, module: str, kubeconfig: Path, log_file: Path,
+                 extra_args: tuple[str, ...]):
+        self.module = module
+        self.kubeconfig = kubeconfig
+        self.log_file = log_file
+        self.extra_args = extra_args
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ServiceProcess:
+        argv = [sys.executable, "-m", self.module, "run",
+                "--kubeconfig", str(self.kubeconfig),
+                "--metrics-port", str(self.metrics_port), *self.extra_args]
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
+        eventually(self.readyz, lambda answer: answer == (200, "ok"),
+                   expected=f"{self.module} /readyz to answer 200 ok (log: {self.log_file})",
+                   timeout=60)
+        return self
+
+    def readyz(self) -> tuple[int, str]:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(
+                f"{self.module} exited with {self.proc.returncode}:\n{self.log_tail()}")
+        return self.get("/readyz")
+
+    def get(self, path: str) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples (all label sets) from the operator's /metrics."""
+        _, text = self.get("/metrics")
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM, 0, 0, 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from decimal import Decimal
@@ -75,6 +76,7 @@ class DispatchReconciler:
         # observed: the starts of the dispatch-latency and status-sync-lag histograms.
         self.eligible_since: dict[tuple[str, str], float] = {}
         self.remote_changed_at: dict[tuple[str, str], float] = {}
+        self._placement_lock = threading.Lock()
 
     # --- entry point ----------------------------------------------------------------
 
@@ -117,6 +119,36 @@ class DispatchReconciler:
         key = (meta["namespace"], meta["name"])
         self.eligible_since.setdefault(key, time.monotonic())
         job = TrainJob.model_validate(raw)
+        # Decide and reserve under one lock: concurrent placements must each see the
+        # reservations of the others, or a burst piles onto the same worker.
+        with self._placement_lock:
+            decision = self._decide(job)
+            if not isinstance(decision, str):
+                worker, need = decision
+                worker.capacity.reserve(key, need.requests, need.pods)
+        if isinstance(decision, str):
+            self._pending(raw, decision)  # outside the lock: it writes to the API
+            return
+        patch = {"metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {c.PLACEMENT_ANNOTATION: worker.name},
+            "finalizers": sorted(set(meta.get("finalizers") or []) | {c.DISPATCH_FINALIZER}),
+        }}
+        try:
+            written = self.custom.patch_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+                meta["name"], patch, _content_type="application/merge-patch+json")
+        except BaseException:
+            worker.capacity.release(key)  # not placed after all (e.g. 409: changed meanwhile)
+            raise
+        self.trainjobs.observe(written)
+        self.metrics.manager_writes.labels(kind="placement").inc()
+        self.recorder.event(raw, NORMAL, "Placed", f"placed on worker cluster {worker.name}")
+        log.info("TrainJob %s/%s placed on %s", *key, worker.name)
+        self._create_remote(written, worker, need)
+
+    def _decide(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
+        """The worker to place on and the job's needs there, or why nothing fits."""
         candidates, needs = [], {}
         for worker in self.registry.snapshot():
             problem, need = self._eligibility(job, worker)
@@ -125,8 +157,7 @@ class DispatchReconciler:
             free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
-            self._pending(raw, "no worker cluster is registered")
-            return
+            return "no worker cluster is registered"
         # Needs can differ per worker (each has its own copy of the runtime); evaluate
         # each candidate against its own.
         fitting: dict[str, Candidate] = {}
@@ -140,27 +171,12 @@ class DispatchReconciler:
             else:
                 reasons.update(result.reasons)
         if not fitting:
-            self._pending(raw, describe_reasons(reasons))
-            return
+            return describe_reasons(reasons)
         # Needs differ between workers only when their runtimes differ; rank by the largest.
         chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
                                     list(fitting.values())) or next(iter(fitting))
         worker = self.registry.get(chosen)
-        need = needs[chosen]
-        patch = {"metadata": {
-            "resourceVersion": meta["resourceVersion"],
-            "annotations": {c.PLACEMENT_ANNOTATION: chosen},
-            "finalizers": sorted(set(meta.get("finalizers") or []) | {c.DISPATCH_FINALIZER}),
-        }}
-        written = self.custom.patch_namespaced_custom_object(
-            c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, meta["name"],
-            patch, _content_type="application/merge-patch+json")
-        self.trainjobs.observe(written)
-        self.metrics.manager_writes.labels(kind="placement").inc()
-        worker.capacity.reserve(key, need.requests, need.pods)
-        self.recorder.event(raw, NORMAL, "Placed", f"placed on worker cluster {chosen}")
-        log.info("TrainJob %s/%s placed on %s", *key, chosen)
-        self._create_remote(written, worker, need)
+        return (worker, needs[chosen]) if worker is not None else f"{chosen}: just removed"
 
     def _eligibility(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
         if not worker.active:

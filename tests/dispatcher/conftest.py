@@ -1,0 +1,72 @@
+"""The dispatcher end to end: manager + 2 workers, the training operator on each worker,
+the dispatcher on the manager, workers registered the MultiKueue way.
+
+Capacity: worker-1 has 16 cpu and worker-2 64 cpu (plus memory) on one Node each. Tests
+that need to control capacity exactly use an extended resource of their own (e.g.
+``example.com/<test>``) on Nodes they add and remove, so tests do not disturb each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from kubernetes import client
+
+from clusters import fixtures
+from clusters.testing import ServiceProcess
+
+RUNTIME = "torch-e2e"
+CONFIG = "e2e"
+
+
+@dataclass
+class DispatchEnv:
+    multicluster: object
+    dispatcher: ServiceProcess
+    operators: dict[str, ServiceProcess]
+    log_dir: object
+    restarts: int = 0
+
+    @property
+    def manager(self):
+        return self.multicluster.manager
+
+    def restart_dispatcher(self, kill: bool = True) -> ServiceProcess:
+        self.restarts += 1
+        self.dispatcher.stop(kill=kill)
+        self.dispatcher = ServiceProcess(
+            "dispatcher", self.manager.kubeconfig,
+            self.log_dir / f"dispatcher-{self.restarts}.log", self.dispatcher.extra_args)
+        return self.dispatcher.start()
+
+
+@pytest.fixture(scope="module")
+def dispatch_env(multicluster, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("dispatch-logs")
+    manager = multicluster.manager
+    for worker, cpu in (("worker-1", "16"), ("worker-2", "64")):
+        fixtures.register_worker(manager.api, worker, multicluster[worker].kubeconfig)
+        fixtures.add_node(multicluster[worker].api, f"{worker}-base",
+                          {"cpu": cpu, "memory": "512Gi", "pods": "500"})
+        fixtures.install_runtime(multicluster[worker].api,
+                                 fixtures.torch_runtime(RUNTIME, cpu="100m", memory="128Mi"))
+    fixtures.register_config(manager.api, CONFIG, ["worker-1", "worker-2"])
+    operators = {
+        name: ServiceProcess("training_operator", multicluster[name].kubeconfig,
+                             log_dir / f"operator-{name}.log", ()).start()
+        for name in ("worker-1", "worker-2")
+    }
+    dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
+                                ("--multikueue-config", CONFIG)).start()
+    env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
+    yield env
+    env.dispatcher.stop()
+    for process in env.operators.values():
+        process.stop()
+    custom = client.CustomObjectsApi(manager.api)
+    for name in ("worker-1", "worker-2"):
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueclusters",
+                                            name)
+        client.CoreV1Api(multicluster[name].api).delete_node(f"{name}-base")
+    custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueconfigs", CONFIG)

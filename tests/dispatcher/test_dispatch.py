@@ -1,0 +1,394 @@
+"""The dispatcher against real apiservers, with the real operator on each worker."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters import fixtures
+from clusters.testing import eventually
+from trainjob import constants as c
+
+RUNTIME = "torch-e2e"  # the runtime dispatch_env installs on both workers (conftest.RUNTIME)
+TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
+
+
+def trainjob(name: str, *, managed_by: str | None = c.MANAGED_BY_MULTIKUEUE,
+             runtime: str = RUNTIME, num_nodes: int = 1, requests: dict | None = None,
+             suspend: bool = False) -> dict:
+    spec = {"runtimeRef": {"name": runtime}, "suspend": suspend,
+            "trainer": {"numNodes": num_nodes,
+                        "resourcesPerNode": {"requests": requests or {"cpu": "100m"}}}}
+    if managed_by is not None:
+        spec["managedBy"] = managed_by
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": "TrainJob",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def create(cluster, namespace: str, body: dict) -> dict:
+    return cluster.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
+
+
+def get(cluster, namespace: str, name: str, plural: str = c.TRAINJOBS,
+        group_version=TRAINER) -> dict | None:
+    try:
+        return cluster.custom.get_namespaced_custom_object(*group_version, namespace, plural, name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def placement(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
+
+
+def condition(obj: dict | None, type_: str) -> dict | None:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return item
+    return None
+
+
+def remotes(env, namespace: str, name: str) -> dict[str, dict]:
+    """Every worker's copy of namespace/name."""
+    found = {}
+    for worker in env.multicluster.workers:
+        obj = get(worker, namespace, name)
+        if obj is not None:
+            found[worker.name] = obj
+    return found
+
+
+def wait_placed(env, namespace: str, name: str, timeout: float = 60) -> tuple[str, dict]:
+    """Until the manager job is placed and exactly that worker holds its remote copy."""
+    def observe():
+        manager_obj = get(env.manager, namespace, name)
+        return placement(manager_obj), remotes(env, namespace, name)
+
+    worker, copies = eventually(
+        observe, lambda seen: seen[0] is not None and list(seen[1]) == [seen[0]],
+        expected=f"{namespace}/{name} placed and its only remote copy on that worker",
+        timeout=timeout)
+    return worker, copies[worker]
+
+
+def complete_jobset(worker_cluster, namespace: str, name: str,
+                    type_: str = "Completed", reason: str = "AllJobsCompleted") -> None:
+    worker_cluster.custom.patch_namespaced_custom_object_status(
+        c.JOBSET_GROUP, c.JOBSET_VERSION, namespace, c.JOBSETS, name, {"status": {
+            "conditions": [{"type": type_, "status": "True", "reason": reason,
+                            "message": f"jobset {type_.lower()} (written by the test)",
+                            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                time.gmtime())}],
+            "replicatedJobsStatus": [{"name": "node", "ready": 0, "succeeded": 2,
+                                      "failed": 0, "active": 0, "suspended": 0}],
+        }}, _content_type="application/merge-patch+json")
+
+
+def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
+    env = dispatch_env
+    manager_job = create(env.manager, namespace, trainjob("full", num_nodes=2))
+    worker_name, remote = wait_placed(env, namespace, "full")
+
+    # The copy: origin label, manager UID, manager spec without managedBy.
+    assert remote["metadata"]["labels"][c.MULTIKUEUE_ORIGIN_LABEL] == "multikueue"
+    assert remote["metadata"]["annotations"][c.MANAGER_UID_ANNOTATION] == \
+        manager_job["metadata"]["uid"]
+    assert "managedBy" not in remote["spec"]
+    assert remote["spec"]["trainer"] == manager_job["spec"]["trainer"]
+
+    worker = env.multicluster[worker_name]
+    eventually(lambda: get(worker, namespace, "full", c.JOBSETS, (c.JOBSET_GROUP, c.JOBSET_VERSION)),
+               lambda js: js is not None,
+               expected=f"the operator on {worker_name} to create JobSet {namespace}/full")
+    manager_obj = eventually(
+        lambda: get(env.manager, namespace, "full"),
+        lambda obj: (condition(obj, "Created") or {}).get("status") == "True",
+        expected="the worker's Created condition mirrored onto the manager")
+    assert c.DISPATCH_FINALIZER in manager_obj["metadata"]["finalizers"]
+
+    complete_jobset(worker, namespace, "full")
+    manager_obj = eventually(
+        lambda: get(env.manager, namespace, "full"),
+        lambda obj: (condition(obj, "Complete") or {}).get("status") == "True",
+        expected="manager TrainJob Complete after the worker's JobSet completed")
+    complete = condition(manager_obj, "Complete")
+    assert complete["reason"] == "AllJobsCompleted"
+    assert complete["message"] == "jobset completed (written by the test)"
+    assert manager_obj["status"]["jobsStatus"] == [
+        {"name": "node", "ready": 0, "succeeded": 2, "failed": 0, "active": 0, "suspended": 0}]
+    # The whole status is the worker's.
+    remote_status = get(worker, namespace, "full")
+    if remote_status is not None:
+        assert remote_status["status"] == manager_obj["status"]
+
+    # Then the copy is removed (retention 0), the finalizer released, the record kept.
+    eventually(lambda: (remotes(env, namespace, "full"), get(env.manager, namespace, "full")),
+               lambda seen: seen[0] == {} and c.DISPATCH_FINALIZER not in (
+                   seen[1]["metadata"].get("finalizers") or []),
+               expected="remote deleted and finalizer released after completion")
+    assert placement(get(env.manager, namespace, "full")) == worker_name
+
+
+def test_training_operator_jobs_on_the_manager_are_never_touched(dispatch_env, namespace):
+    env = dispatch_env
+    created = create(env.manager, namespace, trainjob("local", managed_by=None))
+    # Wake the dispatcher with a job of its own and wait until it is done with it, so the
+    # observation below happens after the dispatcher demonstrably processed this namespace.
+    create(env.manager, namespace, trainjob("mine"))
+    wait_placed(env, namespace, "mine")
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        obj = get(env.manager, namespace, "local")
+        assert obj["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"], (
+            "the dispatcher wrote to a TrainJob it does not manage")
+        assert not obj["metadata"].get("finalizers") and placement(obj) is None
+        assert remotes(env, namespace, "local") == {}, "a training-operator job was mirrored"
+        managers = {m["manager"] for m in obj["metadata"].get("managedFields") or []}
+        assert not any("dispatcher" in m for m in managers)
+        time.sleep(0.2)
+
+
+def test_a_same_named_object_without_our_label_is_never_touched(dispatch_env, namespace):
+    env = dispatch_env
+    worker2 = env.multicluster["worker-2"]
+    # Someone else's copy (e.g. another manager's, with another origin): its managedBy
+    # keeps the worker's operator away too, so any write to it would be ours.
+    foreign = create(worker2, namespace, trainjob("taken"))
+    # worker-2 is the better fit by capacity (needs 20 cpu; worker-1 has 16).
+    create(env.manager, namespace, trainjob("taken", requests={"cpu": "20"}))
+    manager_obj = eventually(
+        lambda: get(env.manager, namespace, "taken"),
+        lambda obj: placement(obj) == "worker-1" or (
+            condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits",
+        expected="the job placed away from worker-2, or pending")
+    after = get(worker2, namespace, "taken")
+    assert after["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
+    assert c.MULTIKUEUE_ORIGIN_LABEL not in (after["metadata"].get("labels") or {})
+    message = (condition(manager_obj, "Placed") or {}).get("message", "")
+    if placement(manager_obj) is None:
+        assert "worker-2: TrainJob" in message and "without our origin label" in message
+
+
+def test_capacity_decides(dispatch_env, namespace):
+    env = dispatch_env
+    # 2 nodes x 20 cpu = 40 cpu: only worker-2 (64 cpu) has room.
+    create(env.manager, namespace, trainjob("big", num_nodes=2, requests={"cpu": "20"}))
+    worker, _ = wait_placed(env, namespace, "big")
+    assert worker == "worker-2"
+
+
+def test_a_worker_without_the_runtime_is_not_eligible(dispatch_env, namespace):
+    env = dispatch_env
+    only_here = f"only-worker-1-{namespace}"
+    fixtures.install_runtime(env.multicluster["worker-1"].api,
+                             fixtures.torch_runtime(only_here, cpu="100m"))
+    try:
+        create(env.manager, namespace, trainjob("picky", runtime=only_here))
+        worker, _ = wait_placed(env, namespace, "picky")
+        assert worker == "worker-1"
+    finally:
+        env.multicluster["worker-1"].custom.delete_cluster_custom_object(
+            *TRAINER, c.CLUSTERTRAININGRUNTIMES, only_here)
+
+
+def test_pending_with_reasons_then_placed_when_a_node_appears(dispatch_env, namespace):
+    env = dispatch_env
+    resource = f"example.com/{namespace}"
+    create(env.manager, namespace, trainjob("waits", requests={"cpu": "100m", resource: "2"}))
+    pending = eventually(
+        lambda: get(env.manager, namespace, "waits"),
+        lambda obj: (condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits",
+        expected="a Placed=False NoWorkerFits condition")
+    message = condition(pending, "Placed")["message"]
+    assert f"worker-1: needs 2 {resource}, 0 free" in message, message
+    assert f"worker-2: needs 2 {resource}, 0 free" in message, message
+    events = env.manager.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=waits").items
+    assert any(e.reason == "NoWorkerFits" and e.type == "Warning" for e in events)
+
+    node = f"extra-{namespace}"
+    fixtures.add_node(env.multicluster["worker-1"].api, node,
+                      {"cpu": "8", "memory": "16Gi", resource: "4"})
+    try:
+        worker, _ = wait_placed(env, namespace, "waits")
+        assert worker == "worker-1"
+    finally:
+        env.multicluster["worker-1"].core.delete_node(node)
+
+
+def test_a_burst_spreads_instead_of_overcommitting(dispatch_env, namespace):
+    env = dispatch_env
+    resource = f"example.com/{namespace}"
+    nodes = {"worker-1": 6, "worker-2": 4}
+    for worker, amount in nodes.items():
+        fixtures.add_node(env.multicluster[worker].api, f"burst-{namespace}",
+                          {"cpu": "8", "memory": "16Gi", resource: str(amount)})
+    try:
+        for i in range(20):
+            create(env.manager, namespace, trainjob(f"b{i}", requests={"cpu": "10m",
+                                                                        resource: "1"}))
+
+        def observe():
+            placed = {}
+            for i in range(20):
+                where = placement(get(env.manager, namespace, f"b{i}"))
+                if where:
+                    placed[f"b{i}"] = where
+            return placed
+
+        placed = eventually(observe, lambda p: len(p) >= 10,
+                            expected="10 of 20 jobs placed (all the room there is)")
+        per_worker = {w: sum(1 for v in placed.values() if v == w) for w in nodes}
+        assert per_worker == nodes, f"expected {nodes} jobs per worker, saw {per_worker}"
+        # The other ten wait, each saying why.
+        waiting = [f"b{i}" for i in range(20) if f"b{i}" not in placed]
+        for name in waiting:
+            obj = eventually(lambda n=name: get(env.manager, namespace, n),
+                             lambda o: (condition(o, "Placed") or {}).get("reason") ==
+                             "NoWorkerFits", expected=f"{name} pending with reasons")
+            assert placement(obj) is None
+    finally:
+        for worker in nodes:
+            env.multicluster[worker].core.delete_node(f"burst-{namespace}")
+
+
+def test_suspend_after_dispatch_removes_the_remote_and_resume_places_again(dispatch_env,
+                                                                          namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("pause"))
+    wait_placed(env, namespace, "pause")
+    env.manager.custom.patch_namespaced_custom_object(
+        *TRAINER, namespace, c.TRAINJOBS, "pause", {"spec": {"suspend": True}},
+        _content_type="application/merge-patch+json")
+    eventually(lambda: (remotes(env, namespace, "pause"), get(env.manager, namespace, "pause")),
+               lambda seen: seen[0] == {} and placement(seen[1]) is None
+               and not seen[1]["metadata"].get("finalizers"),
+               expected="remote deleted, placement and finalizer cleared while suspended")
+    env.manager.custom.patch_namespaced_custom_object(
+        *TRAINER, namespace, c.TRAINJOBS, "pause", {"spec": {"suspend": False}},
+        _content_type="application/merge-patch+json")
+    wait_placed(env, namespace, "pause")
+
+
+def test_deleting_on_the_manager_removes_the_remote_and_its_jobset(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("gone"))
+    worker_name, _ = wait_placed(env, namespace, "gone")
+    worker = env.multicluster[worker_name]
+    jobsets = (c.JOBSET_GROUP, c.JOBSET_VERSION)
+    eventually(lambda: get(worker, namespace, "gone", c.JOBSETS, jobsets),
+               lambda js: js is not None, expected="the worker's JobSet for gone")
+    env.manager.custom.delete_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, "gone")
+    eventually(lambda: (get(env.manager, namespace, "gone"), get(worker, namespace, "gone"),
+                        get(worker, namespace, "gone", c.JOBSETS, jobsets)),
+               lambda seen: seen == (None, None, None),
+               expected="manager job, remote copy and JobSet all gone")
+
+
+def test_restarting_the_dispatcher_keeps_exactly_one_remote_per_job(dispatch_env, namespace):
+    env = dispatch_env
+    names = [f"r{i}" for i in range(6)]
+    for name in names[:3]:
+        create(env.manager, namespace, trainjob(name))
+    env.restart_dispatcher(kill=True)
+    for name in names[3:]:
+        create(env.manager, namespace, trainjob(name))
+    env.restart_dispatcher(kill=True)
+    for name in names:
+        worker, remote = wait_placed(env, namespace, name)
+        assert len(remotes(env, namespace, name)) == 1
+    # Still exactly one copy each after a further restart, with the same UIDs.
+    uids = {n: list(remotes(env, namespace, n).values())[0]["metadata"]["uid"] for n in names}
+    env.restart_dispatcher(kill=True)
+    for name in names:
+        copies = remotes(env, namespace, name)
+        assert [x["metadata"]["uid"] for x in copies.values()] == [uids[name]]
+
+
+def test_an_insecure_kubeconfig_is_reported_and_nothing_crashes(dispatch_env, namespace):
+    env = dispatch_env
+    name = f"insecure-{namespace}"
+    config = yaml.safe_load(env.multicluster["worker-1"].kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = True
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=f"{name}-kubeconfig",
+                                                          namespace="kueue-system"),
+                             data={"kubeconfig": base64.b64encode(
+                                 yaml.safe_dump(config).encode()).decode()})
+    env.manager.core.create_namespaced_secret("kueue-system", secret)
+    custom = env.manager.custom
+    custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueclusters", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {"location": f"{name}-kubeconfig"}}}})
+    # Listed in the config, so the dispatcher considers it.
+    fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
+    try:
+        obj = eventually(
+            lambda: custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2",
+                                                     "multikueueclusters", name),
+            lambda o: any(x.get("type") == "Active" for x in (o.get("status") or {}).get(
+                "conditions") or []),
+            expected=f"an Active condition on MultiKueueCluster {name}")
+        active = next(x for x in obj["status"]["conditions"] if x["type"] == "Active")
+        assert (active["status"], active["reason"]) == ("False", "InsecureKubeConfig")
+        assert "insecure-skip-tls-verify" in active["message"]
+        assert env.dispatcher.readyz() == (200, "ok")
+        # And the dispatcher still dispatches.
+        create(env.manager, namespace, trainjob("still-works"))
+        wait_placed(env, namespace, "still-works")
+    finally:
+        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2",
+                                            "multikueueclusters", name)
+        env.manager.core.delete_namespaced_secret(f"{name}-kubeconfig", "kueue-system")
+
+
+@pytest.mark.parametrize("count", [20])
+def test_dispatch_and_sync_latency_over_many_jobs(dispatch_env, namespace, count):
+    """Measures (and prints) creation -> remote exists and remote status -> manager status."""
+    env = dispatch_env
+    created_at, remote_at = {}, {}
+    for i in range(count):
+        created_at[f"l{i}"] = time.monotonic()
+        create(env.manager, namespace, trainjob(f"l{i}"))
+    pending = set(created_at)
+    deadline = time.monotonic() + 120
+    while pending and time.monotonic() < deadline:
+        for name in list(pending):
+            if remotes(env, namespace, name):
+                remote_at[name] = time.monotonic()
+                pending.discard(name)
+    assert not pending, f"remote copies missing for {sorted(pending)}"
+    dispatch = sorted(remote_at[n] - created_at[n] for n in created_at)
+    # Status: flip each remote's JobSet to Completed and time the manager showing it.
+    lags = []
+    for i in range(count):
+        name = f"l{i}"
+        worker = env.multicluster[placement(get(env.manager, namespace, name))]
+        eventually(lambda: get(worker, namespace, name, c.JOBSETS,
+                               (c.JOBSET_GROUP, c.JOBSET_VERSION)), lambda js: js is not None,
+                   expected=f"JobSet {name} on {worker.name}")
+        complete_jobset(worker, namespace, name)
+        remote = eventually(lambda: get(worker, namespace, name),
+                            lambda o: o is None or condition(o, "Complete") is not None,
+                            expected=f"remote {name} Complete", interval=0.005)
+        started = time.monotonic()
+        eventually(lambda: get(env.manager, namespace, name),
+                   lambda o: condition(o, "Complete") is not None,
+                   expected=f"manager {name} Complete", interval=0.005)
+        if remote is not None:
+            lags.append(time.monotonic() - started)
+    print(f"\ndispatch latency over {count} jobs: median {dispatch[count // 2] * 1000:.0f} ms,"
+          f" worst {dispatch[-1] * 1000:.0f} ms")
+    if lags:
+        lags.sort()
+        print(f"status sync (remote Complete seen -> manager Complete seen) over {len(lags)}: "
+              f"median {lags[len(lags) // 2] * 1000:.0f} ms, worst {lags[-1] * 1000:.0f} ms")
+    assert dispatch[-1] < 30, f"slowest dispatch took {dispatch[-1]:.1f}s"
