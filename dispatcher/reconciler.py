@@ -38,6 +38,8 @@ from trainjob.runtime import build_runtime_info
 
 log = logging.getLogger(__name__)
 
+FIELD_MANAGER = "trainjob-dispatcher"
+
 CONDITION_PLACED = "Placed"
 REASON_NO_WORKER = "NoWorkerFits"
 
@@ -137,7 +139,7 @@ class DispatchReconciler:
         try:
             written = self.custom.patch_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, _content_type="application/merge-patch+json")
+                meta["name"], patch, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
         except BaseException:
             worker.capacity.release(key)  # not placed after all (e.g. 409: changed meanwhile)
             raise
@@ -233,7 +235,8 @@ class DispatchReconciler:
         remote_api = client.CustomObjectsApi(worker.api)
         try:
             created = remote_api.create_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body)
+                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body,
+                field_manager=FIELD_MANAGER)
             worker.cache(c.TRAINJOBS).observe(created)
             self.metrics.worker_writes.labels(cluster=worker.name, kind="create").inc()
         except ApiException as err:
@@ -326,7 +329,7 @@ class DispatchReconciler:
             try:
                 written = self.custom.replace_namespaced_custom_object_status(
                     c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                    meta["name"], body)
+                    meta["name"], body, field_manager=FIELD_MANAGER)
                 self.trainjobs.observe(written)
                 self.metrics.manager_writes.labels(kind="status").inc()
                 changed_at = self.remote_changed_at.pop((meta["namespace"], meta["name"]), None)
@@ -387,7 +390,7 @@ class DispatchReconciler:
         try:
             written = self.custom.patch_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, _content_type="application/merge-patch+json")
+                meta["name"], patch, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
         except ApiException as err:
             if err.status == 404:
                 return

@@ -327,7 +327,7 @@ class WorkerRegistry:
         try:
             written = client.CustomObjectsApi(self.manager).patch_cluster_custom_object_status(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, worker.name,
-                {"status": {"conditions": conditions}},
+                {"status": {"conditions": conditions}}, field_manager="trainjob-dispatcher",
                 _content_type="application/merge-patch+json")
             self.clusters.observe(written)
         except Exception as err:  # noqa: BLE001 - reported again on the next change/probe

@@ -168,7 +168,7 @@ class TrainJobReconciler:
             return
         written = self.custom.patch_namespaced_custom_object_status(
             c.TRAINER_GROUP, c.TRAINER_VERSION, job.metadata.namespace, c.TRAINJOBS,
-            job.metadata.name, {"status": desired},
+            job.metadata.name, {"status": desired}, field_manager=FIELD_MANAGER,
             _content_type="application/merge-patch+json",
         )
         self.caches.trainjobs.observe(written)
