@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -288,48 +289,35 @@ class LocalClusters:
         self.binaries()  # provision (maybe build) before any clock that matters starts
         for plane in planes.values():
             plane.prepare()
+        probes = {
+            "etcd": ControlPlane.etcd_healthy,
+            "kube-apiserver": ControlPlane.apiserver_ready,
+            "kube-controller-manager": ControlPlane.controller_manager_healthy,
+        }
         try:
-            for record in records:
-                self._spawn(record, planes[record.name], "etcd")
-            self._save(state)
-            for record in records:
-                plane = planes[record.name]
-                wait_until(
-                    f"{record.name} etcd", plane.etcd_healthy, deadline - time.monotonic(),
-                    alive=lambda r=record: self._running(r, "etcd"),
-                    log_file=plane.log_file("etcd"),
-                )
-            for record in records:
-                self._spawn(record, planes[record.name], "kube-apiserver")
-            self._save(state)
-            for record in records:
-                plane = planes[record.name]
-                wait_until(
-                    f"{record.name} kube-apiserver", plane.apiserver_ready,
-                    deadline - time.monotonic(),
-                    alive=lambda r=record: self._running(r, "kube-apiserver"),
-                    log_file=plane.log_file("kube-apiserver"),
-                )
-            # CRDs before the controller-manager, so the garbage collector's first discovery
-            # already sees TrainJobs and JobSets (it re-discovers only every 30 s).
-            with ThreadPoolExecutor(max_workers=len(records) or 1) as pool:
-                futures = [
-                    pool.submit(self._install_crds, r, deadline - time.monotonic())
-                    for r in records
-                ]
-                for future in futures:
-                    future.result()
-            for record in records:
-                self._spawn(record, planes[record.name], "kube-controller-manager")
-            self._save(state)
-            for record in records:
-                plane = planes[record.name]
-                wait_until(
-                    f"{record.name} kube-controller-manager", plane.controller_manager_healthy,
-                    deadline - time.monotonic(),
-                    alive=lambda r=record: self._running(r, "kube-controller-manager"),
-                    log_file=plane.log_file("kube-controller-manager"),
-                )
+            for component in COMPONENTS:
+                if component == "kube-controller-manager":
+                    # CRDs before the controller-manager, so the garbage collector's first
+                    # discovery already sees TrainJobs and JobSets (it re-discovers only
+                    # every 30 s).
+                    with ThreadPoolExecutor(max_workers=len(records) or 1) as pool:
+                        for future in [pool.submit(self._install_crds, r,
+                                                   deadline - time.monotonic())
+                                       for r in records]:
+                            future.result()
+                # Every cluster's instance first, then the waits: the start-ups overlap.
+                for record in records:
+                    self._spawn(record, planes[record.name], component)
+                self._save(state)
+                for record in records:
+                    plane = planes[record.name]
+                    wait_until(
+                        f"{record.name} {component}",
+                        functools.partial(probes[component], plane),
+                        deadline - time.monotonic(),
+                        alive=functools.partial(self._running, record, component),
+                        log_file=plane.log_file(component),
+                    )
         finally:
             self._save(state)
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
-import threading
 
 from dispatcher.config import ConfigError, load_config
 from trainjob import logs
 from trainjob.kubeclient import api_client
-from trainjob.observability import ObservabilityServer
+from trainjob.service import serve
 
 log = logging.getLogger("dispatcher")
 
@@ -49,10 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1)")
     run.add_argument("--workers", type=int, default=8,
                      help="concurrent reconciles (default: %(default)s)")
-    run.add_argument("--log-level", default="info",
-                     choices=("debug", "info", "warning", "error"))
-    run.add_argument("--log-format", default="text", choices=("text", "json"),
-                     help="text for people, json lines for collectors (default: %(default)s)")
+    logs.add_arguments(run)
     return parser
 
 
@@ -75,25 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from dispatcher.controller import DispatcherController
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     controller = DispatcherController(manager, config, workers=args.workers,
                                       instance=socket.gethostname())
-    server = None
-    try:
-        server = ObservabilityServer(config.metrics_port, controller.metrics.registry,
-                                     controller.ready, host=config.metrics_host).start()
-        controller.start()
-        log.info("dispatcher running (origin %s, namespace %s); metrics on http://%s:%d",
-                 config.origin, config.namespace, config.metrics_host, server.port)
-        stop.wait()
-    except (OSError, TimeoutError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if server is not None:
-            server.stop()
-        controller.stop()
-    log.info("dispatcher stopped")
-    return 0
+    log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
+    return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
+                 config.metrics_port)

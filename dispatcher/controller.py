@@ -21,12 +21,13 @@ from kubernetes.utils.quantity import parse_quantity
 from dispatcher import mirror
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.reconciler import DispatchReconciler, Requeue
+from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
-from trainjob.workqueue import ShutDown, WorkQueue
+from trainjob.service import start_workers
+from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,8 @@ class DispatcherController:
         for worker in self.registry.snapshot():
             for informer in worker.informers.values():
                 informer.wait_synced(max(0.0, deadline - time.monotonic()))
-        for i in range(self._workers):
-            thread = threading.Thread(target=self._work, name=f"dispatch-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
+                                      "dispatch", self._on_error)
         return self
 
     def ready(self) -> tuple[bool, str]:
@@ -135,21 +134,11 @@ class DispatcherController:
         for thread in self._threads:
             thread.join(5)
 
-    def _work(self) -> None:
-        while True:
-            try:
-                key = self.queue.get()
-            except ShutDown:
-                return
-            try:
-                self.reconciler.reconcile(*key)
-                self.queue.forget(key)
-            except Requeue as again:
-                self.queue.add_after(key, again.delay)
-            except Exception as err:  # noqa: BLE001 - retried with backoff, never dropped
-                self.metrics.reconcile_errors.inc()
-                delay = self.queue.add_rate_limited(key)
-                log.warning("TrainJob %s/%s: dispatch failed (%s); retry in %.2fs",
-                            key[0], key[1], err, delay)
-            finally:
-                self.queue.done(key)
+    def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
+        self.metrics.reconcile_errors.inc()
+        log.warning("TrainJob %s/%s: dispatch failed (%s); retry in %.2fs",
+                    key[0], key[1], err, delay)
+        job = self.trainjobs.get(*key)
+        if first and job is not None:
+            self.recorder.event(job, "Warning", "DispatchError",
+                                f"dispatch failed, retrying with backoff: {err}")

@@ -35,6 +35,7 @@ from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.runtime import build_runtime_info
+from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,6 @@ FIELD_MANAGER = "trainjob-dispatcher"
 
 CONDITION_PLACED = "Placed"
 REASON_NO_WORKER = "NoWorkerFits"
-
-
-class Requeue(Exception):
-    """Not an error: try this key again after ``delay`` seconds."""
-
-    def __init__(self, delay: float, why: str):
-        super().__init__(why)
-        self.delay = delay
 
 
 @dataclass

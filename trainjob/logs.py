@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -36,3 +37,12 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     # The client's own urllib3 retries are noise at info level.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The --log-level and --log-format flags both commands take."""
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"),
+                        help="(default: %(default)s)")
+    parser.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="text for people, JSON lines for collectors (default: %(default)s)")

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
-import threading
 
 from trainjob import logs
 from trainjob.kubeclient import api_client
-from trainjob.observability import ObservabilityServer
+from trainjob.service import serve
 
 log = logging.getLogger("training_operator")
 
@@ -45,11 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-host", default="127.0.0.1",
                      help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
     run.add_argument("--workers", type=int, default=4, help="concurrent reconciles (default: %(default)s)")
-    run.add_argument("--log-level", default="info",
-                     choices=("debug", "info", "warning", "error"),
-                     help="(default: %(default)s)")
-    run.add_argument("--log-format", default="text", choices=("text", "json"),
-                     help="text for people, json lines for collectors (default: %(default)s)")
+    logs.add_arguments(run)
     return parser
 
 
@@ -58,9 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     from training_operator.controller import OperatorController
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         api = api_client(args.kubeconfig)
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
@@ -68,30 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     controller = OperatorController(api, namespace=args.namespace, workers=args.workers,
                                     instance=socket.gethostname())
-    servers = []
-    try:
-        observability = ObservabilityServer(args.metrics_port, controller.metrics.registry,
-                                            controller.ready, host=args.metrics_host).start()
-        servers.append(observability)
-        controller.start()
-        if args.webhook_cert_dir:
-            from training_operator.webhook_server import WebhookServer
 
-            webhook = WebhookServer(args.webhook_port, args.webhook_cert_dir,
-                                    controller.lookups(), host=args.webhook_host,
-                                    on_review=controller.observe_review)
-            webhook.start()
-            servers.append(webhook)
-            log.info("webhook serving on https://%s:%d", args.webhook_host, webhook.port)
-        log.info("operator running (namespace: %s); metrics on http://%s:%d/metrics",
-                 args.namespace or "all", args.metrics_host, observability.port)
-        stop.wait()
-    except (OSError, TimeoutError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        for server in reversed(servers):
-            server.stop()
-        controller.stop()
-    log.info("operator stopped")
-    return 0
+    def webhook() -> list:
+        if not args.webhook_cert_dir:
+            return []
+        from training_operator.webhook_server import WebhookServer
+
+        server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
+                               host=args.webhook_host, on_review=controller.observe_review)
+        server.start()
+        log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
+        return [server]
+
+    log.info("operator starting (namespace: %s)", args.namespace or "all")
+    return serve("operator", controller, controller.metrics.registry, args.metrics_host,
+                 args.metrics_port, webhook)

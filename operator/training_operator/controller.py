@@ -18,7 +18,8 @@ from training_operator.reconciler import Caches, TrainJobReconciler
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
-from trainjob.workqueue import ShutDown, WorkQueue
+from trainjob.service import start_workers
+from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,9 @@ class OperatorController:
         for informer in self.informers:
             if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError(f"{informer.name} cache not synced after {sync_timeout}s")
-        for i in range(self._workers):
-            thread = threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
+                                      "reconcile", self._on_error,
+                                      self.metrics.reconcile_duration.observe)
         return self
 
     def lookups(self) -> CacheLookups:
@@ -127,31 +127,15 @@ class OperatorController:
         for thread in self._threads:
             thread.join(5)
 
-    def _work(self) -> None:
-        while True:
-            try:
-                key = self.queue.get()
-            except ShutDown:
-                return
-            started = time.perf_counter()
-            try:
-                self.reconciler.reconcile(*key)
-                self.queue.forget(key)
-            except Exception as err:  # noqa: BLE001 - retried with backoff, never dropped
-                self.metrics.reconcile_errors.inc()
-                first = self.queue.failures(key) == 0
-                delay = self.queue.add_rate_limited(key)
-                job = self.trainjobs.get(*key)
-                if first and job is not None:
-                    # Once per streak of failures: people see it; retries do not spam.
-                    self.recorder.event(job, "Warning", "ReconcileError",
-                                        f"reconcile failed, retrying with backoff: {err}")
-                log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
-                            key[0], key[1], err, delay)
-            finally:
-                self.metrics.reconcile_duration.observe(time.perf_counter() - started)
-                self.queue.done(key)
-
+    def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
+        self.metrics.reconcile_errors.inc()
+        log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
+                    key[0], key[1], err, delay)
+        job = self.trainjobs.get(*key)
+        if first and job is not None:
+            # Once per streak of failures: people see it; retries do not spam.
+            self.recorder.event(job, "Warning", "ReconcileError",
+                                f"reconcile failed, retrying with backoff: {err}")
 
 class CacheLookups:
     """Webhook lookups from the informer caches; for a namespace outside ``--namespace``

@@ -117,18 +117,6 @@ def validate_policies(info: RuntimeInfo, job: TrainJob,
     return problems
 
 
-def merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
-    """Set each variable in ``env`` on ``container``, replacing one of the same name."""
-    existing = container.setdefault("env", [])
-    for var in env:
-        for i, old in enumerate(existing):
-            if old.get("name") == var.get("name"):
-                existing[i] = copy.deepcopy(var)
-                break
-        else:
-            existing.append(copy.deepcopy(var))
-
-
 def merge_by_name(target: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
     """Add ``items`` to ``target``, replacing entries of the same ``name``."""
     for item in items:
@@ -138,6 +126,11 @@ def merge_by_name(target: list[dict[str, Any]], items: list[dict[str, Any]]) -> 
                 break
         else:
             target.append(copy.deepcopy(item))
+
+
+def merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    """Set each variable in ``env`` on ``container``, replacing one of the same name."""
+    merge_by_name(container.setdefault("env", []), env)
 
 
 def apply_trainer(info: RuntimeInfo, job: TrainJob) -> None:

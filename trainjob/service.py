@@ -1,0 +1,99 @@
+"""Running a controller process: signals, the metrics/health server, the reconcile
+workers, and an orderly stop. Shared by the dispatcher and the operator commands."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from trainjob.observability import ObservabilityServer
+from trainjob.workqueue import ShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+class Requeue(Exception):
+    """Not an error: look at this key again after ``delay`` seconds."""
+
+    def __init__(self, delay: float, why: str):
+        super().__init__(why)
+        self.delay = delay
+
+
+class Controller(Protocol):
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+
+class Server(Protocol):
+    def stop(self) -> None: ...
+
+
+def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, name: str,
+                  on_error: Callable[[Hashable, Exception, bool, float], None],
+                  observe: Callable[[float], None] | None = None) -> list[threading.Thread]:
+    """``count`` threads taking keys from ``queue`` and calling ``reconcile(*key)``. A
+    failure is retried with per-key backoff, never dropped; ``on_error(key, err, first,
+    delay)`` is told (``first`` once per streak of failures)."""
+
+    def work() -> None:
+        while True:
+            try:
+                key = queue.get()
+            except ShutDown:
+                return
+            started = time.perf_counter()
+            try:
+                reconcile(*key)
+                queue.forget(key)
+            except Requeue as again:
+                queue.add_after(key, again.delay)
+            except Exception as err:  # noqa: BLE001 - a reconcile error must not kill a worker
+                first = queue.failures(key) == 0
+                on_error(key, err, first, queue.add_rate_limited(key))
+            finally:
+                if observe is not None:
+                    observe(time.perf_counter() - started)
+                queue.done(key)
+
+    threads = [threading.Thread(target=work, name=f"{name}-{i}", daemon=True)
+               for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
+          port: int, extra_servers: Callable[[], list[Server]] | None = None) -> int:
+    """Serve metrics and health, start ``controller`` (then ``extra_servers``), run until
+    SIGINT/SIGTERM, then stop everything in reverse order. Returns the exit code."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    servers: list[Server] = []
+    try:
+        observability = ObservabilityServer(port, registry, controller.ready, host=host).start()
+        servers.append(observability)
+        controller.start()
+        servers.extend(extra_servers() if extra_servers else [])
+        log.info("%s running; metrics on http://%s:%d/metrics", name, host, observability.port)
+        stop.wait()
+    except (OSError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        controller.stop()
+    log.info("%s stopped", name)
+    return 0
