@@ -43,6 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The --log-level and --log-format flags both commands take."""
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
-                        help="(default: %(default)s)")
+                        help="least severe messages to log (default: %(default)s)")
     parser.add_argument("--log-format", default="text", choices=("text", "json"),
                         help="text for people, JSON lines for collectors (default: %(default)s)")
