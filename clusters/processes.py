@@ -42,12 +42,15 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool) -> int:
             close_fds=True,
         )
     _children[proc.pid] = proc
+    _argv[proc.pid] = " ".join(argv).encode()
     return proc.pid
 
 
 # Popen objects of the processes this interpreter started, so their exit status is
-# collected (no zombies) and liveness checks see an exited child as dead.
+# collected (no zombies) and liveness checks see an exited child as dead; and the command
+# each was started with.
 _children: dict[int, subprocess.Popen] = {}
+_argv: dict[int, bytes] = {}
 
 
 def is_alive(pid: int | None) -> bool:
@@ -74,16 +77,17 @@ def is_harness_process(pid: int | None, marker: Path) -> bool:
     """True when ``pid`` is alive and its command line mentions ``marker`` (a state dir)."""
     if not is_alive(pid):
         return False
-    if pid in _children:
-        # Started by this interpreter: ours for sure. (Between fork and exec its command
-        # line is still the parent's, so the check below would wrongly say no.)
-        return True
+    # The trailing separator keeps /tmp/a from matching /tmp/ab.
+    needle = (str(marker).rstrip("/") + "/").encode()
+    if pid in _argv:
+        # Started by this interpreter: judge by the command it was given. (Between fork
+        # and exec /proc still shows the parent's command line.)
+        return needle in _argv[pid]
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    # The trailing separator keeps /tmp/a from matching /tmp/ab.
-    return (str(marker).rstrip("/") + "/").encode() in cmdline
+    return needle in cmdline
 
 
 def terminate(pid: int, marker: Path, grace: float = 10.0) -> None:
@@ -109,6 +113,7 @@ def terminate(pid: int, marker: Path, grace: float = 10.0) -> None:
         while is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     child = _children.pop(pid, None)
+    _argv.pop(pid, None)
     if child is not None:
         child.poll()
 
