@@ -43,6 +43,7 @@ FIELD_MANAGER = "trainjob-dispatcher"
 
 CONDITION_PLACED = "Placed"
 REASON_NO_WORKER = "NoWorkerFits"
+REASON_REMOTE_DELETED = "RemoteDeleted"
 
 
 @dataclass
@@ -287,11 +288,17 @@ class DispatchReconciler:
                 return
             if (manager.get("status") or {}).get("conditions") and not _only_ours(manager):
                 # It had reported status, so it existed: someone deleted it while running.
-                self.recorder.event(manager, WARNING, "RemoteDeleted",
-                                    f"the copy on {worker.name} was deleted by someone "
-                                    "else; placing the job again")
+                message = (f"the copy on {worker.name} was deleted by someone else; "
+                           "placing the job again")
+                conditions = [x for x in manager["status"].get("conditions") or []
+                              if x.get("type") != CONDITION_PLACED]
+                conditions.append({"type": CONDITION_PLACED, "status": "False",
+                                   "reason": REASON_REMOTE_DELETED, "message": message,
+                                   "lastTransitionTime": _now()})
+                self._write_status(manager, {**manager["status"], "conditions": conditions})
+                self.recorder.event(manager, WARNING, REASON_REMOTE_DELETED, message)
                 worker.capacity.release(key)
-                self._clear_placement(manager)
+                self._clear_placement(self.trainjobs.get(*key) or manager)
                 return
             job = TrainJob.model_validate(manager)
             problem, need = self._eligibility(job, worker)

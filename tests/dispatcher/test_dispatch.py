@@ -354,19 +354,17 @@ def test_an_insecure_kubeconfig_is_reported_and_nothing_crashes(dispatch_env, na
 def test_dispatch_and_sync_latency_over_many_jobs(dispatch_env, namespace, count):
     """Measures (and prints) creation -> remote exists and remote status -> manager status."""
     env = dispatch_env
-    created_at, remote_at = {}, {}
+    # One job at a time, so each figure is that job's own latency, not time spent waiting
+    # for the test to finish creating the others.
+    dispatch = []
     for i in range(count):
-        created_at[f"l{i}"] = time.monotonic()
-        create(env.manager, namespace, trainjob(f"l{i}"))
-    pending = set(created_at)
-    deadline = time.monotonic() + 120
-    while pending and time.monotonic() < deadline:
-        for name in list(pending):
-            if remotes(env, namespace, name):
-                remote_at[name] = time.monotonic()
-                pending.discard(name)
-    assert not pending, f"remote copies missing for {sorted(pending)}"
-    dispatch = sorted(remote_at[n] - created_at[n] for n in created_at)
+        name = f"l{i}"
+        started = time.monotonic()
+        create(env.manager, namespace, trainjob(name))
+        eventually(lambda n=name: remotes(env, namespace, n), bool, interval=0.005,
+                   expected=f"a remote copy of {name}")
+        dispatch.append(time.monotonic() - started)
+    dispatch.sort()
     # Status: flip each remote's JobSet to Completed and time the manager showing it.
     lags = []
     for i in range(count):
@@ -392,3 +390,96 @@ def test_dispatch_and_sync_latency_over_many_jobs(dispatch_env, namespace, count
         print(f"status sync (remote Complete seen -> manager Complete seen) over {len(lags)}: "
               f"median {lags[len(lags) // 2] * 1000:.0f} ms, worst {lags[-1] * 1000:.0f} ms")
     assert dispatch[-1] < 30, f"slowest dispatch took {dispatch[-1]:.1f}s"
+
+
+def test_a_remote_deleted_by_someone_else_is_recorded_and_placed_again(dispatch_env,
+                                                                      namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("victim"))
+    worker_name, remote = wait_placed(env, namespace, "victim")
+    eventually(lambda: get(env.manager, namespace, "victim"),
+               lambda obj: (condition(obj, "Created") or {}).get("status") == "True",
+               expected="the worker's status mirrored before the copy is deleted")
+    env.multicluster[worker_name].custom.delete_namespaced_custom_object(
+        *TRAINER, namespace, c.TRAINJOBS, "victim")
+    events = eventually(
+        lambda: env.manager.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=victim").items,
+        lambda items: any(e.reason == "RemoteDeleted" for e in items),
+        expected="a RemoteDeleted Event on the manager TrainJob")
+    assert any("deleted by someone else" in e.message for e in events)
+    _, again = wait_placed(env, namespace, "victim")
+    assert again["metadata"]["uid"] != remote["metadata"]["uid"], "expected a new copy"
+
+
+def test_a_worker_added_at_runtime_is_used(dispatch_env, namespace):
+    env = dispatch_env
+    fixtures.register_config(env.manager.api, "e2e", ["worker-1"])
+    try:
+        # 40 cpu fit only on worker-2, which is not a candidate right now.
+        create(env.manager, namespace, trainjob("later", num_nodes=2,
+                                                requests={"cpu": "20"}))
+        pending = eventually(
+            lambda: get(env.manager, namespace, "later"),
+            lambda obj: (condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits",
+            expected="pending while only worker-1 is configured")
+        assert "worker-2" not in condition(pending, "Placed")["message"]
+    finally:
+        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
+    worker, _ = wait_placed(env, namespace, "later")
+    assert worker == "worker-2"
+
+
+def test_api_writes_per_dispatched_job(dispatch_env, namespace):
+    """Counted from each apiserver's own metrics: placement + finalizer in one manager
+    write, the remote create, one manager write per remote status change, and at the end
+    the remote delete and the finalizer release."""
+    from clusters.testing import apiserver_writes
+
+    env = dispatch_env
+    resources = {(c.TRAINER_GROUP, c.TRAINJOBS), ("", "events")}
+    verbs = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+    for cluster in env.multicluster:
+        eventually(lambda cl=cluster: [n.metadata.name for n in cl.core.list_namespace().items
+                                       if n.status.phase == "Terminating"],
+                   lambda names: names == [], timeout=120,
+                   expected=f"no namespace terminating on {cluster.name} before counting")
+    before = {cl.name: apiserver_writes(cl, resources, verbs) for cl in env.multicluster}
+    create(env.manager, namespace, trainjob("counted"))
+    worker_name, _ = wait_placed(env, namespace, "counted")
+    worker = env.multicluster[worker_name]
+    eventually(lambda: get(env.manager, namespace, "counted"),
+               lambda obj: (condition(obj, "Created") or {}).get("status") == "True",
+               expected="Created mirrored")
+    complete_jobset(worker, namespace, "counted")
+    eventually(lambda: (get(env.manager, namespace, "counted"), remotes(env, namespace, "counted")),
+               lambda seen: seen[1] == {} and not seen[0]["metadata"].get("finalizers"),
+               expected="completed, remote deleted, finalizer released")
+    eventually(lambda: env.manager.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=counted").items,
+        lambda items: any(e.reason == "Placed" for e in items), expected="the Placed Event")
+    after = {cl.name: apiserver_writes(cl, resources, verbs) for cl in env.multicluster}
+    delta = {name: {k: v - before[name].get(k, 0) for k, v in after[name].items()
+                    if v != before[name].get(k, 0)} for name in after}
+    print(f"\nAPI writes for one dispatched job (creation to Complete): {delta}")
+    manager = delta["manager"]
+    assert manager.get(("trainjobs", "", "POST")) == 1  # the test's own create
+    assert manager.get(("trainjobs", "", "PATCH")) == 2, manager  # placement, finalizer release
+    assert manager.get(("trainjobs", "status", "PUT")) == 2, manager  # Created, Complete
+    assert manager.get(("events", "", "POST")) == 1, manager  # Placed
+    remote = delta[worker_name]
+    assert remote.get(("trainjobs", "", "POST")) == 1, remote  # the copy
+    assert remote.get(("trainjobs", "", "DELETE")) == 1, remote  # removed after completion
+
+
+def test_invalid_configuration_fails_at_start_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "dispatcher.yaml"
+    path.write_text("client:\n  qps: -1\n")
+    result = subprocess.run([sys.executable, "-m", "dispatcher", "run", "--config", str(path),
+                             "--kubeconfig", "/nonexistent"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert "config key 'client.qps'" in result.stderr and "greater than 0" in result.stderr

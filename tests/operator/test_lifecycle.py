@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from prometheus_client.parser import text_string_to_metric_families
 
-from clusters.testing import eventually
+from clusters.testing import apiserver_writes, eventually
 from trainjob import constants as c
 
 T = TypeVar("T")
@@ -388,33 +387,10 @@ def test_crash_between_steps_is_resumed_after_restart(
 
 # ---------------------------------------------------------------- 4. API write cost
 
-# apiserver_request_total counts requests by verb; kube-apiserver 1.34 reports server-side
-# apply as verb "APPLY" (a plain merge patch is "PATCH"). DELETE is left out on purpose:
-# the namespace controller and the garbage collector delete what earlier tests left.
-WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
-# (group, resource): the objects a TrainJob's life writes. Core Events only: the operator's
-# recorder writes v1 Events, and controllers in kube-controller-manager use events.k8s.io.
+# The objects a TrainJob's life writes. Core Events only: the operator's recorder writes v1
+# Events, and controllers in kube-controller-manager use events.k8s.io.
 COUNTED = {(c.TRAINER_GROUP, c.TRAINJOBS), (c.JOBSET_GROUP, c.JOBSETS), ("", "events"),
            ("", "secrets"), ("", "configmaps")}
-
-
-def apiserver_writes(cluster) -> Counter:
-    """Write requests the apiserver has served so far, by (resource, subresource, verb)."""
-    status, text = cluster.control_plane.get("/metrics", timeout=10)
-    assert status == 200, f"expected apiserver /metrics to answer 200; saw {status}: {text[:200]}"
-    counts: Counter = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name != "apiserver_request_total":
-                continue
-            labels = sample.labels
-            if labels.get("verb") not in WRITE_VERBS:
-                continue
-            if (labels.get("group", ""), labels.get("resource")) not in COUNTED:
-                continue
-            counts[(labels["resource"], labels.get("subresource", ""), labels["verb"])] += \
-                int(sample.value)
-    return counts
 
 
 def _terminating_namespaces(cluster, keep: set[str]) -> list[str]:
@@ -430,7 +406,7 @@ def test_api_write_cost_of_one_trainjob_from_creation_to_complete(
                expected="no other namespace on worker-2 still terminating", timeout=120)
     runtime = make_runtime()
     operator = run_operator(worker, "--namespace", namespace)
-    before = apiserver_writes(worker)
+    before = apiserver_writes(worker, COUNTED)
 
     trainjob = create_trainjob(worker, namespace, "costed", runtime)  # test write 1
     wait_created(worker, namespace, "costed")
@@ -458,7 +434,7 @@ def test_api_write_cost_of_one_trainjob_from_creation_to_complete(
                        len(events_about(worker, namespace, trainjob))),
               lambda seen: seen == (done["resourceVersion"], 2),
               seconds=2, expected="TrainJob costed and its 2 Events unchanged")
-    after = apiserver_writes(worker)
+    after = apiserver_writes(worker, COUNTED)
 
     observed = Counter({key: after[key] - before[key] for key in after
                         if after[key] != before[key]})
