@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make test           run the test suite against real local control planes"
-	@echo "make demo           start a manager and $(WORKERS) worker clusters and show them"
+	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
 	@echo "make binaries       build or find etcd, kube-apiserver, kube-controller-manager"
 	@echo "make clusters-up / clusters-status / clusters-down"
@@ -41,12 +41,8 @@ clusters-status: venv
 clusters-down: venv
 	$(PY) -m clusters down
 
-demo: clusters-up
-	@echo
-	@echo "Clusters are up. Try:"
-	@echo "  kubectl --kubeconfig .clusters/manager.kubeconfig get crds"
-	@echo "  kubectl --kubeconfig .clusters/worker-1.kubeconfig get --raw /version"
-	@echo "Stop them with: make demo-down"
+demo: binaries
+	$(PY) -m clusters demo
 
 demo-down: clusters-down
 

@@ -79,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--timeout", type=float, default=60,
                              help="seconds to wait for readiness (default: %(default)s)")
 
+    demo = sub.add_parser(
+        "demo", parents=[common], help="run the whole product locally with sample jobs",
+        description="Start a manager and two workers, the training operator on each worker, "
+        "the dispatcher on the manager and a JobSet simulator, submit the sample TrainJobs "
+        "(manifests/samples) and show where each runs and its status until all are done. "
+        "Ctrl-C stops everything; after a complete run the clusters stay up "
+        "(`python -m clusters down` removes them).")
+    demo.add_argument("--run-seconds", type=float, default=8.0,
+                      help="how long each simulated JobSet runs (default: %(default)s)")
+    demo.add_argument("--timeout", type=float, default=300,
+                      help="give up after this many seconds (default: %(default)s)")
+
     prov = sub.add_parser(
         "provision", help="find or build etcd, kube-apiserver, kube-controller-manager",
         description=f"Find the control-plane binaries (Kubernetes {binaries.KUBERNETES_VERSION}, "
@@ -135,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:<24} {item['version']:<32} {item['path']}")
                 print(f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
             return 0
+        if args.command == "demo":
+            from clusters.demo import run_demo
+
+            return run_demo(Path(args.state_dir).resolve(), args.run_seconds, args.timeout)
         provider = _provider(args)
         if args.command == "up":
             started = time.monotonic()
