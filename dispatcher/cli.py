@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: multikueue)")
     run.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                      help="how to choose among workers that fit (default: best-fit)")
+    run.add_argument("--worker-lost-timeout", type=float, dest="worker_lost_timeout_seconds",
+                     help="seconds a worker may be unreachable before its jobs are placed "
+                     "again elsewhere (default: 900)")
+    run.add_argument("--gc-interval", type=float, dest="gc_interval_seconds",
+                     help="seconds between garbage-collection sweeps of the workers; 0 "
+                     "disables them (default: 60)")
     run.add_argument("--metrics-port", type=int,
                      help="port for /metrics, /healthz, /readyz (default: 8081; 0 = any)")
     run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1)")
@@ -59,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
+            "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
+            "gc_interval_seconds": args.gc_interval_seconds,
         })
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,10 +15,11 @@ import logging
 import threading
 import time
 
+from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher import mirror
+from dispatcher import garbage_collection, mirror
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.reconciler import DispatchReconciler
@@ -53,6 +54,7 @@ class DispatcherController:
                                              self.recorder, self.metrics)
         self._workers = workers
         self._threads: list[threading.Thread] = []
+        self._scheduler = BackgroundScheduler(daemon=True)
 
     # --- event routing --------------------------------------------------------------
 
@@ -120,6 +122,11 @@ class DispatcherController:
                 informer.wait_synced(max(0.0, deadline - time.monotonic()))
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "dispatch", self._on_error)
+        if self.config.gc_interval_seconds > 0:
+            self._scheduler.add_job(self.collect_garbage, "interval",
+                                    seconds=self.config.gc_interval_seconds,
+                                    id="garbage-collection", max_instances=1, coalesce=True)
+        self._scheduler.start()
         return self
 
     def ready(self) -> tuple[bool, str]:
@@ -127,7 +134,14 @@ class DispatcherController:
             return False, "manager TrainJob cache not synced"
         return True, "ok"
 
+    def collect_garbage(self) -> int:
+        """One garbage-collection sweep over every connected worker."""
+        return garbage_collection.sweep(self.registry, self.trainjobs, self.config.origin,
+                                        self.metrics)
+
     def stop(self) -> None:
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
         self.queue.shutdown()
         self.trainjobs.stop()
         self.registry.stop()

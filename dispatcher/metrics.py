@@ -30,6 +30,9 @@ class DispatcherMetrics:
         self.cluster_active = Gauge(
             "dispatcher_cluster_active", "1 when the worker cluster answers", ["cluster"],
             registry=self.registry)
+        self.gc_deletions = Counter(
+            "dispatcher_gc_deletions_total", "Remote copies removed by garbage collection",
+            ["cluster"], registry=self.registry)
         self.jobs = Gauge(
             "dispatcher_jobs", "Manager TrainJobs by state and cluster", ["state", "cluster"],
             registry=self.registry)

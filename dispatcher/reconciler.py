@@ -44,6 +44,9 @@ FIELD_MANAGER = "trainjob-dispatcher"
 CONDITION_PLACED = "Placed"
 REASON_NO_WORKER = "NoWorkerFits"
 REASON_REMOTE_DELETED = "RemoteDeleted"
+CONDITION_WORKER_REACHABLE = "WorkerReachable"
+REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
+REASON_WORKER_LOST = "WorkerLost"
 
 
 @dataclass
@@ -100,13 +103,60 @@ class DispatchReconciler:
                 self._place(raw)
             return
         if worker is None:
-            log.warning("TrainJob %s/%s: placed on %s, which is not in the registry",
-                        namespace, name, placed)
+            if not mirror.finished(raw):
+                self._move_away(raw, placed, f"worker {placed} was removed from the registry")
             return
         if not worker.active:
-            return  # status sync resumes when it answers again (the worker-lost policy
-            # re-places after a timeout)
+            self._worker_unreachable(raw, worker)
+            return
         self._sync(raw, worker)
+
+    # --- a worker that stopped answering ----------------------------------------------
+
+    def _worker_unreachable(self, raw: dict, worker: WorkerCluster) -> None:
+        """Keep the last status and say so; after the worker-lost timeout, place the job
+        again elsewhere. A copy left on the lost worker is removed by the garbage
+        collector once it answers again (if it was only partitioned, that copy may have
+        kept running until then)."""
+        if mirror.finished(raw):
+            return
+        lost_for = time.time() - worker.since
+        timeout = self.config.worker_lost_timeout_seconds
+        if lost_for >= timeout:
+            worker.capacity.release((raw["metadata"]["namespace"], raw["metadata"]["name"]))
+            self._move_away(raw, worker.name, f"worker {worker.name} unreachable for "
+                            f"{lost_for:.0f}s (worker-lost timeout {timeout:.0f}s)")
+            return
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(worker.since))
+        message = f"worker {worker.name} unreachable since {since}: {worker.message}"
+        current = next((x for x in (raw.get("status") or {}).get("conditions") or []
+                        if x.get("type") == CONDITION_WORKER_REACHABLE), None)
+        if current is None or current.get("status") != "False":
+            conditions = [x for x in (raw.get("status") or {}).get("conditions") or []
+                          if x.get("type") != CONDITION_WORKER_REACHABLE]
+            conditions.append({"type": CONDITION_WORKER_REACHABLE, "status": "False",
+                               "reason": REASON_WORKER_UNREACHABLE, "message": message,
+                               "lastTransitionTime": since})
+            self._write_status(raw, {**(raw.get("status") or {}), "conditions": conditions})
+            self.recorder.event(raw, WARNING, REASON_WORKER_UNREACHABLE, message)
+        raise Requeue(timeout - lost_for, "waiting for the worker-lost timeout")
+
+    def _move_away(self, raw: dict, worker_name: str, why: str) -> None:
+        self._replace(raw, REASON_WORKER_LOST, why)
+
+    def _replace(self, raw: dict, reason: str, why: str) -> None:
+        """Forget the placement so the job is placed again (on any eligible worker). The
+        status the old copy reported goes too: it described a run that is over, and the
+        new copy's status replaces it as soon as there is one."""
+        message = f"{why}; placing the job again"
+        log.warning("TrainJob %s/%s: %s", raw["metadata"]["namespace"],
+                    raw["metadata"]["name"], message)
+        self._write_status(raw, {"conditions": [{
+            "type": CONDITION_PLACED, "status": "False", "reason": reason,
+            "message": message, "lastTransitionTime": _now()}]})
+        self.recorder.event(raw, WARNING, reason, message)
+        key = (raw["metadata"]["namespace"], raw["metadata"]["name"])
+        self._clear_placement(self.trainjobs.get(*key) or raw)
 
     # --- placement --------------------------------------------------------------------
 
@@ -288,17 +338,9 @@ class DispatchReconciler:
                 return
             if (manager.get("status") or {}).get("conditions") and not _only_ours(manager):
                 # It had reported status, so it existed: someone deleted it while running.
-                message = (f"the copy on {worker.name} was deleted by someone else; "
-                           "placing the job again")
-                conditions = [x for x in manager["status"].get("conditions") or []
-                              if x.get("type") != CONDITION_PLACED]
-                conditions.append({"type": CONDITION_PLACED, "status": "False",
-                                   "reason": REASON_REMOTE_DELETED, "message": message,
-                                   "lastTransitionTime": _now()})
-                self._write_status(manager, {**manager["status"], "conditions": conditions})
-                self.recorder.event(manager, WARNING, REASON_REMOTE_DELETED, message)
                 worker.capacity.release(key)
-                self._clear_placement(self.trainjobs.get(*key) or manager)
+                self._replace(manager, REASON_REMOTE_DELETED,
+                              f"the copy on {worker.name} was deleted by someone else")
                 return
             job = TrainJob.model_validate(manager)
             problem, need = self._eligibility(job, worker)
@@ -408,9 +450,10 @@ def _largest(requests_list) -> dict[str, Decimal]:
 
 
 def _only_ours(manager: dict) -> bool:
-    """The manager status holds only the dispatcher's own Placed condition."""
+    """The manager status holds only the dispatcher's own conditions."""
     conditions = (manager.get("status") or {}).get("conditions") or []
-    return all(x.get("type") == CONDITION_PLACED for x in conditions)
+    return all(x.get("type") in (CONDITION_PLACED, CONDITION_WORKER_REACHABLE)
+               for x in conditions)
 
 
 def _finished_at(remote: dict) -> float | None:

@@ -18,6 +18,7 @@ from clusters.testing import ServiceProcess
 
 RUNTIME = "torch-e2e"
 CONFIG = "e2e"
+WORKER_LOST_TIMEOUT = 20
 
 
 @dataclass
@@ -57,8 +58,11 @@ def dispatch_env(multicluster, tmp_path_factory):
                              log_dir / f"operator-{name}.log", ()).start()
         for name in ("worker-1", "worker-2")
     }
+    # Short fault timings so worker-loss tests run in seconds; the frequent garbage
+    # collection also runs under every other test here, which must not disturb them.
     dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
-                                ("--multikueue-config", CONFIG)).start()
+                                ("--multikueue-config", CONFIG, "--gc-interval", "2",
+                                 "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT))).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
     yield env
     env.dispatcher.stop()

@@ -1,0 +1,90 @@
+"""A worker that stops answering: briefly (nothing moves, sync resumes) and for longer than
+the worker-lost timeout (the job moves; the stale copy goes when the worker returns).
+
+The dispatcher here runs with a 20 s worker-lost timeout and a 2 s garbage-collection
+interval (see conftest)."""
+
+from __future__ import annotations
+
+import time
+
+from clusters.testing import eventually
+
+from test_dispatch import complete_jobset, condition, create, get, placement, remotes, \
+    trainjob, wait_placed  # noqa: E402 - shared helpers of this directory's tests
+
+MK = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
+
+
+def active_condition(env, worker: str) -> dict:
+    obj = env.manager.custom.get_cluster_custom_object(*MK, worker)
+    return next((x for x in (obj.get("status") or {}).get("conditions") or []
+                 if x["type"] == "Active"), {})
+
+
+def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("steady"))  # small: best fit puts it on worker-1
+    worker_name, remote = wait_placed(env, namespace, "steady")
+    assert worker_name == "worker-1"
+    eventually(lambda: get(env.manager, namespace, "steady"),
+               lambda obj: (condition(obj, "Created") or {}).get("status") == "True",
+               expected="the worker's status mirrored")
+    stopped_at = time.monotonic()
+    env.multicluster.stop("worker-1")
+    try:
+        inactive = eventually(lambda: active_condition(env, "worker-1"),
+                              lambda cond: cond.get("status") == "False", timeout=15,
+                              expected="worker-1 Active=False within seconds")
+        assert inactive["reason"] == "ClientConnectionFailed"
+        detected = time.monotonic() - stopped_at
+        held = eventually(lambda: get(env.manager, namespace, "steady"),
+                          lambda obj: (condition(obj, "WorkerReachable") or {}).get(
+                              "status") == "False",
+                          expected="a WorkerReachable=False condition on the manager job")
+        assert "unreachable since" in condition(held, "WorkerReachable")["message"]
+        assert (condition(held, "Created") or {}).get("status") == "True", \
+            "the last status must be kept while the worker is away"
+        assert placement(held) == "worker-1"
+    finally:
+        env.multicluster.start("worker-1")
+    assert time.monotonic() - stopped_at < 20, "the outage outlasted the worker-lost timeout"
+    print(f"\nworker-1 seen inactive {detected:.1f}s after it stopped")
+    eventually(lambda: active_condition(env, "worker-1"),
+               lambda cond: cond.get("status") == "True", timeout=30,
+               expected="worker-1 Active=True again")
+    complete_jobset(env.multicluster["worker-1"], namespace, "steady")
+    done = eventually(lambda: get(env.manager, namespace, "steady"),
+                      lambda obj: (condition(obj, "Complete") or {}).get("status") == "True",
+                      expected="status sync resumed: Complete on the manager")
+    assert placement(done) == "worker-1", "nothing may be re-dispatched after a short outage"
+    assert condition(done, "WorkerReachable") is None, "the whole remote status replaced ours"
+    assert set(remotes(env, namespace, "steady")) <= {"worker-1"}, "a copy appeared elsewhere"
+
+
+def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispatch_env,
+                                                                           namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("mover"))
+    worker_name, old_copy = wait_placed(env, namespace, "mover")
+    assert worker_name == "worker-1"
+    env.multicluster.stop("worker-1")
+    try:
+        moved = eventually(lambda: get(env.manager, namespace, "mover"),
+                           lambda obj: placement(obj) == "worker-2", timeout=90,
+                           expected="the job placed again on worker-2 after the timeout")
+        assert moved is not None
+        eventually(lambda: get(env.multicluster["worker-2"], namespace, "mover"),
+                   lambda obj: obj is not None, expected="a copy on worker-2")
+        events = env.manager.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=mover").items
+        assert any(e.reason == "WorkerLost" for e in events)
+    finally:
+        env.multicluster.start("worker-1")
+    # Back again: the stale copy (ours, manager now points at worker-2) is collected.
+    eventually(lambda: get(env.multicluster["worker-1"], namespace, "mover"),
+               lambda obj: obj is None, timeout=60,
+               expected="the stale copy on worker-1 deleted by garbage collection")
+    assert list(remotes(env, namespace, "mover")) == ["worker-2"]
+    assert old_copy["metadata"]["uid"] != get(env.multicluster["worker-2"], namespace,
+                                              "mover")["metadata"]["uid"]
