@@ -88,3 +88,27 @@ def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispa
     assert list(remotes(env, namespace, "mover")) == ["worker-2"]
     assert old_copy["metadata"]["uid"] != get(env.multicluster["worker-2"], namespace,
                                               "mover")["metadata"]["uid"]
+
+
+def test_deleting_a_job_whose_worker_is_down_finishes_after_the_timeout(dispatch_env,
+                                                                        namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("orphan"))
+    worker_name, _ = wait_placed(env, namespace, "orphan")
+    assert worker_name == "worker-1"
+    env.multicluster.stop("worker-1")
+    try:
+        eventually(lambda: active_condition(env, "worker-1"),
+                   lambda cond: cond.get("status") == "False", timeout=15,
+                   expected="worker-1 seen inactive")
+        env.manager.custom.delete_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", "orphan")
+        # Held by the finalizer while the copy cannot be deleted, but not forever.
+        assert get(env.manager, namespace, "orphan") is not None
+        eventually(lambda: get(env.manager, namespace, "orphan"), lambda obj: obj is None,
+                   timeout=90, expected="deletion finished after the worker-lost timeout")
+    finally:
+        env.multicluster.start("worker-1")
+    eventually(lambda: get(env.multicluster["worker-1"], namespace, "orphan"),
+               lambda obj: obj is None, timeout=60,
+               expected="the copy left on worker-1 collected once it answers again")
