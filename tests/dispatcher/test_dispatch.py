@@ -483,3 +483,31 @@ def test_invalid_configuration_fails_at_start_naming_the_key(tmp_path):
                             timeout=120)
     assert result.returncode == 2
     assert "config key 'client.qps'" in result.stderr and "greater than 0" in result.stderr
+
+
+def test_a_changed_kubeconfig_secret_takes_effect_without_a_restart(dispatch_env):
+    env = dispatch_env
+    core = env.manager.core
+    secret = core.read_namespaced_secret("worker-2-kubeconfig", "kueue-system")
+    original = dict(secret.data)
+    config = yaml.safe_load(base64.b64decode(original["kubeconfig"]))
+    config["users"][0]["user"] = {"exec": {"command": "get-token",
+                                           "apiVersion": "client.authentication.k8s.io/v1"}}
+    mk = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
+
+    def active():
+        obj = env.manager.custom.get_cluster_custom_object(*mk, "worker-2")
+        return next((x for x in (obj.get("status") or {}).get("conditions") or []
+                     if x["type"] == "Active"), {})
+
+    core.patch_namespaced_secret("worker-2-kubeconfig", "kueue-system", {"data": {
+        "kubeconfig": base64.b64encode(yaml.safe_dump(config).encode()).decode()}})
+    try:
+        refused = eventually(active, lambda cond: cond.get("reason") == "InsecureKubeConfig",
+                             expected="worker-2 Active=False InsecureKubeConfig")
+        assert refused["status"] == "False" and "exec" in refused["message"]
+    finally:
+        core.patch_namespaced_secret("worker-2-kubeconfig", "kueue-system",
+                                     {"data": original})
+    eventually(active, lambda cond: cond.get("status") == "True", timeout=30,
+               expected="worker-2 Active=True again with the restored Secret")
