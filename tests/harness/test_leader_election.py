@@ -10,16 +10,35 @@ import threading
 import time
 
 import pytest
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters.testing import eventually
+from trainjob.kubeclient import RateLimitedApiClient
 from trainjob.leader import LeaderElector
 
 LEASE = "dispatcher-leader"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3
-TIMING = dict(lease_duration=LEASE_DURATION, renew_deadline=RENEW_DEADLINE,
-              retry_period=RETRY_PERIOD)
+TIMING = {"lease_duration": LEASE_DURATION, "renew_deadline": RENEW_DEADLINE,
+          "retry_period": RETRY_PERIOD}
+
+
+class Link(RateLimitedApiClient):
+    """An API client whose connection to the apiserver can be cut: while cut, every request
+    hangs for its whole timeout and then fails as a read timeout would, like a leader
+    behind a network partition."""
+
+    def __init__(self, configuration: client.Configuration):
+        super().__init__(configuration, None)
+        self.cut = threading.Event()
+
+    def call_api(self, *args, **kwargs):
+        if self.cut.is_set():
+            timeout = kwargs.get("_request_timeout") or 5
+            threading.Event().wait(timeout if isinstance(timeout, (int, float)) else 5)
+            raise urllib3.exceptions.ReadTimeoutError(None, "lease", "partitioned (test)")
+        return super().call_api(*args, **kwargs)
 
 
 class Election:
@@ -34,9 +53,10 @@ class Election:
         self.events: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
 
-    def candidate(self, identity: str, start: bool = True, **callbacks) -> LeaderElector:
+    def candidate(self, identity: str, start: bool = True, api: client.ApiClient | None = None,
+                  **callbacks) -> LeaderElector:
         elector = LeaderElector(
-            self.api, self.namespace, LEASE, identity, **TIMING,
+            api or self.api, self.namespace, LEASE, identity, **TIMING,
             on_started_leading=callbacks.get("on_started_leading",
                                              lambda: self._record(identity, "started")),
             on_stopped_leading=callbacks.get("on_stopped_leading",
@@ -193,9 +213,10 @@ def test_releasing_the_lease_hands_over_at_once(election):
     election.assert_terms_never_overlap()
 
 
-def test_never_two_leaders_under_random_stops_and_starts(election):
+def test_never_two_leaders_under_random_stops_and_starts(election, multicluster):
     rng = random.Random(20240611)
-    electors = [election.candidate(name) for name in ("a", "b", "c")]
+    links = {name: Link(multicluster.manager.api.configuration) for name in ("a", "b", "c")}
+    electors = [election.candidate(name, api=link) for name, link in links.items()]
     eventually(election.leaders, lambda leaders: len(leaders) == 1,
                expected="one of a, b, c to lead")
 
@@ -204,26 +225,36 @@ def test_never_two_leaders_under_random_stops_and_starts(election):
     errors: list[BaseException] = []
 
     def churn():
+        # Mostly at the leader: crash it (stop without release), stop it cleanly or cut its
+        # network (it cannot renew and must step down by itself); otherwise restart a
+        # stopped candidate or heal a cut one.
         try:
-            while not done.wait(rng.uniform(0.2, 0.8)):
-                elector = rng.choice(electors)
-                running = [e for e in electors if e._thread and e._thread.is_alive()]
-                if elector in running and len(running) > 1:
-                    release = rng.random() < 0.5
-                    elector.stop(release=release)
-                    actions.append(f"stop {elector.identity} release={release}")
-                elif elector not in running:
-                    elector.start()
-                    actions.append(f"start {elector.identity}")
+            while not done.wait(rng.uniform(0.1, 0.5)):
+                leaders = [e for e in electors if e.is_leader]
+                if leaders and rng.random() < 0.6:
+                    target, move = leaders[0], rng.choice(["crash", "stop", "cut"])
+                else:
+                    target = rng.choice(electors)
+                    running = target._thread is not None and target._thread.is_alive()
+                    move = ("start" if not running else
+                            "heal" if links[target.identity].cut.is_set() else None)
+                if move is None:
+                    continue
+                actions.append(f"{move} {target.identity}")
+                if move in ("crash", "stop"):
+                    target.stop(release=move == "stop")
+                elif move == "start":
+                    target.start()
+                elif move == "cut":
+                    links[target.identity].cut.set()
+                else:
+                    links[target.identity].cut.clear()
         except BaseException as err:  # noqa: BLE001 - reported by the test thread
             errors.append(err)
-
-    leaders_seen = set()
 
     def sample():
         leaders = election.leaders()
         assert len(leaders) <= 1, f"two leaders at once: {leaders} after {actions}"
-        leaders_seen.update(leaders)
 
     churner = threading.Thread(target=churn, name="churn", daemon=True)
     churner.start()
@@ -234,13 +265,59 @@ def test_never_two_leaders_under_random_stops_and_starts(election):
         churner.join(10)
     assert not errors, errors
     assert samples > 60
-    assert len(leaders_seen) >= 2, f"leadership never changed hands: {actions}"
+    handovers = sum(1 for _, _, kind in election.events if kind == "started") - 1
+    assert handovers >= 2, f"leadership changed hands {handovers} times: {actions}"
+    for link in links.values():
+        link.cut.clear()
     for elector in electors:
         elector.stop(release=False)
     election.assert_terms_never_overlap()
     for elector in electors:  # every term that began also ended, once
         assert election.count(elector.identity, "started") == \
             election.count(elector.identity, "stopped"), (elector.identity, election.events)
+
+
+def test_a_partitioned_leader_steps_down_before_a_standby_takes_over(election,
+                                                                      multicluster):
+    link = Link(multicluster.manager.api.configuration)
+    a = election.candidate("a", api=link)
+    _leader_is(election, "a")
+    b = election.candidate("b")
+    eventually(lambda: b.leader, lambda leader: leader == "a",
+               expected="b to observe a as the leader")
+
+    link.cut.set()
+    cut = time.monotonic()
+    a_stepped_down = b_took_over = None
+    while b_took_over is None and time.monotonic() - cut < LEASE_DURATION + 3:
+        leaders = election.leaders()
+        now = time.monotonic() - cut
+        assert len(leaders) <= 1, f"a and b both lead {now:.2f}s after the partition"
+        if a_stepped_down is None and "a" not in leaders:
+            a_stepped_down = now
+        if "b" in leaders:
+            b_took_over = now
+        threading.Event().wait(0.05)
+    assert b_took_over is not None, "b never took over from the partitioned leader"
+    # a's term ends renew_deadline after it sent its last successful renewal (at most one
+    # retry period before the cut); b waits a whole lease duration from when it saw it.
+    assert a_stepped_down <= RENEW_DEADLINE + 0.1, a_stepped_down
+    assert b_took_over > a_stepped_down + (LEASE_DURATION - RENEW_DEADLINE) / 2, \
+        (a_stepped_down, b_took_over)
+    eventually(lambda: election.count("a", "stopped"), lambda n: n == 1,
+               expected="a's on_stopped_leading once its renew deadline passed")
+    election.assert_terms_never_overlap()
+
+    link.cut.clear()  # the partition heals: a finds b leading and stays a standby
+    eventually(lambda: a.leader, lambda leader: leader == "b",
+               expected="a, reconnected, to observe b as the leader")
+
+    def sample():
+        assert b.is_leader and not a.is_leader, election.leaders()
+
+    _hold(1.0, sample)
+    assert election.lease()["holderIdentity"] == "b"
+    assert election.count("a", "started") == 1
 
 
 def test_a_lease_deleted_under_its_holder_is_recreated_by_it(election):
