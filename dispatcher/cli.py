@@ -6,6 +6,7 @@ import argparse
 import logging
 import socket
 import sys
+import threading
 
 from dispatcher.config import ConfigError, load_config
 from trainjob import logs
@@ -48,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gc-interval", type=float, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
+    run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
+                     help="elect a leader with a Lease in --namespace so that only one "
+                     "replica writes (default: on)")
+    run.add_argument("--lease-duration", type=float, dest="lease_duration_seconds",
+                     help="seconds a standby waits after the leader's last renewal before "
+                     "taking over (default: 15)")
+    run.add_argument("--renew-deadline", type=float, dest="renew_deadline_seconds",
+                     help="seconds the leader keeps trying to renew before it stops "
+                     "(default: 10; must be less than the lease duration)")
+    run.add_argument("--retry-period", type=float, dest="retry_period_seconds",
+                     help="seconds between lease renewals and acquisition attempts (default: 2)")
     run.add_argument("--metrics-port", type=int,
                      help="port for /metrics, /healthz, /readyz (default: 8081; 0 = any)")
     run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1)")
@@ -67,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
             "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
             "gc_interval_seconds": args.gc_interval_seconds,
+            "leader_elect": args.leader_elect,
+            "lease_duration_seconds": args.lease_duration_seconds,
+            "renew_deadline_seconds": args.renew_deadline_seconds,
+            "retry_period_seconds": args.retry_period_seconds,
         })
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -78,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from dispatcher.controller import DispatcherController
 
+    stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
-                                      instance=socket.gethostname())
+                                      instance=socket.gethostname(), stop_requested=stop)
     log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
-                 config.metrics_port)
+                 config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set)

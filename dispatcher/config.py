@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from trainjob.constants import DEFAULT_ORIGIN
 
@@ -54,8 +55,21 @@ class DispatcherConfig(_Strict):
     gc_interval_seconds: float = Field(60.0, ge=0, description="0 disables the sweep")
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)
     retention_seconds: float = Field(0.0, ge=0, description="keep finished remotes this long")
+    leader_elect: bool = Field(True, description="use a Lease so only one replica writes")
+    lease_duration_seconds: float = Field(15.0, gt=0)
+    renew_deadline_seconds: float = Field(10.0, gt=0)
+    retry_period_seconds: float = Field(2.0, gt=0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(8081, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _lease_timings(self) -> DispatcherConfig:
+        if self.leader_elect and not (self.lease_duration_seconds > self.renew_deadline_seconds
+                                      > 1.2 * self.retry_period_seconds):
+            raise ValueError(
+                "renew_deadline_seconds must be less than lease_duration_seconds and more than "
+                "1.2 x retry_period_seconds (a leader must stop before a standby may start)")
+        return self
 
     @field_validator("origin")
     @classmethod

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import threading
 import time
+import uuid
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
@@ -27,6 +29,7 @@ from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
+from trainjob.leader import LeaderElector
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
 
@@ -38,7 +41,7 @@ _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAIN
 class DispatcherController:
     def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
                  workers: int = 8, metrics: DispatcherMetrics | None = None,
-                 instance: str = ""):
+                 instance: str = "", stop_requested: threading.Event | None = None):
         self.manager = manager
         self.config = config
         self.metrics = metrics or DispatcherMetrics()
@@ -48,13 +51,26 @@ class DispatcherController:
             custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS))
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
-                                       self._on_worker_state)
+                                       self._on_worker_state, may_write=lambda: self.leading)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
                                              self.recorder, self.metrics)
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
+        self._started = False
+        self.lost_leadership = threading.Event()
+        self.stop_requested = stop_requested
+        self.elector = None
+        if config.leader_elect:
+            identity = f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+            self.elector = LeaderElector(
+                manager, config.namespace, f"trainjob-dispatcher-{config.origin}", identity,
+                lease_duration=config.lease_duration_seconds,
+                renew_deadline=config.renew_deadline_seconds,
+                retry_period=config.retry_period_seconds,
+                on_started_leading=self._started_leading,
+                on_stopped_leading=self._stopped_leading)
 
     # --- event routing --------------------------------------------------------------
 
@@ -109,6 +125,36 @@ class DispatcherController:
 
     # --- running --------------------------------------------------------------------
 
+    # --- leadership ---------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.elector.is_leader if self.elector is not None else self._started
+
+    def _started_leading(self) -> None:
+        """Only the leader writes: reconcile workers, garbage collection and the
+        MultiKueueCluster conditions start here, from warm caches."""
+        log.info("leading: dispatching")
+        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
+                                      "dispatch", self._on_error)
+        if self.config.gc_interval_seconds > 0:
+            self._scheduler.add_job(self.collect_garbage, "interval",
+                                    seconds=self.config.gc_interval_seconds,
+                                    id="garbage-collection", max_instances=1, coalesce=True,
+                                    replace_existing=True)
+        self.registry.publish_all()
+        for job in self.trainjobs.list():
+            self._on_manager_trainjob("SYNC", None, job)
+
+    def _stopped_leading(self) -> None:
+        # Another replica may take over once the lease runs out: stop writing now and let
+        # the process end (its supervisor restarts it as a standby).
+        log.error("lost leadership: stopping")
+        self.lost_leadership.set()
+        self.queue.shutdown()
+        if self.stop_requested is not None:
+            self.stop_requested.set()
+
     def start(self, sync_timeout: float = 60) -> DispatcherController:
         self.registry.start(sync_timeout)
         self.trainjobs.start()
@@ -120,19 +166,22 @@ class DispatcherController:
         for worker in self.registry.snapshot():
             for informer in worker.informers.values():
                 informer.wait_synced(max(0.0, deadline - time.monotonic()))
-        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
-                                      "dispatch", self._on_error)
-        if self.config.gc_interval_seconds > 0:
-            self._scheduler.add_job(self.collect_garbage, "interval",
-                                    seconds=self.config.gc_interval_seconds,
-                                    id="garbage-collection", max_instances=1, coalesce=True)
         self._scheduler.start()
+        self._started = True
+        if self.elector is not None:
+            self.elector.start()
+        else:
+            self._started_leading()
         return self
 
     def ready(self) -> tuple[bool, str]:
+        """Ready once the caches are synced, as leader or as a warm standby."""
         if not self.trainjobs.synced.is_set():
             return False, "manager TrainJob cache not synced"
-        return True, "ok"
+        if self.elector is None:
+            return True, "ok"
+        return True, "leader" if self.elector.is_leader else (
+            f"standby (leader: {self.elector.leader or 'none yet'})")
 
     def collect_garbage(self) -> int:
         """One garbage-collection sweep over every connected worker."""
@@ -143,10 +192,12 @@ class DispatcherController:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self.queue.shutdown()
+        for thread in self._threads:
+            thread.join(5)  # finish in-flight writes before the lease is given up
+        if self.elector is not None:
+            self.elector.stop(release=not self.lost_leadership.is_set())
         self.trainjobs.stop()
         self.registry.stop()
-        for thread in self._threads:
-            thread.join(5)
 
     def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
         self.metrics.reconcile_errors.inc()

@@ -58,29 +58,34 @@ def _leftover(needs: Resources, free: Resources) -> list[Decimal]:
     return out
 
 
+def _mean_leftover(needs: Resources, free: Resources) -> float:
+    fractions = _leftover(needs, free)
+    return sum(fractions) / len(fractions) if fractions else 0.0
+
+
 class BestFit:
-    """The tightest worker: smallest largest leftover fraction. Packs, keeping big holes
-    free for big jobs."""
+    """The tightest worker: the smallest mean leftover fraction over the requested
+    resources after placing the job (the scheduler's MostAllocated scoring, per cluster).
+    Packs, keeping big holes free for big jobs."""
 
     name = "best-fit"
 
     def choose(self, needs: Resources, candidates: list[Candidate]) -> str | None:
         if not candidates:
             return None
-        return min(candidates,
-                   key=lambda c: (max(_leftover(needs, c.free), default=0), c.order)).name
+        return min(candidates, key=lambda c: (_mean_leftover(needs, c.free), c.order)).name
 
 
 class WorstFit:
-    """The roomiest worker: largest smallest leftover fraction. Spreads load."""
+    """The roomiest worker: the largest mean leftover fraction (LeastAllocated). Spreads
+    load."""
 
     name = "worst-fit"
 
     def choose(self, needs: Resources, candidates: list[Candidate]) -> str | None:
         if not candidates:
             return None
-        return min(candidates,
-                   key=lambda c: (-min(_leftover(needs, c.free), default=0), c.order)).name
+        return min(candidates, key=lambda c: (-_mean_leftover(needs, c.free), c.order)).name
 
 
 class FirstFit:

@@ -218,6 +218,9 @@ class DispatchReconciler:
                 reasons.update(result.reasons)
         if not fitting:
             return describe_reasons(reasons)
+        log.debug("TrainJob %s/%s candidates: %s", job.metadata.namespace, job.metadata.name,
+                  {cand.name: cand.problem or {k: str(v) for k, v in cand.free.items()}
+                   for cand in candidates})
         # Needs differ between workers only when their runtimes differ; rank by the largest.
         chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
                                     list(fitting.values())) or next(iter(fitting))

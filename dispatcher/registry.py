@@ -77,13 +77,16 @@ class WorkerCluster:
 class WorkerRegistry:
     def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
                  on_worker_event: WorkerEvent, on_state_change: Callable[[WorkerCluster], None],
-                 probe_interval: float = 2.0, probe_timeout: float = 2.0):
+                 probe_interval: float = 2.0, probe_timeout: float = 2.0,
+                 may_write: Callable[[], bool] = lambda: True):
         self.manager = manager
         self.config = config
         self.on_worker_event = on_worker_event
         self.on_state_change = on_state_change
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
+        # Only the leader writes conditions; a standby keeps the same picture silently.
+        self.may_write = may_write
         self.workers: dict[str, WorkerCluster] = {}
         self._lock = threading.RLock()
         custom = client.CustomObjectsApi(manager)
@@ -274,9 +277,14 @@ class WorkerRegistry:
         try:
             try:
                 client.VersionApi(worker.api).get_code(_request_timeout=self.probe_timeout)
+                # It answers: caches waiting out a backoff may reconnect right away.
+                for informer in worker.informers.values():
+                    informer.retry_now()
                 unsynced = [i.name for i in worker.informers.values() if not i.synced.is_set()]
-                if unsynced:
-                    ok, message = False, f"caches not synced yet: {', '.join(unsynced)}"
+                broken = [i.name for i in worker.informers.values() if i.last_error]
+                if unsynced or broken:
+                    ok, message = False, "caches not in sync yet: " + ", ".join(
+                        unsynced + broken)
                 else:
                     ok, message = True, "connected"
             except Exception as err:  # noqa: BLE001 - any failure means not reachable
@@ -304,9 +312,14 @@ class WorkerRegistry:
         worker.active, worker.reason, worker.message = active, reason, message
         return True
 
+    def publish_all(self) -> None:
+        """Write every worker's Active condition that differs (a new leader's first act)."""
+        for worker in self.snapshot():
+            self._publish(worker)
+
     def _publish(self, worker: WorkerCluster) -> None:
         """Write the Active condition on the worker's MultiKueueCluster when it changed."""
-        if not worker.from_object:
+        if not worker.from_object or not self.may_write():
             return
         obj = self.clusters.get("", worker.name)
         if obj is None:

@@ -56,7 +56,7 @@ class Informer:
         watch_timeout: int = 300,
         silence_timeout: float = 90.0,
         backoff_initial: float = 0.2,
-        backoff_max: float = 30.0,
+        backoff_max: float = 10.0,
     ):
         self.name = name
         self._list_fn = list_fn
@@ -69,6 +69,7 @@ class Informer:
         self._lock = threading.RLock()
         self._handlers: list[Handler] = []
         self._stop = threading.Event()
+        self._retry = threading.Event()
         self._thread: threading.Thread | None = None
         self._response = None
         self.synced = threading.Event()
@@ -115,8 +116,17 @@ class Informer:
         self._thread.start()
         return self
 
+    def retry_now(self) -> None:
+        """Cut a backoff wait short (e.g. the server is known to answer again)."""
+        self._retry.set()
+
+    def _backoff(self, delay: float) -> None:
+        self._retry.wait(delay * random.uniform(0.8, 1.2))
+        self._retry.clear()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._retry.set()
         response = self._response
         if response is not None:
             try:
@@ -145,7 +155,7 @@ class Informer:
                 self.last_error = _describe(err)
                 log.warning("%s: list failed (%s); retrying in %.1fs", self.name,
                             self.last_error, backoff)
-                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                self._backoff(backoff)
                 backoff = min(backoff * 2, self._backoff_max)
 
     def _relist(self) -> None:
@@ -223,7 +233,7 @@ class Informer:
         self.last_error = _describe(err)
         log.info("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name,
                  _describe(err), self.resource_version, delay)
-        self._stop.wait(delay * random.uniform(0.8, 1.2))
+        self._backoff(delay)
 
     def _handle(self, event: dict) -> None:
         kind = event.get("type")

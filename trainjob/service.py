@@ -74,10 +74,14 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
 
 
 def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
-          port: int, extra_servers: Callable[[], list[Server]] | None = None) -> int:
+          port: int, extra_servers: Callable[[], list[Server]] | None = None,
+          stop: threading.Event | None = None,
+          failed: Callable[[], bool] | None = None) -> int:
     """Serve metrics and health, start ``controller`` (then ``extra_servers``), run until
-    SIGINT/SIGTERM, then stop everything in reverse order. Returns the exit code."""
-    stop = threading.Event()
+    SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
+    reverse order. Returns the exit code (1 when ``failed()`` says the stop was a failure,
+    e.g. lost leadership)."""
+    stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     servers: list[Server] = []
@@ -95,5 +99,8 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
         for server in reversed(servers):
             server.stop()
         controller.stop()
+    if failed is not None and failed():
+        log.error("%s stopped after a failure", name)
+        return 1
     log.info("%s stopped", name)
     return 0

@@ -19,6 +19,8 @@ from clusters.testing import ServiceProcess
 RUNTIME = "torch-e2e"
 CONFIG = "e2e"
 WORKER_LOST_TIMEOUT = 20
+# Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
+LEASE_ARGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
 
 
 @dataclass
@@ -62,7 +64,8 @@ def dispatch_env(multicluster, tmp_path_factory):
     # collection also runs under every other test here, which must not disturb them.
     dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
                                 ("--multikueue-config", CONFIG, "--gc-interval", "2",
-                                 "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT))).start()
+                                 "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT),
+                                 *LEASE_ARGS, "--log-level", "debug")).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
     yield env
     env.dispatcher.stop()

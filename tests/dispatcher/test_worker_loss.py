@@ -22,8 +22,15 @@ def active_condition(env, worker: str) -> dict:
                  if x["type"] == "Active"), {})
 
 
+def wait_active(env, worker: str = "worker-1") -> None:
+    """A previous test may have just restarted the worker: start from a connected one."""
+    eventually(lambda: active_condition(env, worker), lambda cond: cond.get("status") == "True",
+               timeout=30, expected=f"{worker} Active=True before the test")
+
+
 def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
     env = dispatch_env
+    wait_active(env)
     create(env.manager, namespace, trainjob("steady"))  # small: best fit puts it on worker-1
     worker_name, remote = wait_placed(env, namespace, "steady")
     assert worker_name == "worker-1"
@@ -65,6 +72,8 @@ def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
 def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispatch_env,
                                                                            namespace):
     env = dispatch_env
+    wait_active(env)
+    wait_active(env)
     create(env.manager, namespace, trainjob("mover"))
     worker_name, old_copy = wait_placed(env, namespace, "mover")
     assert worker_name == "worker-1"
@@ -93,6 +102,7 @@ def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispa
 def test_deleting_a_job_whose_worker_is_down_finishes_after_the_timeout(dispatch_env,
                                                                         namespace):
     env = dispatch_env
+    wait_active(env)
     create(env.manager, namespace, trainjob("orphan"))
     worker_name, _ = wait_placed(env, namespace, "orphan")
     assert worker_name == "worker-1"

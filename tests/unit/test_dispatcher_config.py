@@ -78,3 +78,10 @@ def test_kubeconfigs_multikueue_refuses(cluster, user, reason, words):
 def test_garbage_is_a_bad_kubeconfig(text):
     verdict = check_kubeconfig(text)
     assert not verdict.ok and verdict.reason == BAD_KUBECONFIG
+
+
+def test_lease_timings_must_let_a_leader_stop_before_a_standby_starts(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"lease_duration_seconds": 5, "renew_deadline_seconds": 8}))
+    with pytest.raises(ConfigError, match="renew_deadline_seconds must be less than"):
+        load_config(path)

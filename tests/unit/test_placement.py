@@ -83,11 +83,15 @@ def test_best_fit_chooses_the_tighter_worker():
 
 
 def test_best_fit_looks_at_every_requested_resource():
-    # a: cpu tight but lots of memory left; b: both moderately used. Best fit keeps the
-    # large memory hole on a free for a memory-heavy job.
+    # Mean leftover after placement: a: cpu 0, memory 0.97 -> 0.48; b: 0.5 and 0.5 -> 0.5.
     candidates = [cand("a", 0, cpu=8, memory=1024 * GI), cand("b", 1, cpu=16, memory=64 * GI)]
     assert place_trainjob(needs(cpu=8, memory=32 * GI), 1, candidates,
-                          BestFit()).cluster == "b"
+                          BestFit()).cluster == "a"
+    # An equally roomy resource (same memory everywhere) does not decide: cpu does.
+    candidates = [cand("small", 1, cpu=16, memory=512 * GI),
+                  cand("big", 0, cpu=64, memory=511 * GI)]
+    assert place_trainjob(needs(cpu=1, memory=1 * GI), 1, candidates,
+                          BestFit()).cluster == "small"
 
 
 def test_ties_are_broken_by_configuration_order_not_list_order():
