@@ -149,10 +149,10 @@ def describe_reasons(reasons: dict[str, str]) -> str:
 
 def format_amount(resource: str, amount: Decimal) -> str:
     """``amount`` for people: bytes in the shortest exact unit (64Gi, 500M), the rest as
-    format_quantity does. Always exact."""
+    a plain decimal number (1000.2 cpu, not 1000200m). Always exact."""
     plain = format_quantity(amount)
     if resource not in _BYTE_RESOURCES and not resource.startswith("hugepages-"):
-        return plain
+        return format(amount.normalize(), "f") if amount else "0"
     if amount <= 0 or amount != amount.to_integral_value():
         return plain
     # min keeps the first of equally short spellings: binary units, as memory is written.

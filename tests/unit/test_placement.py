@@ -154,7 +154,7 @@ def test_every_short_resource_is_named_in_people_units():
         needs(cpu="1.5", memory=256 * GI, gpu=8), 2,
         [cand("worker-1", 0, cpu="0.5", memory=48 * GI, gpu=8, pods=110)], BestFit())
     assert placement.reasons == {
-        "worker-1": "needs 1500m cpu, 500m free and 256Gi memory, 48Gi free"}
+        "worker-1": "needs 1.5 cpu, 0.5 free and 256Gi memory, 48Gi free"}
 
 
 def test_problems_are_reported_verbatim():
@@ -184,7 +184,7 @@ def test_describe_reasons_sorts_by_worker_name():
     ("ephemeral-storage", 2 * 2**40, "2Ti"),
     ("hugepages-2Mi", 2**21, "2Mi"),
     ("cpu", 64, "64"),
-    ("cpu", D("0.25"), "250m"),
+    ("cpu", D("0.25"), "0.25"),
     (GPU, 8, "8"),
 ])
 def test_format_amount(resource, amount, text):

@@ -1,0 +1,143 @@
+"""Faults and bad input around the dispatcher: the manager's apiserver restarting, broken
+worker registrations, jobs nothing can run, unusual but valid objects."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import yaml
+from kubernetes import client
+
+from clusters import fixtures
+from clusters.testing import eventually
+
+from test_dispatch import condition, create, get, placement, remotes, trainjob, \
+    wait_placed  # noqa: E402 - shared helpers of this directory's tests
+
+MK = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
+CONFIG = "e2e"
+
+
+def active(env, name: str) -> dict:
+    obj = env.manager.custom.get_cluster_custom_object(*MK, name)
+    return next((x for x in (obj.get("status") or {}).get("conditions") or []
+                 if x["type"] == "Active"), {})
+
+
+def test_the_manager_apiserver_restarting(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("before"))
+    wait_placed(env, namespace, "before")
+    env.multicluster.stop("manager")
+    env.multicluster.start("manager")
+    # The leader could not renew its lease meanwhile: it stopped writing and exited, as
+    # a leader must; its supervisor (here: the test) starts it again.
+    exited = eventually(lambda: env.dispatcher.proc.poll(), lambda code: code is not None,
+                        timeout=30, expected="the leader to exit after losing its lease")
+    assert exited == 1, f"expected exit code 1 (lost leadership), saw {exited}"
+    log = env.dispatcher.log_tail(60)
+    assert "lost leadership" in log, log
+    # Objects created while no dispatcher watched are handled once one runs again.
+    create(env.manager, namespace, trainjob("during"))
+    env.restart_dispatcher(kill=False)
+    create(env.manager, namespace, trainjob("after"))
+    for name in ("before", "during", "after"):
+        wait_placed(env, namespace, name)
+
+
+def test_broken_registrations_are_reported_and_nothing_else_suffers(dispatch_env, namespace):
+    env = dispatch_env
+    core = env.manager.core
+    name = f"broken-{namespace}"[:60]
+    secret_name = f"{name}-kubeconfig"
+    env.manager.custom.create_cluster_custom_object(*MK, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {"location": secret_name}}}})
+    fixtures.register_config(env.manager.api, CONFIG, ["worker-1", "worker-2", name])
+    dead = yaml.safe_load(env.multicluster["worker-1"].kubeconfig.read_text())
+    dead["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"  # nothing listens
+    good = env.multicluster["worker-1"].kubeconfig.read_bytes()
+
+    def put(data: dict[str, bytes] | None) -> None:
+        if data is None:
+            return
+        body = client.V1Secret(metadata=client.V1ObjectMeta(name=secret_name),
+                               data={k: base64.b64encode(v).decode() for k, v in data.items()})
+        try:
+            core.replace_namespaced_secret(secret_name, "kueue-system", body)
+        except client.exceptions.ApiException:
+            core.create_namespaced_secret("kueue-system", body)
+
+    cases = [
+        (None, "BadKubeConfig", "not found"),
+        ({"other-key": b"x"}, "BadKubeConfig", "has no key 'kubeconfig'"),
+        ({"kubeconfig": b""}, "BadKubeConfig", "has no key 'kubeconfig'"),
+        ({"kubeconfig": b"{ not: yaml: ["}, "BadKubeConfig", "not valid YAML"),
+        ({"kubeconfig": yaml.safe_dump(dead).encode()}, "ClientConnectionFailed", "cannot reach"),
+    ]
+    try:
+        for i, (data, reason, words) in enumerate(cases):
+            put(data)
+            seen = eventually(lambda: active(env, name),
+                              lambda cond, r=reason, w=words: cond.get("reason") == r
+                              and w in cond.get("message", ""), timeout=30,
+                              expected=f"case {i}: Active=False {reason} mentioning {words!r}")
+            assert seen["status"] == "False"
+            # Everything else keeps working.
+            create(env.manager, namespace, trainjob(f"ok-{i}"))
+            worker, _ = wait_placed(env, namespace, f"ok-{i}")
+            assert worker in ("worker-1", "worker-2")
+        # Fixing the Secret recovers without a restart.
+        put({"kubeconfig": good})
+        eventually(lambda: active(env, name), lambda cond: cond.get("status") == "True",
+                   timeout=30, expected="Active=True once the Secret is fixed")
+    finally:
+        fixtures.register_config(env.manager.api, CONFIG, ["worker-1", "worker-2"])
+        env.manager.custom.delete_cluster_custom_object(*MK, name)
+        try:
+            core.delete_namespaced_secret(secret_name, "kueue-system")
+        except client.exceptions.ApiException:
+            pass
+
+
+def test_a_job_nothing_can_run_waits_quietly(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("nowhere", runtime="no-such-runtime"))
+    create(env.manager, namespace, trainjob("too-big", requests={"cpu": "1000"}))
+    for name, words in (("nowhere", "ClusterTrainingRuntime no-such-runtime not found"),
+                        ("too-big", "needs 1000.2 cpu")):
+        obj = eventually(lambda n=name: get(env.manager, namespace, n),
+                         lambda o: (condition(o, "Placed") or {}).get("reason") == "NoWorkerFits",
+                         expected=f"{name} pending with reasons")
+        message = condition(obj, "Placed")["message"]
+        assert f"worker-1: {words}" in message and f"worker-2: {words}" in message, message
+    # No hot loop: nothing is rewritten and no further Event is emitted while nothing changes.
+    snapshot = {n: get(env.manager, namespace, n)["metadata"]["resourceVersion"]
+                for n in ("nowhere", "too-big")}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for name, version in snapshot.items():
+            assert get(env.manager, namespace, name)["metadata"]["resourceVersion"] == version
+        time.sleep(0.2)
+    events = env.manager.core.list_namespaced_event(namespace).items
+    assert sum(1 for e in events if e.reason == "NoWorkerFits") == 2, [
+        (e.involved_object.name, e.reason) for e in events]
+    assert remotes(env, namespace, "nowhere") == {} and placement(
+        get(env.manager, namespace, "too-big")) is None
+
+
+def test_unusual_but_valid_jobs_are_mirrored_exactly(dispatch_env, namespace):
+    env = dispatch_env
+    long_name = ("x" * 62) + "y"  # 63 characters, the limit for a DNS label
+    job = trainjob(long_name)
+    job["metadata"]["labels"] = {"team": "ml-platform", "example.com/" + "k" * 50: "v" * 63}
+    job["metadata"]["annotations"] = {"description": "Обучение модели — 学習 — 🚀 " * 20}
+    job["spec"]["trainer"]["env"] = [{"name": f"VAR_{i}", "value": "é" * 100} for i in range(400)]
+    created = create(env.manager, namespace, job)
+    _, remote = wait_placed(env, namespace, long_name)
+    assert remote["metadata"]["labels"]["example.com/" + "k" * 50] == "v" * 63
+    assert remote["metadata"]["annotations"]["description"] == \
+        created["metadata"]["annotations"]["description"]
+    assert remote["spec"]["trainer"]["env"] == created["spec"]["trainer"]["env"]
