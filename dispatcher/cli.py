@@ -66,11 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=8,
                      help="concurrent reconciles (default: %(default)s)")
     logs.add_arguments(run)
+    status = sub.add_parser(
+        "status", help="show clusters and multicluster TrainJobs (no dispatcher needed)",
+        description="Clusters (MultiKueueCluster and their Active condition) and TrainJobs "
+        "with managedBy kueue.x-k8s.io/multikueue: where each runs and its state, read from "
+        "the manager's objects.")
+    status.add_argument("--kubeconfig", help="kubeconfig of the manager cluster; in-cluster "
+                        "configuration when omitted")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="(default: %(default)s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "status":
+        return _status(args)
     logs.configure(args.log_level, args.log_format)
     try:
         config = load_config(args.config, {
@@ -100,3 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set)
+
+
+def _status(args) -> int:
+    from dispatcher.status_report import collect, render
+
+    try:
+        manager = api_client(args.kubeconfig)
+        print(render(collect(manager), args.output))
+    except Exception as err:  # noqa: BLE001 - a status command reports, it does not crash
+        print(f"error: cannot read the manager cluster: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -90,8 +90,13 @@ class TrainJobReconciler:
                 f"{job.spec.runtime_ref.name}: {err}"))
             return
         if jobset is None:
-            self._apply_objects(job, info.objects)
-            jobset = self._apply(desired)
+            try:
+                self._apply_objects(job, info.objects)
+                jobset = self._apply(desired)
+            except ApiException as err:
+                if _namespace_terminating(err):
+                    return  # the TrainJob goes with its namespace; nothing to build
+                raise
             self.metrics.jobsets_created.inc()
         else:
             jobset = self._update_jobset(job, jobset, desired, info.objects)
@@ -166,11 +171,16 @@ class TrainJobReconciler:
         desired, transitions = status_mod.desired_status(job, jobset, created)
         if status_mod.same_status(raw.get("status") or {}, desired):
             return
-        written = self.custom.patch_namespaced_custom_object_status(
-            c.TRAINER_GROUP, c.TRAINER_VERSION, job.metadata.namespace, c.TRAINJOBS,
-            job.metadata.name, {"status": desired}, field_manager=FIELD_MANAGER,
-            _content_type="application/merge-patch+json",
-        )
+        try:
+            written = self.custom.patch_namespaced_custom_object_status(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, job.metadata.namespace, c.TRAINJOBS,
+                job.metadata.name, {"status": desired}, field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile: nothing to report on
+            raise
         self.caches.trainjobs.observe(written)
         self.metrics.status_writes.inc()
         for transition in transitions:
@@ -186,3 +196,7 @@ class TrainJobReconciler:
             (c.CONDITION_FAILED, "True"): "Failed",
         }.get((t.type, t.status), t.reason)
         self.recorder.event(raw, WARNING if warning else NORMAL, reason, t.message)
+
+
+def _namespace_terminating(err: ApiException) -> bool:
+    return err.status == 403 and "NamespaceTerminating" in (err.body or "")

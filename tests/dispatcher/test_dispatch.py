@@ -511,3 +511,30 @@ def test_a_changed_kubeconfig_secret_takes_effect_without_a_restart(dispatch_env
                                      {"data": original})
     eventually(active, lambda cond: cond.get("status") == "True", timeout=30,
                expected="worker-2 Active=True again with the restored Secret")
+
+
+def test_status_command_lists_clusters_and_jobs_from_the_manager(dispatch_env, namespace):
+    import json
+    import subprocess
+    import sys
+
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("shown"))
+    worker, _ = wait_placed(env, namespace, "shown")
+    create(env.manager, namespace, trainjob("local", managed_by=None))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dispatcher", "status", "--kubeconfig",
+                               str(env.manager.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    result = run("-o", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {(x["name"], x["active"]) for x in report["clusters"]} >= {
+        ("worker-1", "True"), ("worker-2", "True")}
+    ours = [x for x in report["trainJobs"] if x["namespace"] == namespace]
+    assert [(x["name"], x["worker"]) for x in ours] == [("shown", worker)]  # not "local"
+    table = run().stdout
+    assert "CLUSTER" in table and "TRAINJOB" in table
+    assert next(line for line in table.splitlines() if " shown " in line).split()[2] == worker

@@ -277,7 +277,7 @@ def test_deleting_a_trainjob_removes_its_jobset_through_the_garbage_collector(
 def test_orphaning_delete_keeps_the_jobset_the_operator_never_deletes_it(
         worker, namespace, make_runtime, run_operator):
     runtime = make_runtime()
-    operator = run_operator(worker)
+    operator = run_operator(worker, "--namespace", namespace)  # leftovers elsewhere may err
     create_trainjob(worker, namespace, "orphaner", runtime)
     jobset = wait_created(worker, namespace, "orphaner")
 
@@ -312,7 +312,7 @@ def _snapshot(worker, namespace: str, names: list[str]) -> dict[str, Any]:
 def test_restart_after_sigkill_creates_nothing_twice_and_rewrites_no_status(
         worker, namespace, make_runtime, run_operator):
     runtime = make_runtime()
-    first = run_operator(worker)
+    first = run_operator(worker, "--namespace", namespace)
     names = [f"restart-{i}" for i in range(5)]
     created = {name: create_trainjob(worker, namespace, name, runtime) for name in names}
     for name in names:
@@ -331,7 +331,7 @@ def test_restart_after_sigkill_creates_nothing_twice_and_rewrites_no_status(
     before = _snapshot(worker, namespace, names)
 
     first.stop(kill=True)
-    second = run_operator(worker)
+    second = run_operator(worker, "--namespace", namespace)
     eventually(lambda: second.metric("training_operator_reconcile_duration_seconds_count"),
                lambda count: count >= 5,
                expected="the restarted operator to reconcile all 5 TrainJobs "
@@ -353,7 +353,7 @@ def test_restart_after_sigkill_creates_nothing_twice_and_rewrites_no_status(
 def test_crash_between_steps_is_resumed_after_restart(
         worker, namespace, make_runtime, run_operator):
     runtime = make_runtime()
-    first = run_operator(worker)
+    first = run_operator(worker, "--namespace", namespace)
     create_trainjob(worker, namespace, "half-done", runtime)
     wait_created(worker, namespace, "half-done")
     first.stop(kill=True)
@@ -369,7 +369,7 @@ def test_crash_between_steps_is_resumed_after_restart(
     create_trainjob(worker, namespace, "while-down", runtime)
     assert get_jobset(worker, namespace, "while-down") is None
 
-    second = run_operator(worker)
+    second = run_operator(worker, "--namespace", namespace)
     wait_created(worker, namespace, "half-done")
     wait_created(worker, namespace, "while-down")
     now = get_jobset(worker, namespace, "half-done")
