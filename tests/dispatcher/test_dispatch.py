@@ -538,3 +538,23 @@ def test_status_command_lists_clusters_and_jobs_from_the_manager(dispatch_env, n
     table = run().stdout
     assert "CLUSTER" in table and "TRAINJOB" in table
     assert next(line for line in table.splitlines() if " shown " in line).split()[2] == worker
+
+
+def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
+    env = dispatch_env
+    name = f"by-path-{namespace}"[:60]
+    mk = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
+    env.manager.custom.create_cluster_custom_object(*mk, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {
+            "location": str(env.multicluster["worker-2"].kubeconfig), "locationType": "Path"}}}})
+    fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
+    try:
+        eventually(lambda: env.manager.custom.get_cluster_custom_object(*mk, name),
+                   lambda obj: any(x["type"] == "Active" and x["status"] == "True"
+                                   for x in (obj.get("status") or {}).get("conditions") or []),
+                   expected=f"{name} (kubeconfig from a file path) Active=True")
+    finally:
+        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
+        env.manager.custom.delete_cluster_custom_object(*mk, name)
