@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
                                       instance=socket.gethostname(), stop_requested=stop)
+    manager.observer = controller.metrics.observer("manager")
     log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set)

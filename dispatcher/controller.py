@@ -50,8 +50,10 @@ class DispatcherController:
         self.trainjobs = Informer("manager/trainjobs", functools.partial(
             custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS))
         self.trainjobs.add_handler(self._on_manager_trainjob)
+        self.metrics.count_jobs(self.trainjobs.list)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
-                                       self._on_worker_state, may_write=lambda: self.leading)
+                                       self._on_worker_state, may_write=lambda: self.leading,
+                                       observer=self.metrics.observer)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
                                              self.recorder, self.metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -33,6 +34,38 @@ class DispatcherMetrics:
         self.gc_deletions = Counter(
             "dispatcher_gc_deletions_total", "Remote copies removed by garbage collection",
             ["cluster"], registry=self.registry)
-        self.jobs = Gauge(
-            "dispatcher_jobs", "Manager TrainJobs by state and cluster", ["state", "cluster"],
-            registry=self.registry)
+        self.api_requests = Counter(
+            "dispatcher_api_requests_total", "API requests by cluster, verb and HTTP code",
+            ["cluster", "verb", "code"], registry=self.registry)
+
+    def observer(self, cluster: str):
+        """A request observer for one cluster's client."""
+        counter = self.api_requests
+        return lambda verb, code: counter.labels(cluster=cluster, verb=verb, code=code).inc()
+
+    def count_jobs(self, jobs) -> None:
+        """Publish, at scrape time, manager TrainJobs by state and cluster, computed from
+        ``jobs()`` (the dispatcher's cache)."""
+        self.registry.register(_JobsCollector(jobs))
+
+
+class _JobsCollector:
+    def __init__(self, jobs):
+        self._jobs = jobs
+
+    def collect(self):
+        from dispatcher.status_report import job_state
+        from trainjob import constants as c
+
+        family = GaugeMetricFamily("dispatcher_jobs", "Manager TrainJobs by state and cluster",
+                                   labels=["state", "cluster"])
+        counts: dict[tuple[str, str], int] = {}
+        for job in self._jobs():
+            if (job.get("spec") or {}).get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
+                continue
+            state = job_state(job).split(" ")[0]
+            cluster = (job["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, "")
+            counts[(state, cluster)] = counts.get((state, cluster), 0) + 1
+        for (state, cluster), count in sorted(counts.items()):
+            family.add_metric([state, cluster], count)
+        yield family

@@ -78,7 +78,8 @@ class WorkerRegistry:
     def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
                  on_worker_event: WorkerEvent, on_state_change: Callable[[WorkerCluster], None],
                  probe_interval: float = 2.0, probe_timeout: float = 2.0,
-                 may_write: Callable[[], bool] = lambda: True):
+                 may_write: Callable[[], bool] = lambda: True,
+                 observer: Callable[[str], Callable[[str, str], None]] | None = None):
         self.manager = manager
         self.config = config
         self.on_worker_event = on_worker_event
@@ -87,6 +88,7 @@ class WorkerRegistry:
         self.probe_timeout = probe_timeout
         # Only the leader writes conditions; a standby keeps the same picture silently.
         self.may_write = may_write
+        self.observer = observer  # cluster name -> request observer for its client
         self.workers: dict[str, WorkerCluster] = {}
         self._lock = threading.RLock()
         custom = client.CustomObjectsApi(manager)
@@ -233,7 +235,8 @@ class WorkerRegistry:
 
     def _connect(self, worker: WorkerCluster, kubeconfig: dict) -> None:
         worker.api = api_client(kubeconfig, qps=self.config.client.qps,
-                                burst=self.config.client.burst)
+                                burst=self.config.client.burst,
+                                observer=self.observer(worker.name) if self.observer else None)
         custom = client.CustomObjectsApi(worker.api)
         core = client.CoreV1Api(worker.api)
         origin = f"{c.MULTIKUEUE_ORIGIN_LABEL}={self.config.origin}"

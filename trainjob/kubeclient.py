@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kubernetes import client, config
@@ -38,22 +39,36 @@ class TokenBucket:
         return wait
 
 
+RequestObserver = Callable[[str, str], None]
+
+
 class RateLimitedApiClient(client.ApiClient):
     """An ApiClient whose every request (watches included, once per start) first takes a
-    token from the cluster's bucket."""
+    token from the cluster's bucket, and is reported to ``observer(verb, code)`` (code
+    "error" when no HTTP answer came back)."""
 
-    def __init__(self, configuration: client.Configuration, limiter: TokenBucket | None):
+    def __init__(self, configuration: client.Configuration, limiter: TokenBucket | None,
+                 observer: RequestObserver | None = None):
         super().__init__(configuration)
         self.limiter = limiter
+        self.observer = observer
 
-    def call_api(self, *args, **kwargs):
+    def call_api(self, method, *args, **kwargs):
         if self.limiter is not None:
             self.limiter.acquire()
-        return super().call_api(*args, **kwargs)
+        code = "error"
+        try:
+            response = super().call_api(method, *args, **kwargs)
+            code = str(getattr(response, "status", "error"))
+            return response
+        finally:
+            if self.observer is not None:
+                self.observer(method, code)
 
 
 def api_client(kubeconfig: str | Path | dict | None = None, context: str | None = None,
-               *, qps: float | None = None, burst: int | None = None) -> client.ApiClient:
+               *, qps: float | None = None, burst: int | None = None,
+               observer: RequestObserver | None = None) -> client.ApiClient:
     """An ``ApiClient`` for ``kubeconfig`` (a path or an already parsed dict; in-cluster
     configuration when None), rate limited when ``qps`` is given."""
     configuration = client.Configuration()
@@ -68,7 +83,7 @@ def api_client(kubeconfig: str | Path | dict | None = None, context: str | None 
                                 client_configuration=configuration, persist_config=False)
     configuration.connection_pool_maxsize = POOL_SIZE
     limiter = TokenBucket(qps, burst or max(1, int(qps))) if qps else None
-    return RateLimitedApiClient(configuration, limiter)
+    return RateLimitedApiClient(configuration, limiter, observer)
 
 APPLY_PATCH = "application/apply-patch+yaml"
 

@@ -558,3 +558,19 @@ def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
     finally:
         fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
         env.manager.custom.delete_cluster_custom_object(*mk, name)
+
+
+def test_metrics_count_jobs_requests_and_latencies(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("metered"))
+    wait_placed(env, namespace, "metered")
+    leader = env.dispatcher
+    _, text = leader.get("/metrics")
+    for family in ("dispatcher_dispatch_latency_seconds_bucket",
+                   "dispatcher_status_sync_lag_seconds_bucket", "dispatcher_cluster_active",
+                   "dispatcher_jobs{", 'dispatcher_api_requests_total{cluster="manager"',
+                   'dispatcher_api_requests_total{cluster="worker-1"',
+                   "dispatcher_gc_deletions_total", "dispatcher_reconcile_errors_total"):
+        assert family in text, f"{family} missing from /metrics"
+    assert leader.metric("dispatcher_jobs") >= 1
+    assert leader.metric("dispatcher_api_requests_total") > 0
