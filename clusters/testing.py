@@ -56,6 +56,31 @@ def eventually(
         time.sleep(interval)
 
 
+def holds_for(
+    observe: Callable[[], T],
+    check: Callable[[T], bool] = lambda _: True,
+    *,
+    seconds: float,
+    expected: str = "the condition to hold",
+    interval: float = 0.2,
+) -> int:
+    """Observe every ``interval`` seconds for ``seconds``; every observation must pass
+    ``check`` (``observe`` may also assert by itself). The counterpart of ``eventually``
+    for "nothing happens": a window of observations, not one glance. Returns how many
+    observations were made."""
+    started = time.monotonic()
+    observations = 0
+    while True:
+        value = observe()
+        observations += 1
+        elapsed = time.monotonic() - started
+        assert check(value), (f"expected {expected} throughout {seconds:.1f}s; observation "
+                              f"{observations} at {elapsed:.1f}s saw: {value!r}")
+        if elapsed >= seconds:
+            return observations
+        time.sleep(interval)
+
+
 class ServiceProcess:
     """A project command (``python -m <module> run ...``) as a separate process, tied to
     the test process (PDEATHSIG), ready once its /readyz answers 200 ok."""

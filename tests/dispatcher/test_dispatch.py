@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures
-from clusters.testing import eventually
+from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 RUNTIME = "torch-e2e"  # the runtime dispatch_env installs on both workers (conftest.RUNTIME)
@@ -143,8 +143,7 @@ def test_training_operator_jobs_on_the_manager_are_never_touched(dispatch_env, n
     # observation below happens after the dispatcher demonstrably processed this namespace.
     create(env.manager, namespace, trainjob("mine"))
     wait_placed(env, namespace, "mine")
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+    def untouched() -> None:
         obj = get(env.manager, namespace, "local")
         assert obj["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"], (
             "the dispatcher wrote to a TrainJob it does not manage")
@@ -152,7 +151,8 @@ def test_training_operator_jobs_on_the_manager_are_never_touched(dispatch_env, n
         assert remotes(env, namespace, "local") == {}, "a training-operator job was mirrored"
         managers = {m["manager"] for m in obj["metadata"].get("managedFields") or []}
         assert not any("dispatcher" in m for m in managers)
-        time.sleep(0.2)
+
+    holds_for(untouched, seconds=3)
 
 
 def test_a_same_named_object_without_our_label_is_never_touched(dispatch_env, namespace):

@@ -4,13 +4,12 @@ worker registrations, jobs nothing can run, unusual but valid objects."""
 from __future__ import annotations
 
 import base64
-import time
 
 import yaml
 from kubernetes import client
 
 from clusters import fixtures
-from clusters.testing import eventually
+from clusters.testing import eventually, holds_for
 
 from test_dispatch import condition, create, get, placement, remotes, trainjob, \
     wait_placed  # noqa: E402 - shared helpers of this directory's tests
@@ -116,11 +115,9 @@ def test_a_job_nothing_can_run_waits_quietly(dispatch_env, namespace):
     # No hot loop: nothing is rewritten and no further Event is emitted while nothing changes.
     snapshot = {n: get(env.manager, namespace, n)["metadata"]["resourceVersion"]
                 for n in ("nowhere", "too-big")}
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        for name, version in snapshot.items():
-            assert get(env.manager, namespace, name)["metadata"]["resourceVersion"] == version
-        time.sleep(0.2)
+    holds_for(lambda: {n: get(env.manager, namespace, n)["metadata"]["resourceVersion"]
+                       for n in snapshot}, lambda now: now == snapshot, seconds=3,
+              expected=f"pending jobs left unwritten at {snapshot}")
     events = env.manager.core.list_namespaced_event(namespace).items
     assert sum(1 for e in events if e.reason == "NoWorkerFits") == 2, [
         (e.involved_object.name, e.reason) for e in events]

@@ -14,7 +14,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters.testing import eventually
+from clusters.testing import eventually, holds_for
 from trainjob.kubeclient import RateLimitedApiClient
 from trainjob.leader import LeaderElector
 
@@ -125,17 +125,6 @@ def _leader_is(election: Election, identity: str) -> dict:
     return spec
 
 
-def _hold(seconds: float, sample: callable) -> int:
-    """Call ``sample`` (which asserts) every 50 ms for ``seconds``; returns the count."""
-    samples = 0
-    stop = time.monotonic() + seconds
-    while time.monotonic() < stop:
-        sample()
-        samples += 1
-        threading.Event().wait(0.05)
-    return samples
-
-
 def test_first_candidate_acquires_the_lease(election):
     a = election.candidate("a")
     spec = _leader_is(election, "a")
@@ -164,7 +153,7 @@ def test_a_standby_waits_while_the_leader_renews(election):
             renewals.append(spec["renewTime"])
 
     # Well past the lease duration, so b would have taken an unrenewed Lease by now.
-    _hold(LEASE_DURATION * 1.5, sample)
+    holds_for(sample, seconds=LEASE_DURATION * 1.5, interval=0.05)
     assert len(renewals) >= 4, f"a renewed too rarely in {LEASE_DURATION * 1.5}s: {renewals}"
     assert renewals == sorted(renewals) and renewals[-1] > first["renewTime"], renewals
     assert election.lease()["acquireTime"] == first["acquireTime"]
@@ -259,7 +248,7 @@ def test_never_two_leaders_under_random_stops_and_starts(election, multicluster)
     churner = threading.Thread(target=churn, name="churn", daemon=True)
     churner.start()
     try:
-        samples = _hold(6.0, sample)
+        samples = holds_for(sample, seconds=6.0, interval=0.05)
     finally:
         done.set()
         churner.join(10)
@@ -315,7 +304,7 @@ def test_a_partitioned_leader_steps_down_before_a_standby_takes_over(election,
     def sample():
         assert b.is_leader and not a.is_leader, election.leaders()
 
-    _hold(1.0, sample)
+    holds_for(sample, seconds=1.0, interval=0.05)
     assert election.lease()["holderIdentity"] == "b"
     assert election.count("a", "started") == 1
 
@@ -336,7 +325,7 @@ def test_a_lease_deleted_under_its_holder_is_recreated_by_it(election):
         assert election.lease()["holderIdentity"] == "a"
 
     # b saw a's lease just before it vanished: it must not create a new one under a.
-    _hold(LEASE_DURATION * 1.5, sample)
+    holds_for(sample, seconds=LEASE_DURATION * 1.5, interval=0.05)
     assert election.count("a", "started") == 1 and election.count("a", "stopped") == 0
     assert election.count("b", "started") == 0
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters.testing import apiserver_writes, eventually
+from clusters.testing import apiserver_writes, eventually, holds_for
 from trainjob import constants as c
 
 T = TypeVar("T")
@@ -140,18 +138,6 @@ def wait_created(cluster, namespace: str, name: str, timeout: float = 30) -> dic
     return eventually(lambda: get_jobset(cluster, namespace, name),
                       lambda jobset: jobset is not None,
                       expected=f"JobSet {namespace}/{name} to exist", timeout=timeout)
-
-
-def holds_for(observe: Callable[[], T], ok: Callable[[T], bool], *, seconds: float,
-              expected: str) -> T:
-    """Observe repeatedly for ``seconds`` and fail on the first observation ``ok`` rejects:
-    the check for "nothing happens" over a window rather than at one glance."""
-    deadline = time.monotonic() + seconds
-    seen = eventually(observe, lambda value: not ok(value) or time.monotonic() >= deadline,
-                      expected=f"{expected} (observed for {seconds:.0f}s)",
-                      timeout=seconds + 30, interval=0.2)
-    assert ok(seen), f"expected {expected} throughout {seconds:.0f}s; saw {seen!r}"
-    return seen
 
 
 def _now() -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 
-from clusters.testing import eventually
+from clusters.testing import eventually, holds_for
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info, totals
 
@@ -217,24 +216,6 @@ def conditions_of(cluster, namespace: str, name: str) -> dict[str, tuple]:
     job = get_trainjob(cluster, namespace, name)
     return {x.get("type"): (x.get("status"), x.get("reason"), x.get("message"))
             for x in (job.get("status") or {}).get("conditions") or []}
-
-
-def holds_for(observe: Callable[[], Any], check: Callable[[Any], bool], *, expected: str,
-              seconds: float, interval: float = 0.2) -> int:
-    """Observe repeatedly for ``seconds``; every single observation must pass ``check``.
-    Returns how many observations were made."""
-    started = time.monotonic()
-    observations = 0
-    while True:
-        value = observe()
-        observations += 1
-        elapsed = time.monotonic() - started
-        assert check(value), (
-            f"expected {expected} for {seconds:.0f}s; observation {observations} "
-            f"at {elapsed:.1f}s saw: {value!r}")
-        if elapsed >= seconds:
-            return observations
-        time.sleep(interval)
 
 
 def wait_reconciled(cluster, namespace: str, name: str) -> tuple[dict, dict]:
