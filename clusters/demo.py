@@ -26,6 +26,7 @@ from clusters.crds import manifests_dir
 from clusters.local import LocalClusters
 from clusters.simulator import JobSetSimulator
 from clusters.testing import ServiceProcess
+from dispatcher.status_report import job_state
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
@@ -45,19 +46,13 @@ def _samples() -> tuple[dict, list[dict]]:
 
 
 def _state(job: dict) -> str:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    for wanted in (c.CONDITION_COMPLETE, c.CONDITION_FAILED):
-        if any(x["type"] == wanted and x["status"] == "True" for x in conditions):
-            return wanted
     if (job.get("spec") or {}).get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
         return "not dispatched (managedBy unset)"
-    placed = next((x for x in conditions if x["type"] == "Placed"), None)
-    if placed and placed["status"] == "False":
-        return f"Pending: {placed['message']}"
-    jobs = (job.get("status") or {}).get("jobsStatus") or []
-    if any(j.get("active") for j in jobs):
-        return "Running"
-    return "Created" if conditions else "Dispatching"
+    state = job_state(job)
+    if state.startswith("Pending"):
+        placed = next((x for x in job["status"]["conditions"] if x["type"] == "Placed"), {})
+        return f"Pending: {placed.get('message', '')}"
+    return state
 
 
 def _table(jobs: list[dict]) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from dispatcher.status_report import job_state
+from trainjob import constants as c
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -54,9 +57,6 @@ class _JobsCollector:
         self._jobs = jobs
 
     def collect(self):
-        from dispatcher.status_report import job_state
-        from trainjob import constants as c
-
         family = GaugeMetricFamily("dispatcher_jobs", "Manager TrainJobs by state and cluster",
                                    labels=["state", "cluster"])
         counts: dict[tuple[str, str], int] = {}

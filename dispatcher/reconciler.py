@@ -16,6 +16,7 @@ moves one step towards the desired state. The order of writes makes it crash-saf
 
 from __future__ import annotations
 
+import calendar
 import copy
 import logging
 import threading
@@ -35,6 +36,7 @@ from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.runtime import build_runtime_info
+from trainjob.runtime.podsets import format_quantity
 from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
@@ -274,8 +276,6 @@ class DispatchReconciler:
     def _create_remote(self, manager: dict, worker: WorkerCluster, need: Need) -> None:
         meta = manager["metadata"]
         key = (meta["namespace"], meta["name"])
-        from trainjob.runtime.podsets import format_quantity
-
         body = mirror.build_remote(manager, self.config.origin,
                                    {k: format_quantity(v) for k, v in need.requests.items()},
                                    need.pods)
@@ -460,8 +460,6 @@ def _only_ours(manager: dict) -> bool:
 
 
 def _finished_at(remote: dict) -> float | None:
-    import calendar
-
     for condition in (remote.get("status") or {}).get("conditions") or []:
         if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
                 condition.get("status") == "True" and condition.get("lastTransitionTime"):
