@@ -19,6 +19,7 @@ from __future__ import annotations
 import calendar
 import copy
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -260,7 +261,11 @@ class DispatchReconciler:
                       if x.get("type") != CONDITION_PLACED]
         current = next((x for x in (raw.get("status") or {}).get("conditions") or []
                         if x.get("type") == CONDITION_PLACED), None)
-        if current and current.get("message") == message and current.get("status") == "False":
+        # Free amounts move with every pod and placement elsewhere; rewriting each pending
+        # job (and emitting an Event) for a changed number would be a write storm. Only a
+        # changed reason is written; the numbers shown are those of the last such change.
+        if current and current.get("status") == "False" and \
+                _shape(current.get("message", "")) == _shape(message):
             return
         conditions.append({"type": CONDITION_PLACED, "status": "False",
                            "reason": REASON_NO_WORKER, "message": message,
@@ -469,6 +474,11 @@ def _finished_at(remote: dict) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def _shape(message: str) -> str:
+    """A pending message with its amounts blanked out."""
+    return re.sub(r"\d+(\.\d+)?[A-Za-z]*", "#", message)
 
 
 def _now() -> str:
