@@ -209,9 +209,12 @@ def test_pending_with_reasons_then_placed_when_a_node_appears(dispatch_env, name
     message = condition(pending, "Placed")["message"]
     assert f"worker-1: needs 2 {resource}, 0 free" in message, message
     assert f"worker-2: needs 2 {resource}, 0 free" in message, message
-    events = env.manager.core.list_namespaced_event(
-        namespace, field_selector="involvedObject.name=waits").items
-    assert any(e.reason == "NoWorkerFits" and e.type == "Warning" for e in events)
+    # Events are recorded asynchronously, after the condition write.
+    eventually(
+        lambda: [(e.type, e.reason) for e in env.manager.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=waits").items],
+        lambda seen: ("Warning", "NoWorkerFits") in seen,
+        expected="a Warning NoWorkerFits Event on the TrainJob")
 
     node = f"extra-{namespace}"
     fixtures.add_node(env.multicluster["worker-1"].api, node,

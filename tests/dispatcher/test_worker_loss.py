@@ -85,9 +85,11 @@ def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispa
         assert moved is not None
         eventually(lambda: get(env.multicluster["worker-2"], namespace, "mover"),
                    lambda obj: obj is not None, expected="a copy on worker-2")
-        events = env.manager.core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=mover").items
-        assert any(e.reason == "WorkerLost" for e in events)
+        eventually(
+            lambda: [e.reason for e in env.manager.core.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=mover").items],
+            lambda reasons: "WorkerLost" in reasons,
+            expected="a WorkerLost Event on the TrainJob")
     finally:
         env.multicluster.start("worker-1")
     # Back again: the stale copy (ours, manager now points at worker-2) is collected.
