@@ -1,8 +1,10 @@
-"""Provisioning of the control-plane binaries: etcd, kube-apiserver, kube-controller-manager.
+"""Provisioning of the control-plane binaries: etcd, kube-apiserver, kube-controller-manager,
+plus kubectl (the manifests are checked with ``kubectl apply --dry-run=server -k``).
 
 Lookup order for each binary:
   1. an explicit path in the environment (``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER``,
-     ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``: the names envtest users already know);
+     ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``, ``TEST_ASSET_KUBECTL``: the names envtest users
+     already know);
   2. a ``KUBEBUILDER_ASSETS`` directory, as ``setup-envtest`` produces;
   3. the cache (``$CLUSTERS_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainjob-dispatcher``, else
      ``~/.cache/trainjob-dispatcher``), keyed by version;
@@ -45,11 +47,12 @@ STAGING_MODULES = (
     "sample-controller",
 )
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager")
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubectl")
 ENV_OVERRIDES = {
     "etcd": "TEST_ASSET_ETCD",
     "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
     "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+    "kubectl": "TEST_ASSET_KUBECTL",
 }
 
 
@@ -62,12 +65,14 @@ class ControlPlaneBinaries:
     etcd: Path
     kube_apiserver: Path
     kube_controller_manager: Path
+    kubectl: Path
 
     def as_dict(self) -> dict[str, str]:
         return {
             "etcd": str(self.etcd),
             "kube-apiserver": str(self.kube_apiserver),
             "kube-controller-manager": str(self.kube_controller_manager),
+            "kubectl": str(self.kubectl),
         }
 
 
@@ -94,8 +99,8 @@ def _from_environment(binary: str) -> Path | None:
         return path
     if assets := os.environ.get("KUBEBUILDER_ASSETS"):
         path = Path(assets) / binary
-        # setup-envtest ships etcd and kube-apiserver but not kube-controller-manager;
-        # a missing one falls through to the cache or a build.
+        # setup-envtest ships etcd, kube-apiserver and kubectl but not
+        # kube-controller-manager; a missing one falls through to the cache or a build.
         if _is_executable(path):
             return path
     return None
@@ -106,7 +111,7 @@ def _is_executable(path: Path) -> bool:
 
 
 def find_binaries(build: bool = True) -> ControlPlaneBinaries:
-    """Return the three binaries, building what is missing into the cache when ``build``."""
+    """Return the binaries, building what is missing into the cache when ``build``."""
     found: dict[str, Path] = {}
     missing_kube: list[str] = []
     # A broken explicit override is reported before anything is looked up or built.
@@ -132,13 +137,16 @@ def find_binaries(build: bool = True) -> ControlPlaneBinaries:
         etcd=found["etcd"],
         kube_apiserver=found["kube-apiserver"],
         kube_controller_manager=found["kube-controller-manager"],
+        kubectl=found["kubectl"],
     )
 
 
 def binary_version(path: Path) -> str:
     """The version string a binary reports about itself (``--version``)."""
+    # kubectl has no --version flag; its client version is a subcommand.
+    args = ["version", "--client"] if path.name == "kubectl" else ["--version"]
     out = subprocess.run(
-        [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
+        [str(path), *args], capture_output=True, text=True, timeout=30, check=False
     )
     text = (out.stdout or out.stderr).strip()
     return text.splitlines()[0] if text else "unknown"
