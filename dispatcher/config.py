@@ -33,6 +33,9 @@ class ClientLimits(_Strict):
 
     qps: float = Field(200.0, gt=0)
     burst: int = Field(400, ge=1)
+    timeout_seconds: float = Field(
+        30.0, gt=0, description="a request to a worker that gets no answer within this long "
+                                "fails and is retried with backoff")
 
 
 class StaticWorker(_Strict):

@@ -19,6 +19,7 @@ from dispatcher import mirror
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.registry import WorkerRegistry
 from trainjob import constants as c
+from trainjob import logs
 from trainjob.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,28 @@ def sweep(registry: WorkerRegistry, manager_trainjobs: Informer, origin: str,
             reason = garbage_reason(remote, manager, worker.name, origin)
             if reason is None:
                 continue
-            try:
-                remote_api.delete_namespaced_custom_object(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                    meta["name"], propagation_policy="Background",
-                    body=client.V1DeleteOptions(
-                        preconditions=client.V1Preconditions(uid=meta["uid"])))
-            except ApiException as err:
-                if err.status in (404, 409):
-                    continue  # already gone, or replaced by a newer object meanwhile
-                log.warning("garbage collection on %s: cannot delete %s/%s: %s",
-                            worker.name, meta["namespace"], meta["name"], err)
-                continue
-            removed += 1
-            metrics.gc_deletions.labels(cluster=worker.name).inc()
-            log.info("garbage collection on %s: deleted TrainJob %s/%s (%s)", worker.name,
-                     meta["namespace"], meta["name"], reason)
+            with logs.context(namespace=meta["namespace"], name=meta["name"],
+                              cluster=worker.name):
+                removed += _collect(remote_api, remote, worker.name, reason, metrics)
     log.info("garbage collection: %d remote copies removed", removed)
     return removed
+
+
+def _collect(remote_api: client.CustomObjectsApi, remote: dict, worker: str, reason: str,
+             metrics: DispatcherMetrics) -> int:
+    """Delete one stale copy (only the very object seen: uid precondition); 1 if deleted."""
+    meta = remote["metadata"]
+    try:
+        remote_api.delete_namespaced_custom_object(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
+            meta["name"], propagation_policy="Background",
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=meta["uid"])))
+    except ApiException as err:
+        if err.status not in (404, 409):  # else already gone, or replaced meanwhile
+            log.warning("garbage collection on %s: cannot delete %s/%s: %s",
+                        worker, meta["namespace"], meta["name"], err)
+        return 0
+    metrics.gc_deletions.labels(cluster=worker).inc()
+    log.info("garbage collection on %s: deleted TrainJob %s/%s (%s)", worker,
+             meta["namespace"], meta["name"], reason)
+    return 1

@@ -33,6 +33,7 @@ from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placement import POLICIES, Candidate, describe_reasons, place_trainjob
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
+from trainjob import logs
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
@@ -93,6 +94,7 @@ class DispatchReconciler:
             return  # never ours: not written, annotated or finalized
         meta = raw["metadata"]
         placed = (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
+        logs.bind(cluster=placed)
         worker = self.registry.get(placed) if placed else None
         if meta.get("deletionTimestamp"):
             self._teardown(raw, worker, release_placement=False)
@@ -191,6 +193,7 @@ class DispatchReconciler:
             worker.capacity.release(key)  # not placed after all (e.g. 409: changed meanwhile)
             raise
         self.trainjobs.observe(written)
+        logs.bind(cluster=worker.name)
         self.metrics.manager_writes.labels(kind="placement").inc()
         self.recorder.event(raw, NORMAL, "Placed", f"placed on worker cluster {worker.name}")
         log.info("TrainJob %s/%s placed on %s", *key, worker.name)

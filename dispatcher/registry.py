@@ -31,6 +31,7 @@ from dispatcher.capacity import WorkerCapacity
 from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
 from trainjob import constants as c
+from trainjob import logs
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
 
@@ -236,6 +237,7 @@ class WorkerRegistry:
     def _connect(self, worker: WorkerCluster, kubeconfig: dict) -> None:
         worker.api = api_client(kubeconfig, qps=self.config.client.qps,
                                 burst=self.config.client.burst,
+                                request_timeout=self.config.client.timeout_seconds,
                                 observer=self.observer(worker.name) if self.observer else None)
         custom = client.CustomObjectsApi(worker.api)
         core = client.CoreV1Api(worker.api)
@@ -277,6 +279,10 @@ class WorkerRegistry:
                 self._probes.submit(self._probe, worker)
 
     def _probe(self, worker: WorkerCluster) -> None:
+        with logs.context(cluster=worker.name):
+            self._probe_once(worker)
+
+    def _probe_once(self, worker: WorkerCluster) -> None:
         try:
             try:
                 client.VersionApi(worker.api).get_code(_request_timeout=self.probe_timeout)

@@ -41,6 +41,11 @@ class TokenBucket:
 
 RequestObserver = Callable[[str, str], None]
 
+# Without a timeout, a request to an apiserver that accepted the connection but stopped
+# answering (a frozen process, a half-open connection) blocks its thread forever. Watches
+# pass their own timeout.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+
 
 class RateLimitedApiClient(client.ApiClient):
     """An ApiClient whose every request (watches included, once per start) first takes a
@@ -48,14 +53,20 @@ class RateLimitedApiClient(client.ApiClient):
     "error" when no HTTP answer came back)."""
 
     def __init__(self, configuration: client.Configuration, limiter: TokenBucket | None,
-                 observer: RequestObserver | None = None):
+                 observer: RequestObserver | None = None,
+                 request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT):
         super().__init__(configuration)
         self.limiter = limiter
         self.observer = observer
+        # (connect, read): connecting to a live apiserver on any network takes far less.
+        self.request_timeout = ((min(5.0, request_timeout), request_timeout)
+                                if request_timeout else None)
 
     def call_api(self, method, *args, **kwargs):
         if self.limiter is not None:
             self.limiter.acquire()
+        if kwargs.get("_request_timeout") is None and self.request_timeout is not None:
+            kwargs["_request_timeout"] = self.request_timeout
         code = "error"
         try:
             response = super().call_api(method, *args, **kwargs)
@@ -68,9 +79,11 @@ class RateLimitedApiClient(client.ApiClient):
 
 def api_client(kubeconfig: str | Path | dict | None = None, context: str | None = None,
                *, qps: float | None = None, burst: int | None = None,
-               observer: RequestObserver | None = None) -> client.ApiClient:
+               observer: RequestObserver | None = None,
+               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> client.ApiClient:
     """An ``ApiClient`` for ``kubeconfig`` (a path or an already parsed dict; in-cluster
-    configuration when None), rate limited when ``qps`` is given."""
+    configuration when None), rate limited when ``qps`` is given; requests that do not set
+    their own timeout give up after ``request_timeout`` seconds."""
     configuration = client.Configuration()
     if kubeconfig is None:
         config.load_incluster_config(client_configuration=configuration)
@@ -83,7 +96,7 @@ def api_client(kubeconfig: str | Path | dict | None = None, context: str | None 
                                 client_configuration=configuration, persist_config=False)
     configuration.connection_pool_maxsize = POOL_SIZE
     limiter = TokenBucket(qps, burst or max(1, int(qps))) if qps else None
-    return RateLimitedApiClient(configuration, limiter, observer)
+    return RateLimitedApiClient(configuration, limiter, observer, request_timeout)
 
 APPLY_PATCH = "application/apply-patch+yaml"
 

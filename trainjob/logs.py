@@ -3,9 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+# The object a thread is working on (namespace, name, cluster). Every log line written
+# while it is set carries it, so a line never has to repeat it by hand to be findable.
+FIELDS = ("namespace", "name", "cluster")
+_context: ContextVar[dict[str, str]] = ContextVar("log_context", default={})
+
+
+@contextlib.contextmanager
+def context(**fields: str | None) -> Iterator[None]:
+    """Within the block, log lines carry ``fields`` (added to any already set)."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def bind(**fields: str | None) -> None:
+    """Add ``fields`` to the current block's context, e.g. the cluster once it is known."""
+    _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
+
+
+class _ContextFilter(logging.Filter):
+    # One attribute of its own: "name" is already the logger's name on every record.
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.subject = _context.get()
+        return True
+
+
+def _subject(record: logging.LogRecord) -> dict[str, str]:
+    return getattr(record, "subject", {})
+
+
+class TextFormatter(logging.Formatter):
+    """The classic line, then ``key=value`` for the object the line is about."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        subject = _subject(record)
+        pairs = [f"{key}={subject[key]}" for key in FIELDS if key in subject]
+        if not pairs:
+            return line
+        head, sep, rest = line.partition("\n")  # keep tracebacks below the fields
+        return f"{head} {' '.join(pairs)}{sep}{rest}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,9 +67,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("namespace", "name", "cluster"):
-            if hasattr(record, key):
-                entry[key] = getattr(record, key)
+        entry.update(_subject(record))
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -26,11 +75,12 @@ class JsonFormatter(logging.Formatter):
 
 def configure(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ContextFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
-        logging.Formatter.converter = __import__("time").gmtime
+        logging.Formatter.converter = time.gmtime
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from trainjob import logs
 from trainjob.observability import ObservabilityServer
 from trainjob.workqueue import ShutDown, WorkQueue
 
@@ -53,14 +54,17 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
             except ShutDown:
                 return
             started = time.perf_counter()
+            namespace, name = key if isinstance(key, tuple) and len(key) == 2 else ("", key)
             try:
-                reconcile(*key)
-                queue.forget(key)
-            except Requeue as again:
-                queue.add_after(key, again.delay)
-            except Exception as err:  # noqa: BLE001 - a reconcile error must not kill a worker
-                first = queue.failures(key) == 0
-                on_error(key, err, first, queue.add_rate_limited(key))
+                with logs.context(namespace=namespace, name=name):
+                    try:
+                        reconcile(*key)
+                        queue.forget(key)
+                    except Requeue as again:
+                        queue.add_after(key, again.delay)
+                    except Exception as err:  # noqa: BLE001 - must not kill a worker
+                        first = queue.failures(key) == 0
+                        on_error(key, err, first, queue.add_rate_limited(key))
             finally:
                 if observe is not None:
                     observe(time.perf_counter() - started)
