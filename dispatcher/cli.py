@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-period", type=float, dest="retry_period_seconds",
                      help="seconds between lease renewals and acquisition attempts (default: 2)")
     run.add_argument("--metrics-port", type=int,
-                     help="port for /metrics, /healthz, /readyz (default: 8081; 0 = any)")
-    run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1)")
+                     help="port for /metrics, /healthz, /readyz and the read-only dashboard "
+                     "at / (default: 8081; 0 = any)")
+    run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1; "
+                     "the dashboard shows every job and cluster, so keep it private)")
     run.add_argument("--workers", type=int, default=8,
                      help="concurrent reconciles (default: %(default)s)")
     logs.add_arguments(run)
@@ -103,15 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
+    from dispatcher import dashboard
     from dispatcher.controller import DispatcherController
 
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
                                       instance=socket.gethostname(), stop_requested=stop)
     manager.observer = controller.metrics.observer("manager")
+    try:
+        routes = dashboard.routes(controller)
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
-                 config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set)
+                 config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
+                 routes=routes)
 
 
 def _status(args) -> int:

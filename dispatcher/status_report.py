@@ -50,6 +50,16 @@ def job_state(job: dict) -> str:
     return "Dispatched" if annotations.get(c.PLACEMENT_ANNOTATION) else "Waiting"
 
 
+def job_summary(job: dict) -> dict[str, Any]:
+    """One multicluster TrainJob as the status command and the dashboard show it."""
+    meta = job["metadata"]
+    return {"namespace": meta["namespace"], "name": meta["name"],
+            "state": job_state(job),
+            "worker": (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, ""),
+            "jobsStatus": (job.get("status") or {}).get("jobsStatus") or [],
+            "age": _age(meta.get("creationTimestamp"))}
+
+
 def collect(api: client.ApiClient) -> dict[str, Any]:
     custom = client.CustomObjectsApi(api)
     clusters = []
@@ -61,17 +71,9 @@ def collect(api: client.ApiClient) -> dict[str, Any]:
                          "reason": active.get("reason", ""),
                          "message": active.get("message", ""),
                          "age": _age(obj["metadata"].get("creationTimestamp"))})
-    jobs = []
-    for obj in custom.list_cluster_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
-                                                 c.TRAINJOBS)["items"]:
-        if (obj.get("spec") or {}).get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
-            continue
-        meta = obj["metadata"]
-        jobs.append({"namespace": meta["namespace"], "name": meta["name"],
-                     "state": job_state(obj),
-                     "worker": (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, ""),
-                     "jobsStatus": (obj.get("status") or {}).get("jobsStatus") or [],
-                     "age": _age(meta.get("creationTimestamp"))})
+    jobs = [job_summary(obj) for obj in custom.list_cluster_custom_object(
+        c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
+        if (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE]
     return {"clusters": clusters, "trainJobs": jobs}
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from trainjob import logs
-from trainjob.observability import ObservabilityServer
+from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -80,17 +80,19 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
 def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
           port: int, extra_servers: Callable[[], list[Server]] | None = None,
           stop: threading.Event | None = None,
-          failed: Callable[[], bool] | None = None) -> int:
-    """Serve metrics and health, start ``controller`` (then ``extra_servers``), run until
-    SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
-    reverse order. Returns the exit code (1 when ``failed()`` says the stop was a failure,
-    e.g. lost leadership)."""
+          failed: Callable[[], bool] | None = None,
+          routes: dict[str, Route] | None = None) -> int:
+    """Serve metrics and health (plus ``routes`` on the same server), start
+    ``controller`` (then ``extra_servers``), run until SIGINT/SIGTERM or until ``stop`` is
+    set by someone else, then stop everything in reverse order. Returns the exit code (1
+    when ``failed()`` says the stop was a failure, e.g. lost leadership)."""
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     servers: list[Server] = []
     try:
-        observability = ObservabilityServer(port, registry, controller.ready, host=host).start()
+        observability = ObservabilityServer(port, registry, controller.ready, host=host,
+                                            routes=routes).start()
         servers.append(observability)
         controller.start()
         servers.extend(extra_servers() if extra_servers else [])

@@ -1,0 +1,175 @@
+"""The dispatcher's read-only web page, served on the metrics port: worker clusters with
+their state and capacity, multicluster TrainJobs with their state, worker, conditions and
+mirrored status. Everything comes from the dispatcher's caches (informers, registry,
+capacity), so a page open in many browsers costs the API servers nothing.
+
+Routes: ``/`` (the page; ``dashboard_page/`` holds its HTML, CSS and JS, nothing loaded
+from elsewhere) and ``/api/state`` (the JSON the page polls)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterable
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from dispatcher.registry import WorkerCluster
+from dispatcher.status_report import job_summary
+from trainjob import constants as c
+from trainjob.observability import Response, Route
+
+if TYPE_CHECKING:
+    from dispatcher.controller import DispatcherController
+
+PAGE_DIR = Path(__file__).with_name("dashboard_page")
+# path -> (file in PAGE_DIR, content type)
+PAGE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+STATE_PATH = "/api/state"
+
+# Amounts of these are bytes: shown in binary units, as kubectl users read them.
+_BYTE_RESOURCES = ("memory", "ephemeral-storage")
+_BINARY_UNITS = (("Ti", 2 ** 40), ("Gi", 2 ** 30), ("Mi", 2 ** 20), ("Ki", 2 ** 10))
+
+SyncLag = Callable[[str, str], tuple[float | None, float | None]]
+
+
+def display_amount(resource: str, amount: Decimal) -> str:
+    """An amount for people: bytes in Ki/Mi/Gi/Ti, anything else as a plain decimal."""
+    if resource in _BYTE_RESOURCES or resource.startswith("hugepages-"):
+        for unit, size in _BINARY_UNITS:
+            if abs(amount) >= size:
+                return f"{_plain(amount / size, places=1)}{unit}"
+    return _plain(amount)
+
+
+def _plain(amount: Decimal, places: int = 3) -> str:
+    rounded = round(amount, places)
+    text = f"{rounded:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def capacity_view(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per resource of a ``WorkerCapacity.summary()``: exact amounts, display strings and
+    the share taken by pods and reservations."""
+    rows = []
+    for resource, allocatable_text in summary.get("allocatable", {}).items():
+        amounts = {kind: parse_quantity(summary.get(kind, {}).get(resource, "0"))
+                   for kind in ("used", "reserved", "free")}
+        allocatable = parse_quantity(allocatable_text)
+        taken = amounts["used"] + amounts["reserved"]
+        rows.append({
+            "resource": resource,
+            "allocatable": allocatable_text,
+            **{kind: summary.get(kind, {}).get(resource, "0") for kind in amounts},
+            "display": {kind: display_amount(resource, amount) for kind, amount in
+                        {"allocatable": allocatable, **amounts}.items()},
+            "takenFraction": float(min(taken / allocatable, Decimal(1))) if allocatable else 0.0,
+        })
+    return rows
+
+
+def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
+    """One worker cluster: connection state (the Active condition) and capacity."""
+    summary = worker.capacity.summary()
+    return {
+        "name": worker.name,
+        "active": worker.active,
+        "reason": worker.reason,
+        "message": worker.message,
+        "since": _timestamp(worker.since),
+        "source": "MultiKueueCluster" if worker.from_object else "configuration file",
+        "nodes": summary["nodes"],
+        "usableNodes": summary["usableNodes"],
+        "reservations": summary["reservations"],
+        "jobs": jobs_placed,
+        "capacity": capacity_view(summary),
+    }
+
+
+def job_view(job: dict, sync_lag: SyncLag | None = None) -> dict[str, Any]:
+    """One multicluster TrainJob: the status command's summary (same state derivation),
+    split into state and reason, plus conditions, creation time and sync lag."""
+    view = job_summary(job)
+    state, _, reason = view["state"].partition(" (")
+    meta, status = job["metadata"], job.get("status") or {}
+    conditions = [{key: item.get(key, "") for key in
+                   ("type", "status", "reason", "message", "lastTransitionTime")}
+                  for item in status.get("conditions") or []]
+    last, waiting = sync_lag(meta["namespace"], meta["name"]) if sync_lag else (None, None)
+    view.update({
+        "state": state,
+        "reason": reason.rstrip(")"),
+        "message": _explanation(state, conditions),
+        "conditions": conditions,
+        "created": meta.get("creationTimestamp", ""),
+        "suspended": bool((job.get("spec") or {}).get("suspend")),
+        "syncLagSeconds": last,
+        "syncWaitingSeconds": waiting,
+    })
+    return view
+
+
+def _explanation(state: str, conditions: list[dict[str, str]]) -> str:
+    """The condition message that says why a job is in its state, if one does."""
+    wanted = {"Pending": ("Placed", "False"), c.CONDITION_FAILED: (c.CONDITION_FAILED, "True"),
+              "WorkerUnreachable": ("WorkerReachable", "False")}.get(state)
+    if wanted is None:
+        return ""
+    return next((x["message"] for x in conditions
+                 if (x["type"], x["status"]) == wanted), "")
+
+
+def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
+                ready: tuple[bool, str], origin: str,
+                sync_lag: SyncLag | None = None) -> dict[str, Any]:
+    """The whole picture the page shows, from cached objects only."""
+    jobs = sorted((job_view(job, sync_lag) for job in trainjobs
+                   if (job.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE),
+                  key=lambda j: (j["namespace"], j["name"]))
+    placed: dict[str, int] = {}
+    states: dict[str, int] = {}
+    for job in jobs:
+        if job["worker"]:
+            placed[job["worker"]] = placed.get(job["worker"], 0) + 1
+        states[job["state"]] = states.get(job["state"], 0) + 1
+    return {
+        "generatedAt": _timestamp(datetime.datetime.now(datetime.timezone.utc).timestamp()),
+        "origin": origin,
+        "ready": ready[0],
+        "role": ready[1],
+        "clusters": [cluster_view(worker, placed.get(worker.name, 0)) for worker in workers],
+        "trainJobs": jobs,
+        "counts": dict(sorted(states.items())),
+    }
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def routes(controller: DispatcherController) -> dict[str, Route]:
+    """The page and its JSON, for the metrics server of ``controller``'s process."""
+    def state(_query: dict[str, list[str]]) -> Response:
+        body = build_state(controller.trainjobs.list(), controller.registry.snapshot(),
+                           controller.ready(), controller.config.origin, controller.sync_lag)
+        return 200, "application/json", json.dumps(body).encode()
+
+    table: dict[str, Route] = {STATE_PATH: state}
+    for path, (name, content_type) in PAGE_FILES.items():
+        # Read once at start: a missing file is a broken installation, said right away.
+        try:
+            body = (PAGE_DIR / name).read_bytes()
+        except OSError as err:
+            raise RuntimeError(f"dashboard page file {PAGE_DIR / name}: {err.strerror}") from err
+        table[path] = lambda _query, body=body, content_type=content_type: (
+            200, content_type, body)
+    return table

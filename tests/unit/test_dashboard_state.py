@@ -1,0 +1,113 @@
+"""The dashboard's JSON, built from cached objects (no API server, no browser)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+from dispatcher.dashboard import build_state, display_amount
+from dispatcher.registry import WorkerCluster
+from dispatcher.status_report import job_state
+from trainjob import constants as c
+
+
+def _job(name: str, namespace: str = "team-a", *, worker: str | None = None,
+         conditions: list[dict] | None = None, jobs_status: list[dict] | None = None,
+         managed_by: str = c.MANAGED_BY_MULTIKUEUE) -> dict:
+    annotations = {c.PLACEMENT_ANNOTATION: worker} if worker else {}
+    return {"metadata": {"namespace": namespace, "name": name, "annotations": annotations,
+                         "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {"managedBy": managed_by},
+            "status": {"conditions": conditions or [], "jobsStatus": jobs_status or []}}
+
+
+def _worker(name: str, order: int, *, active: bool, cpu: str, used_cpu: str = "") -> WorkerCluster:
+    worker = WorkerCluster(name=name, order=order, fingerprint=name)
+    worker.active, worker.reason = active, "Active" if active else "ClientConnectionFailed"
+    worker.message = "connected" if active else "cannot reach it"
+    worker.capacity.on_node("ADDED", None, {
+        "metadata": {"name": f"{name}-node"},
+        "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
+    if used_cpu:
+        worker.capacity.on_pod("ADDED", None, {
+            "metadata": {"namespace": "team-a", "name": "p"},
+            "spec": {"nodeName": f"{name}-node",
+                     "containers": [{"name": "c", "resources": {"requests": {"cpu": used_cpu}}}]},
+            "status": {"phase": "Running"}})
+    return worker
+
+
+JOBS = [
+    _job("waiting", conditions=[{"type": "Placed", "status": "False", "reason": "NoWorkerFits",
+                                 "message": "worker-1: needs 64 cpu, 12 free"}]),
+    _job("running", worker="worker-1",
+         jobs_status=[{"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0}]),
+    _job("done", "team-b", worker="worker-2",
+         conditions=[{"type": "Complete", "status": "True", "reason": "AllJobsCompleted"}]),
+    _job("broken", "team-b", worker="worker-1",
+         conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                      "message": "node failed 3 times"}]),
+    _job("not-ours", managed_by="kubeflow.org/training-operator"),
+]
+
+
+def _state():
+    lags = {("team-a", "running"): (0.25, None), ("team-b", "broken"): (0.5, 3.0)}
+    workers = [_worker("worker-1", 0, active=True, cpu="16", used_cpu="4"),
+               _worker("worker-2", 1, active=False, cpu="64")]
+    return build_state(JOBS, workers, (True, "leader"), "multikueue",
+                       lambda ns, name: lags.get((ns, name), (None, None)))
+
+
+def test_jobs_carry_the_status_commands_state_split_into_state_and_reason():
+    jobs = {j["name"]: j for j in _state()["trainJobs"]}
+    assert set(jobs) == {"waiting", "running", "done", "broken"}  # only multicluster jobs
+    assert job_state(JOBS[0]) == "Pending (NoWorkerFits)"
+    assert (jobs["waiting"]["state"], jobs["waiting"]["reason"]) == ("Pending", "NoWorkerFits")
+    assert jobs["waiting"]["message"] == "worker-1: needs 64 cpu, 12 free"
+    assert jobs["waiting"]["worker"] == ""
+    assert (jobs["running"]["state"], jobs["running"]["worker"]) == ("Running", "worker-1")
+    assert jobs["running"]["jobsStatus"][0]["active"] == 2
+    assert jobs["running"]["syncLagSeconds"] == 0.25
+    assert jobs["running"]["syncWaitingSeconds"] is None
+    assert (jobs["done"]["state"], jobs["done"]["reason"], jobs["done"]["message"]) == (
+        "Complete", "", "")
+    assert (jobs["broken"]["state"], jobs["broken"]["message"]) == ("Failed", "node failed 3 times")
+    assert jobs["broken"]["syncWaitingSeconds"] == 3.0
+    assert jobs["broken"]["conditions"][0]["reason"] == "BackoffLimitExceeded"
+
+
+def test_jobs_sorted_and_counted_by_state():
+    state = _state()
+    assert [(j["namespace"], j["name"]) for j in state["trainJobs"]] == [
+        ("team-a", "running"), ("team-a", "waiting"), ("team-b", "broken"), ("team-b", "done")]
+    assert state["counts"] == {"Complete": 1, "Failed": 1, "Pending": 1, "Running": 1}
+    assert (state["ready"], state["role"], state["origin"]) == (True, "leader", "multikueue")
+
+
+def test_clusters_carry_state_jobs_placed_and_capacity():
+    clusters = {x["name"]: x for x in _state()["clusters"]}
+    one, two = clusters["worker-1"], clusters["worker-2"]
+    assert (one["active"], one["reason"], one["jobs"]) == (True, "Active", 2)
+    assert (two["active"], two["reason"], two["jobs"]) == (False, "ClientConnectionFailed", 1)
+    cpu = next(r for r in one["capacity"] if r["resource"] == "cpu")
+    assert (cpu["allocatable"], cpu["used"], cpu["free"]) == ("16", "4", "12")
+    assert cpu["takenFraction"] == 0.25
+    memory = next(r for r in one["capacity"] if r["resource"] == "memory")
+    assert memory["display"]["allocatable"] == "64Gi"
+    assert (one["nodes"], one["usableNodes"]) == (1, 1)
+
+
+def test_state_is_plain_json():
+    state = _state()
+    assert json.loads(json.dumps(state)) == state
+
+
+def test_amounts_for_people():
+    assert display_amount("cpu", Decimal("15.9")) == "15.9"
+    assert display_amount("cpu", Decimal("0.1")) == "0.1"
+    assert display_amount("memory", Decimal(512 * 2 ** 30)) == "512Gi"
+    assert display_amount("memory", Decimal(3 * 2 ** 29)) == "1.5Gi"
+    assert display_amount("memory", Decimal(100)) == "100"
+    assert display_amount("nvidia.com/gpu", Decimal(8)) == "8"
