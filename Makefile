@@ -8,13 +8,14 @@ STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries test demo demo-down clusters-up clusters-down clusters-status clean
+.PHONY: help venv binaries browser test demo demo-down clusters-up clusters-down clusters-status clean
 
 help:
 	@echo "make test           run the test suite against real local control planes"
 	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
 	@echo "make binaries       build or find etcd, kube-apiserver, kube-controller-manager"
+	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
 
 $(STAMP): pyproject.toml
@@ -29,7 +30,17 @@ venv: $(STAMP)
 binaries: venv
 	$(PY) -m clusters provision
 
-test: binaries
+# The dashboard test drives a real headless Chromium through chromedriver.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "chromium and chromedriver are needed for the dashboard test: install them (Debian/Ubuntu: apt-get install chromium chromium-driver)" >&2; exit 1; fi; \
+	sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+	echo "installing chromium and chromium-driver with apt-get"; \
+	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver \
+		|| { echo "could not install chromium and chromium-driver; install them and run make test again" >&2; exit 1; }
+
+test: binaries browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clusters-up: binaries
