@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, Field
 
 from clusters import crds, processes
@@ -148,6 +149,24 @@ class LocalClusters:
         (directory / "tls.key").write_bytes(key_pem(key))
         (directory / "tls.key").chmod(0o600)
         return pki.ca_cert
+
+    def issue_user_kubeconfig(self, name: str, user: str, groups: tuple[str, ...],
+                              path: Path) -> Path:
+        """Write a kubeconfig for cluster ``name`` that authenticates as ``user`` in
+        ``groups`` (a client certificate from the cluster's CA) to ``path``.
+
+        With ``clusters.pki.service_account_user(ns, sa)`` it is that ServiceAccount to RBAC,
+        so Roles and bindings are exercised exactly as shipped."""
+        record = self._record(self.load(), name)
+        plane = self.control_plane(record)
+        config = plane.pki.certificate_authority().user_kubeconfig(
+            name, plane.server, user, groups)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        return path
 
     def kubeconfig(self, name: str) -> Path:
         return self.state_dir / f"{name}.kubeconfig"

@@ -1,5 +1,7 @@
 """Throwaway PKI for one local cluster: a CA, the apiserver's serving certificate, an admin
-client certificate (organisation ``system:masters``) and the service-account signing key.
+client certificate (organisation ``system:masters``) and the service-account signing key;
+plus client certificates for any other user, e.g. a ServiceAccount, so RBAC bindings can be
+exercised exactly as shipped.
 
 ECDSA P-256 keys: the apiserver accepts them everywhere and they are generated in
 milliseconds, which matters for bringing several clusters up quickly.
@@ -7,10 +9,12 @@ milliseconds, which matters for bringing several clusters up quickly.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -40,6 +44,37 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
     attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
     return x509.Name(attrs)
+
+
+def service_account_user(namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """The user name and groups the apiserver gives ServiceAccount ``namespace/name``.
+
+    The x509 authenticator takes the user from the certificate's CN and the groups from its
+    organisations, and RBAC matches a ServiceAccount subject by exactly this user name, so a
+    client certificate with these values is that ServiceAccount to every RoleBinding."""
+    return (f"system:serviceaccount:{namespace}:{name}",
+            ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+             "system:authenticated"))
+
+
+def client_kubeconfig(cluster: str, server: str, ca: bytes, user: str, cert: bytes,
+                      key: bytes) -> dict[str, Any]:
+    """A kubeconfig with every certificate embedded (no file references), so it can be
+    stored in a Secret as it is."""
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {
+            "server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
+        "current-context": cluster,
+        "preferences": {},
+    }
 
 
 @dataclass
@@ -114,6 +149,13 @@ class CertificateAuthority:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return key, builder.sign(self.key, hashes.SHA256())
 
+    def user_kubeconfig(self, cluster: str, server: str, user: str,
+                        groups: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A kubeconfig for ``server`` that authenticates as ``user`` in ``groups``."""
+        key, cert = self.issue(user, organizations=groups, client=True)
+        return client_kubeconfig(cluster, server, cert_pem(self.cert), user, cert_pem(cert),
+                                 key_pem(key))
+
 
 @dataclass(frozen=True)
 class ClusterPKI:
@@ -153,20 +195,25 @@ class ClusterPKI:
     def service_account_pub(self) -> Path:
         return self.directory / "service-account.pub"
 
+    def certificate_authority(self) -> CertificateAuthority:
+        return CertificateAuthority.load(self.ca_cert, self.ca_key)
+
     def exists(self) -> bool:
         return all(
             p.is_file()
             for p in (self.ca_cert, self.admin_cert, self.serving_cert, self.service_account_key)
         )
 
-    def generate(self, cluster_name: str, bind_address: str) -> None:
-        """Write a fresh CA and every certificate and key the cluster needs."""
+    def generate(self, cluster_name: str, bind_address: str,
+                 extra_dns_names: tuple[str, ...] = ()) -> None:
+        """Write a fresh CA and every certificate and key the cluster needs
+        (``extra_dns_names``: more names the apiserver answers to, e.g. a container's)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         ca = CertificateAuthority.create(f"{cluster_name}-ca")
         serving_key, serving = ca.issue(
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default",
-                       "kubernetes.default.svc"),
+                       "kubernetes.default.svc", *extra_dns_names),
             ip_addresses=tuple(dict.fromkeys((bind_address, "127.0.0.1", "10.0.0.1"))),
             server=True,
         )
