@@ -110,7 +110,9 @@ def run_demo(state_dir: Path, run_seconds: float = 8.0, timeout: float = 300) ->
             names.append(name)
             _replace(custom, job)
         print(f"submitted {len(names)} sample TrainJobs to the manager; dispatcher metrics "
-              f"at http://127.0.0.1:{dispatcher.metrics_port}/metrics\n", flush=True)
+              f"at http://127.0.0.1:{dispatcher.metrics_port}/metrics", flush=True)
+        print(f"dashboard (while the demo runs): http://127.0.0.1:{dispatcher.metrics_port}/\n",
+              flush=True)
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:

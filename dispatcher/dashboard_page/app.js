@@ -89,10 +89,13 @@ function renderClusters(clusters) {
   document.getElementById("no-clusters").hidden = clusters.length > 0;
 }
 
+// Conditions whose True (or False) is bad news; every other one is shown plainly.
+const BAD_WHEN = { Failed: "True", Placed: "False", WorkerReachable: "False", Created: "False" };
+
 function conditionChips(conditions) {
   return el("div", { class: "conditions" }, ...conditions.map((cond) =>
     el("span", {
-      class: `chip ${cond.status === "True" ? "true" : cond.status === "False" ? "false" : "unknown"}`,
+      class: `chip ${BAD_WHEN[cond.type] === cond.status ? "bad" : cond.status === "True" ? "true" : "other"}`,
       "data-type": cond.type,
       title: [cond.reason, cond.message, cond.lastTransitionTime].filter(Boolean).join(" — "),
     }, `${cond.type}${cond.status === "True" ? "" : "=" + cond.status}`,

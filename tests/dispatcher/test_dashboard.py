@@ -1,0 +1,305 @@
+"""The dispatcher's dashboard in a real browser: headless Chromium (driven by chromedriver)
+loads the page from the dispatcher's metrics port while jobs sit in several states on the
+harness's clusters, and the test reads what the page renders."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.utils.quantity import parse_quantity
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+from clusters import fixtures
+from clusters.testing import eventually
+from dispatcher.dashboard import display_amount
+from trainjob import constants as c
+
+from test_dispatch import complete_jobset, create, get, trainjob, wait_placed  # noqa: E402 - this directory's helpers
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+INSTALL_HINT = ("install them with `make browser` (Debian/Ubuntu: "
+                "apt-get install -y chromium chromium-driver)")
+JOBSETS = (c.JOBSET_GROUP, c.JOBSET_VERSION)
+
+# The page's rows, read in one script call so a redraw between two reads cannot mix them.
+READ_JOBS = """
+return Array.from(document.querySelectorAll('#jobs tbody tr')).map(tr => ({
+  key: tr.dataset.key,
+  state: tr.querySelector('.state').innerText,
+  worker: tr.querySelector('.worker').innerText,
+  conditions: tr.querySelector('.conditions-cell').innerText,
+  jobsStatus: tr.querySelector('.jobs-status-cell').innerText,
+  age: tr.querySelector('.age').innerText,
+}));
+"""
+READ_CLUSTERS = """
+return Array.from(document.querySelectorAll('#clusters tbody tr')).map(tr => ({
+  name: tr.dataset.cluster,
+  active: tr.querySelector('.active').innerText,
+  reason: tr.querySelector('.reason').innerText,
+  jobs: tr.querySelector('.jobs').innerText,
+  cpu: (tr.querySelector('.resource[data-resource="cpu"]') || {innerText: ''}).innerText,
+  memory: (tr.querySelector('.resource[data-resource="memory"]') || {innerText: ''}).innerText,
+}));
+"""
+
+
+def _find(program: str, *fallbacks: str) -> str | None:
+    return shutil.which(program) or next((p for p in fallbacks if os.access(p, os.X_OK)), None)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium from the system's packages; nothing is downloaded."""
+    chromium = _find("chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+    driver = _find("chromedriver", "/usr/bin/chromedriver")
+    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver))
+               if path is None]
+    if missing:
+        pytest.fail(f"the dashboard test needs {' and '.join(missing)}, not found on PATH: "
+                    f"{INSTALL_HINT}")
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    log = tmp_path_factory.mktemp("browser") / "chromedriver.log"
+    driver_process = webdriver.Chrome(service=Service(executable_path=driver,
+                                                      log_output=str(log)), options=options)
+    yield driver_process
+    driver_process.quit()
+
+
+@pytest.fixture(scope="module")
+def namespaces(dispatch_env):
+    """Two fresh namespaces in every cluster, so the namespace filter has a choice."""
+    stamp = secrets.token_hex(3)
+    names = (f"dash-a-{stamp}", f"dash-b-{stamp}")
+    for cluster in dispatch_env.multicluster:
+        for name in names:
+            cluster.core.create_namespace(client.V1Namespace(
+                metadata=client.V1ObjectMeta(name=name)))
+    yield names
+    for cluster in dispatch_env.multicluster:
+        for name in names:
+            try:
+                cluster.core.delete_namespace(name)
+            except Exception:  # noqa: BLE001 - cleanup must not mask the test result
+                pass
+
+
+def _wait_jobset(worker, namespace: str, name: str) -> None:
+    eventually(lambda: get(worker, namespace, name, c.JOBSETS, JOBSETS),
+               lambda jobset: jobset is not None,
+               expected=f"the operator on {worker.name} to create JobSet {namespace}/{name}")
+
+
+def _set_jobset_running(worker, namespace: str, name: str) -> None:
+    """Play the JobSet controller: one active trainer replica."""
+    worker.custom.patch_namespaced_custom_object_status(
+        *JOBSETS, namespace, c.JOBSETS, name, {"status": {"replicatedJobsStatus": [
+            {"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1,
+             "suspended": 0}]}}, _content_type="application/merge-patch+json")
+
+
+def _manager_state(env, namespace: str, name: str, wanted: str) -> None:
+    def check(obj):
+        conditions = {x["type"]: x for x in (obj or {}).get("status", {}).get("conditions") or []}
+        if wanted == "Running":
+            return any(j.get("active") for j in (obj or {}).get("status", {}).get("jobsStatus") or [])
+        if wanted == "Pending":
+            return conditions.get("Placed", {}).get("reason") == "NoWorkerFits"
+        return conditions.get(wanted, {}).get("status") == "True"
+
+    eventually(lambda: get(env.manager, namespace, name), check,
+               expected=f"manager TrainJob {namespace}/{name} {wanted}", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def jobs(dispatch_env, namespaces):
+    """Jobs in four states across two namespaces and both workers. The 20-cpu ones fit only
+    worker-2 (64 cpu); 1000 cpu fits nowhere. Returns {(namespace, name): worker}."""
+    env = dispatch_env
+    team_a, team_b = namespaces
+    create(env.manager, team_a, trainjob("pending", requests={"cpu": "1000"}))
+    plan = [(team_a, "running", "100m", "Running"), (team_b, "complete", "20", "Complete"),
+            (team_b, "failed", "100m", "Failed"), (team_b, "live", "20", "Running")]
+    for namespace, name, cpu, _ in plan:
+        create(env.manager, namespace, trainjob(name, requests={"cpu": cpu}))
+    placed = {(team_a, "pending"): ""}
+    for namespace, name, _, state in plan:
+        worker_name, _ = wait_placed(env, namespace, name)
+        placed[(namespace, name)] = worker_name
+        worker = env.multicluster[worker_name]
+        _wait_jobset(worker, namespace, name)
+        if state == "Running":
+            _set_jobset_running(worker, namespace, name)
+        elif state == "Complete":
+            complete_jobset(worker, namespace, name)
+        else:
+            complete_jobset(worker, namespace, name, type_="Failed",
+                            reason="BackoffLimitExceeded")
+    for namespace, name, _, state in [(team_a, "pending", "", "Pending"), *plan]:
+        _manager_state(env, namespace, name, state)
+    assert placed[(team_b, "complete")] == placed[(team_b, "live")] == "worker-2"
+    return placed
+
+
+def _page(browser, env, query: str = "") -> None:
+    browser.get(f"http://127.0.0.1:{env.dispatcher.metrics_port}/{query}")
+
+
+def _rendered_jobs(browser, namespaces) -> dict[str, dict]:
+    return {row["key"]: row for row in browser.execute_script(READ_JOBS)
+            if row["key"].split("/")[0] in namespaces}
+
+
+def _rendered_clusters(browser) -> dict[str, dict]:
+    return {row["name"]: row for row in browser.execute_script(READ_CLUSTERS)}
+
+
+def _allocatable_cpu(cluster) -> str:
+    """What the worker's Ready, schedulable Nodes allocate, as the page formats it."""
+    total = Decimal(0)
+    for node in cluster.core.list_node().items:
+        ready = any(x.type == "Ready" and x.status == "True" for x in node.status.conditions or [])
+        if ready and not node.spec.unschedulable:
+            total += parse_quantity((node.status.allocatable or {}).get("cpu", "0"))
+    return display_amount("cpu", total)
+
+
+def _choose(browser, select_id: str, value: str) -> None:
+    """Pick a filter value the way a person does (once the page offers it)."""
+    eventually(lambda: [o.get_attribute("value") for o in
+                        Select(browser.find_element(By.ID, select_id)).options],
+               lambda values: value in values,
+               expected=f"filter {select_id} to offer {value!r}", timeout=15)
+    Select(browser.find_element(By.ID, select_id)).select_by_value(value)
+
+
+def _screenshot(browser, tmp_path: Path, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    kept = tmp_path / name
+    assert browser.save_screenshot(str(kept)), f"Chromium could not write {kept}"
+    shutil.copyfile(kept, ARTIFACTS / name)
+    assert (ARTIFACTS / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"dashboard screenshot: {ARTIFACTS / name} (also {kept})")
+    return ARTIFACTS / name
+
+
+def test_clusters_and_jobs_in_several_states_are_rendered(dispatch_env, browser, jobs,
+                                                          namespaces, tmp_path):
+    env = dispatch_env
+    team_a, team_b = namespaces
+    _page(browser, env)
+
+    expected = {f"{team_a}/pending": "Pending", f"{team_a}/running": "Running",
+                f"{team_b}/complete": "Complete", f"{team_b}/failed": "Failed",
+                f"{team_b}/live": "Running"}
+
+    def shows_every_job(rows):
+        return set(rows) == set(expected) and all(
+            rows[key]["state"].startswith(state) for key, state in expected.items())
+
+    rows = eventually(lambda: _rendered_jobs(browser, namespaces), shows_every_job,
+                      expected="every test job rendered in its state", timeout=30)
+    for (namespace, name), worker in jobs.items():
+        assert rows[f"{namespace}/{name}"]["worker"] == (worker or "–"), rows[f"{namespace}/{name}"]
+    pending = rows[f"{team_a}/pending"]
+    assert "NoWorkerFits" in pending["state"] and "worker-1: needs" in pending["state"], pending
+    assert "Placed=False" in pending["conditions"], pending
+    assert "node: active 1" in rows[f"{team_a}/running"]["jobsStatus"], rows[f"{team_a}/running"]
+    assert "Complete" in rows[f"{team_b}/complete"]["conditions"]
+    assert "BackoffLimitExceeded" in rows[f"{team_b}/failed"]["conditions"]
+    assert all(row["age"] for row in rows.values())
+
+    # Both workers, active, with capacity from their Nodes and the running 20-cpu job's
+    # reservation on worker-2.
+    live = get(env.multicluster["worker-2"], team_b, "live")
+    reserved = display_amount("cpu", parse_quantity(
+        json.loads(live["metadata"]["annotations"][c.REQUESTS_ANNOTATION])["requests"]["cpu"]))
+    allocatable = {name: _allocatable_cpu(env.multicluster[name])
+                   for name in ("worker-1", "worker-2")}
+
+    def clusters_right(found):
+        return set(found) >= {"worker-1", "worker-2"} and all(
+            found[name]["active"] == "True" and found[name]["reason"].startswith("Active")
+            and f"/ {allocatable[name]}" in found[name]["cpu"] and "free" in found[name]["cpu"]
+            for name in allocatable) and f"+ {reserved} /" in found["worker-2"]["cpu"]
+
+    clusters = eventually(lambda: _rendered_clusters(browser), clusters_right,
+                          expected=f"worker-1 and worker-2 active with cpu of {allocatable} "
+                          f"and {reserved} cpu reserved on worker-2", timeout=30)
+    assert clusters["worker-2"]["memory"].split()[0] == "memory", clusters["worker-2"]
+    assert int(clusters["worker-2"]["jobs"]) >= 2, clusters["worker-2"]
+    _screenshot(browser, tmp_path, "dashboard.png")
+
+
+def test_filters_narrow_the_rows(dispatch_env, browser, jobs, namespaces):
+    env = dispatch_env
+    team_a, team_b = namespaces
+    mine = {f"{ns}/{name}" for ns, name in jobs}
+
+    def all_rows():
+        return {row["key"]: row for row in browser.execute_script(READ_JOBS)}
+
+    def narrowed(wanted: set[str], every_row) -> None:
+        eventually(all_rows, lambda rows: set(rows) & mine == wanted and all(
+            every_row(key, row) for key, row in rows.items()),
+            expected=f"exactly {sorted(wanted)} of the test's jobs shown", timeout=15)
+
+    _page(browser, env)
+    _choose(browser, "filter-state", "Running")
+    narrowed({f"{team_a}/running", f"{team_b}/live"}, lambda _, row: row["state"].startswith("Running"))
+    assert "state=Running" in browser.current_url
+
+    _choose(browser, "filter-state", "")
+    _choose(browser, "filter-cluster", "worker-2")
+    on_worker_2 = {f"{ns}/{name}" for (ns, name), worker in jobs.items() if worker == "worker-2"}
+    narrowed(on_worker_2, lambda _, row: row["worker"] == "worker-2")
+
+    _choose(browser, "filter-cluster", "")
+    _choose(browser, "filter-namespace", team_a)
+    narrowed({f"{team_a}/pending", f"{team_a}/running"},
+             lambda key, _: key.startswith(f"{team_a}/"))
+
+    # Filters combine, and a link with them opens the same view.
+    _page(browser, env, f"?namespace={team_b}&state=Failed")
+    narrowed({f"{team_b}/failed"}, lambda key, row: key.startswith(f"{team_b}/")
+             and row["state"].startswith("Failed"))
+
+
+def test_a_remote_status_change_shows_without_reload(dispatch_env, browser, jobs, namespaces,
+                                                     tmp_path):
+    env = dispatch_env
+    _, team_b = namespaces
+    key = f"{team_b}/live"
+    _page(browser, env, f"?namespace={team_b}")
+    eventually(lambda: _rendered_jobs(browser, namespaces).get(key, {}).get("state", ""),
+               lambda state: state.startswith("Running"), expected=f"{key} rendered Running")
+    browser.execute_script("window.sameDocument = 'no reload'")
+
+    complete_jobset(env.multicluster["worker-2"], team_b, "live")
+
+    row = eventually(lambda: _rendered_jobs(browser, namespaces).get(key, {}),
+                     lambda row: row.get("state", "").startswith("Complete"),
+                     expected=f"{key} rendered Complete after its worker's JobSet completed",
+                     timeout=30)
+    assert "node: succeeded 2" in row["jobsStatus"], row
+    assert browser.execute_script("return window.sameDocument") == "no reload"
+    # Its reservation is gone with it: worker-2's cpu shows nothing reserved.
+    eventually(lambda: _rendered_clusters(browser)["worker-2"]["cpu"],
+               lambda cpu: "+" not in cpu,
+               expected="worker-2's reservation for the finished job released on the page")
+    _screenshot(browser, tmp_path, "dashboard-live.png")
