@@ -125,6 +125,10 @@ class CertificateAuthority:
         client: bool = False,
     ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         """A new key and a certificate for it, signed by this CA."""
+        if not 1 <= len(common_name.encode()) <= 64:
+            raise ValueError(f"certificate for user {common_name!r}: the common name must be "
+                             "1 to 64 bytes long (X.509), so the apiserver can take it as the "
+                             "user name")
         key = _new_key()
         now = datetime.datetime.now(datetime.timezone.utc)
         usages = []

@@ -1,0 +1,263 @@
+"""The shipped RBAC, exercised as shipped: the dispatcher and the operators run with
+credentials bound only to the roles in manifests/ (dispatcher, operator, worker-access),
+rendered by kustomize and applied to the real apiservers.
+
+Each process authenticates with a client certificate whose CN is
+``system:serviceaccount:<ns>:<name>`` (issued by the cluster's CA), which RBAC matches to
+the ServiceAccount subjects of the shipped bindings. The dispatcher's kubeconfig for a
+worker, stored in the MultiKueueCluster Secret, is the worker-access ServiceAccount's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters import fixtures, kustomize
+from clusters.pki import service_account_user
+from clusters.testing import ServiceProcess, eventually
+from trainjob import constants as c
+from trainjob.kubeclient import api_client
+
+TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
+JOBSET = (c.JOBSET_GROUP, c.JOBSET_VERSION)
+RUNTIME = "torch-least-privilege"
+CONFIG = "least-privilege"
+WORKERS = ("worker-1", "worker-2")
+# Only these kinds are applied for real: the Deployments would never run here (no
+# scheduler, no kubelet) and the operator's fail-closed webhook would block every TrainJob
+# write on the worker for the rest of the session.
+IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                  "RoleBinding"}
+DISPATCHER_SA = ("kueue-system", "trainjob-dispatcher")
+WORKER_ACCESS_SA = ("kueue-system", "trainjob-dispatcher")
+OPERATOR_SA = ("training-operator-system", "training-operator")
+
+
+def identity_objects(base: str) -> list[dict]:
+    return [obj for obj in kustomize.render(base) if obj["kind"] in IDENTITY_KINDS]
+
+
+def subjects(objects: list[dict]) -> set[tuple[str, str]]:
+    return {(s["namespace"], s["name"]) for obj in objects if obj["kind"].endswith("Binding")
+            for s in obj["subjects"] if s["kind"] == "ServiceAccount"}
+
+
+def delete_identities(kubeconfig, objects: list[dict]) -> None:
+    # Namespaces stay: kueue-system also holds other tests' worker Secrets.
+    doomed = [o for o in objects if o["kind"] != "Namespace"]
+    kustomize.kubectl(kubeconfig, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                      stdin=yaml.safe_dump_all(doomed))
+
+
+def issue(multicluster, cluster: str, account: tuple[str, str], path) -> object:
+    user, groups = service_account_user(*account)
+    return multicluster.harness.issue_user_kubeconfig(cluster, user, groups, path)
+
+
+def forbidden(call) -> ApiException:
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, f"expected 403 Forbidden; got {err.value.status}: {err.value.body}"
+    return err.value
+
+
+def get(cluster_api, namespace: str, name: str, plural: str = c.TRAINJOBS, gv=TRAINER):
+    try:
+        return client.CustomObjectsApi(cluster_api).get_namespaced_custom_object(
+            *gv, namespace, plural, name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def condition(obj: dict | None, type_: str) -> dict:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return item
+    return {}
+
+
+def trainjob(name: str) -> dict:
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"managedBy": c.MANAGED_BY_MULTIKUEUE, "runtimeRef": {"name": RUNTIME},
+                     "trainer": {"numNodes": 2,
+                                 "resourcesPerNode": {"requests": {"cpu": "500m"}}}}}
+
+
+def event_reasons(api, namespace: str, name: str) -> set[str]:
+    events = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}")
+    return {e.reason for e in events.items}
+
+
+@pytest.fixture(scope="module")
+def restricted(multicluster, tmp_path_factory):
+    """Shipped identities applied; dispatcher and operators running as them."""
+    directory = tmp_path_factory.mktemp("least-privilege")
+    manager = multicluster.manager
+    applied = {"manager": identity_objects("dispatcher")}
+    worker_objects = identity_objects("worker-access") + identity_objects("operator")
+    assert DISPATCHER_SA in subjects(applied["manager"])
+    assert {WORKER_ACCESS_SA, OPERATOR_SA} <= subjects(worker_objects)
+    kustomize.apply(manager.kubeconfig, applied["manager"])
+    for name in WORKERS:
+        applied[name] = worker_objects
+        kustomize.apply(multicluster[name].kubeconfig, worker_objects)
+
+    kubeconfigs = {"dispatcher": issue(multicluster, "manager", DISPATCHER_SA,
+                                       directory / "dispatcher.kubeconfig")}
+    for name in WORKERS:
+        worker = multicluster[name]
+        kubeconfigs[f"{name}/access"] = issue(multicluster, name, WORKER_ACCESS_SA,
+                                              directory / f"{name}-access.kubeconfig")
+        kubeconfigs[f"{name}/operator"] = issue(multicluster, name, OPERATOR_SA,
+                                                directory / f"{name}-operator.kubeconfig")
+        fixtures.add_node(worker.api, f"lp-{name}", {"cpu": "8", "memory": "64Gi", "pods": "110"})
+        fixtures.install_runtime(worker.api, fixtures.torch_runtime(RUNTIME, cpu="100m",
+                                                                     memory="128Mi"))
+        fixtures.register_worker(manager.api, f"lp-{name}", kubeconfigs[f"{name}/access"])
+    fixtures.register_config(manager.api, CONFIG, [f"lp-{n}" for n in WORKERS])
+
+    processes = [ServiceProcess("training_operator", kubeconfigs[f"{n}/operator"],
+                                directory / f"operator-{n}.log", ()).start() for n in WORKERS]
+    processes.append(ServiceProcess(
+        "dispatcher", kubeconfigs["dispatcher"], directory / "dispatcher.log",
+        ("--multikueue-config", CONFIG, "--gc-interval", "2", "--leader-elect",
+         "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
+         "--log-level", "debug")).start())
+    apis = {key: api_client(path) for key, path in kubeconfigs.items()}
+    yield multicluster, apis, processes
+    for process in processes:
+        process.stop()
+    for api in apis.values():
+        api.close()
+    custom = client.CustomObjectsApi(manager.api)
+    for name in WORKERS:
+        custom.delete_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION,
+                                            c.MULTIKUEUECLUSTERS, f"lp-{name}")
+        client.CoreV1Api(multicluster[name].api).delete_node(f"lp-{name}")
+    custom.delete_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECONFIGS,
+                                        CONFIG)
+    for name, objects in applied.items():
+        delete_identities(multicluster[name].kubeconfig, objects)
+
+
+def test_full_path_with_only_the_shipped_roles(restricted, namespace):
+    multicluster, apis, processes = restricted
+    manager = multicluster.manager
+    mk = client.CustomObjectsApi(manager.api)
+
+    # The Active condition is written with the dispatcher's identity (status patch).
+    for name in WORKERS:
+        eventually(lambda: mk.get_cluster_custom_object(
+                       c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, f"lp-{name}"),
+                   lambda obj: condition(obj, "Active").get("status") == "True",
+                   expected=f"MultiKueueCluster lp-{name} Active=True through the worker-access "
+                   "identity", timeout=60)
+
+    jobs = {}
+    for name in ("done", "cancelled"):
+        manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
+                                                       trainjob(name))
+        placed = eventually(
+            lambda: get(manager.api, namespace, name),
+            lambda obj: bool(obj and (obj["metadata"].get("annotations") or {}).get(
+                c.PLACEMENT_ANNOTATION)),
+            expected=f"{namespace}/{name} placed on a worker", timeout=60)
+        worker = placed["metadata"]["annotations"][c.PLACEMENT_ANNOTATION].removeprefix("lp-")
+        jobs[name] = multicluster[worker]
+        remote = eventually(lambda: get(jobs[name].api, namespace, name), lambda obj: obj,
+                            expected=f"the copy of {namespace}/{name} on {worker}")
+        assert remote["metadata"]["labels"][c.MULTIKUEUE_ORIGIN_LABEL] == c.DEFAULT_ORIGIN
+        eventually(lambda: get(jobs[name].api, namespace, name, c.JOBSETS, JOBSET),
+                   lambda obj: obj,
+                   expected=f"the operator on {worker} (own identity) to apply JobSet "
+                   f"{namespace}/{name}")
+        eventually(lambda: get(manager.api, namespace, name),
+                   lambda obj: condition(obj, "Created").get("status") == "True",
+                   expected=f"the copy's Created condition mirrored onto {namespace}/{name}")
+
+    # Events are written with both identities (a 403 there would only be logged).
+    eventually(lambda: event_reasons(manager.api, namespace, "done"),
+               lambda reasons: "Placed" in reasons,
+               expected="the dispatcher's Placed Event on the manager TrainJob")
+    eventually(lambda: event_reasons(jobs["done"].api, namespace, "done"),
+               lambda reasons: bool(reasons),
+               expected="the operator's Events on the worker's copy")
+
+    # Completion flows back; the finished copy is removed (retention 0) and so its JobSet.
+    done = jobs["done"]
+    done.custom.patch_namespaced_custom_object_status(
+        *JOBSET, namespace, c.JOBSETS, "done", {"status": {"conditions": [{
+            "type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+            "message": "written by the test (no JobSet controller here)",
+            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}},
+        _content_type="application/merge-patch+json")
+    eventually(lambda: get(manager.api, namespace, "done"),
+               lambda obj: condition(obj, "Complete").get("status") == "True",
+               expected="Complete mirrored onto the manager TrainJob")
+    eventually(lambda: get(done.api, namespace, "done"), lambda obj: obj is None,
+               expected="the finished copy deleted by the dispatcher's worker identity")
+
+    # Deleting a running job removes its copy and JobSet before the finalizer goes.
+    manager.custom.delete_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, "cancelled")
+    cancelled = jobs["cancelled"]
+    eventually(lambda: (get(manager.api, namespace, "cancelled"),
+                        get(cancelled.api, namespace, "cancelled"),
+                        get(cancelled.api, namespace, "cancelled", c.JOBSETS, JOBSET)),
+               lambda seen: seen == (None, None, None),
+               expected="manager job, its copy and the copy's JobSet all gone", timeout=60)
+
+    for process in processes:
+        log = process.log_file.read_text(errors="replace")
+        assert "forbidden" not in log.lower(), (
+            f"{process.module} ({process.kubeconfig.name}) was refused something:\n"
+            f"{process.log_tail(60)}")
+
+
+def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
+    multicluster, apis, _ = restricted
+    manager = multicluster.manager
+    body = client.V1Secret(metadata=client.V1ObjectMeta(name="private"),
+                           string_data={"token": "not for the dispatcher"})
+    for cluster in multicluster:
+        cluster.core.create_namespaced_secret(namespace, body)
+
+    dispatcher = client.CoreV1Api(apis["dispatcher"])
+    # Its own namespace's Secrets are readable (it needs the worker kubeconfigs)...
+    assert dispatcher.list_namespaced_secret("kueue-system").items
+    # ...any other namespace's are not, neither one by one nor as a list.
+    forbidden(lambda: dispatcher.read_namespaced_secret("private", namespace))
+    forbidden(lambda: dispatcher.list_namespaced_secret(namespace))
+    forbidden(lambda: dispatcher.list_secret_for_all_namespaces())
+    forbidden(lambda: dispatcher.read_namespaced_secret("lp-worker-1-kubeconfig",
+                                                        "kueue-system"))  # list, not get
+    forbidden(lambda: client.CustomObjectsApi(apis["dispatcher"]).delete_namespaced_custom_object(
+        *TRAINER, namespace, c.TRAINJOBS, "anything"))
+
+    for name in WORKERS:
+        access = client.CoreV1Api(apis[f"{name}/access"])
+        assert access.list_node().items  # placement reads Nodes...
+        forbidden(lambda: access.delete_node(f"lp-{name}"))  # ...and may not remove them
+        forbidden(lambda: access.read_namespaced_secret("private", namespace))
+        forbidden(lambda: access.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sneaky"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}))
+        forbidden(lambda: client.CustomObjectsApi(apis[f"{name}/access"])
+                  .patch_namespaced_custom_object_status(
+                      *TRAINER, namespace, c.TRAINJOBS, "anything", {"status": {}},
+                      _content_type="application/merge-patch+json"))
+
+        operator = client.CoreV1Api(apis[f"{name}/operator"])
+        forbidden(lambda: operator.read_namespaced_secret("private", namespace))
+        forbidden(lambda: operator.list_namespaced_secret(namespace))
+        forbidden(lambda: operator.delete_namespaced_secret("private", namespace))
+        forbidden(lambda: operator.delete_node(f"lp-{name}"))
+        forbidden(lambda: client.CustomObjectsApi(apis[f"{name}/operator"])
+                  .delete_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, "anything"))
