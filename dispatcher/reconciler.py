@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import calendar
 import copy
+import json
 import logging
 import re
 import threading
@@ -51,6 +52,9 @@ REASON_REMOTE_DELETED = "RemoteDeleted"
 CONDITION_WORKER_REACHABLE = "WorkerReachable"
 REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
 REASON_WORKER_LOST = "WorkerLost"
+# A worker's answers to a create that mean "not this spec, not here": bad request,
+# forbidden (an admission webhook's default denial, or RBAC), invalid.
+REFUSALS = (400, 403, 422)
 
 
 @dataclass
@@ -72,9 +76,10 @@ class DispatchReconciler:
         self.recorder = recorder
         self.metrics = metrics
         self.policy = POLICIES[config.placement_policy]
-        # Workers where a same-named TrainJob without our origin label was found: never
-        # touched, and not a candidate for that job again.
-        self.foreign: dict[tuple[str, str], set[str]] = {}
+        # Workers that are not candidates for a job, and why: a same-named TrainJob without
+        # our origin label is there (never touched; for good), or the worker's apiserver
+        # refused the copy (until the job's spec changes: generation).
+        self.excluded: dict[tuple[str, str], dict[str, tuple[int | None, str]]] = {}
         # When a job first became eligible for dispatch, and when a remote's change was
         # observed: the starts of the dispatch-latency and status-sync-lag histograms.
         self.eligible_since: dict[tuple[str, str], float] = {}
@@ -88,6 +93,7 @@ class DispatchReconciler:
         raw = self.trainjobs.get(namespace, name)
         if raw is None:
             self.eligible_since.pop(key, None)
+            self.excluded.pop(key, None)
             return  # remote copies of deleted jobs are the garbage collector's business
         spec = raw.get("spec") or {}
         if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
@@ -237,9 +243,9 @@ class DispatchReconciler:
         if not worker.active:
             return f"not connected ({worker.reason}: {worker.message})", None
         namespace, name = job.metadata.namespace or "", job.metadata.name
-        if worker.name in self.foreign.get((namespace, name), set()):
-            return (f"TrainJob {namespace}/{name} exists there without our origin label",
-                    None)
+        generation, why = self.excluded.get((namespace, name), {}).get(worker.name, (0, ""))
+        if why and generation in (None, job.metadata.generation):
+            return why, None
         if worker.cache("namespaces").get("", namespace) is None:
             return f"namespace {namespace} not found", None
         ref = job.spec.runtime_ref
@@ -295,18 +301,21 @@ class DispatchReconciler:
             worker.cache(c.TRAINJOBS).observe(created)
             self.metrics.worker_writes.labels(cluster=worker.name, kind="create").inc()
         except ApiException as err:
+            if err.status in REFUSALS:
+                # The worker will not take this spec (its admission webhook or schema):
+                # retrying the same spec there cannot help. Say why and place elsewhere.
+                why = f"refused the copy: {_api_message(err)}"
+                self._exclude(manager, worker, meta.get("generation"), why, "RemoteRejected")
+                return
             if err.status != 409:
                 raise
             existing = remote_api.get_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, meta["name"])
             if not mirror.is_ours(existing, self.config.origin):
                 # Someone else's object: never touched; this job goes elsewhere.
-                self.foreign.setdefault(key, set()).add(worker.name)
-                self.recorder.event(manager, WARNING, "NameTaken",
-                                    f"worker {worker.name} has a TrainJob {key[0]}/{key[1]} "
-                                    "that is not ours; placing elsewhere")
-                worker.capacity.release(key)
-                self._clear_placement(manager)
+                self._exclude(manager, worker, None,
+                              f"TrainJob {key[0]}/{key[1]} exists there without our origin "
+                              "label", "NameTaken")
                 return
             if not mirror.mirrors(existing, manager):
                 # A copy of an earlier same-named job: ours to remove; recreate next round.
@@ -316,6 +325,19 @@ class DispatchReconciler:
         started = self.eligible_since.pop(key, None)
         if started is not None:
             self.metrics.dispatch_latency.observe(time.monotonic() - started)
+
+    def _exclude(self, manager: dict, worker: WorkerCluster, generation: int | None,
+                 why: str, reason: str) -> None:
+        """Take ``worker`` out of this job's candidates (``generation`` None: for good) and
+        undo the placement, so the next round places it elsewhere or says why it waits."""
+        meta = manager["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.excluded.setdefault(key, {})[worker.name] = (generation, why)
+        self.recorder.event(manager, WARNING, reason,
+                            f"worker {worker.name}: {why}; placing elsewhere")
+        log.warning("TrainJob %s/%s: worker %s %s", *key, worker.name, why)
+        worker.capacity.release(key)
+        self._clear_placement(manager)
 
     def _delete_remote(self, worker: WorkerCluster, remote: dict) -> None:
         meta = remote["metadata"]
@@ -450,6 +472,14 @@ class DispatchReconciler:
             raise
         self.trainjobs.observe(written)
         self.metrics.manager_writes.labels(kind=kind).inc()
+
+
+def _api_message(err: ApiException) -> str:
+    """The apiserver's own explanation from an error response."""
+    try:
+        return json.loads(err.body).get("message") or str(err.reason)
+    except (TypeError, ValueError, AttributeError):
+        return f"{err.status} {err.reason}"
 
 
 def _largest(requests_list) -> dict[str, Decimal]:
