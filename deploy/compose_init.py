@@ -130,7 +130,7 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
             print(f"manager: worker {cluster} registered")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     certs = sub.add_parser("certs", help="write PKI and kubeconfigs")
@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dir", type=Path, required=True)
     run.add_argument("--clusters", required=True, help="comma-separated names")
     run.add_argument("--timeout", type=float, default=180)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "certs":
         pairs = dict(item.split("=", 1) for item in args.clusters.split(","))
         write_certs(args.dir, {name: int(port) for name, port in pairs.items()})

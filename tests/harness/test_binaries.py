@@ -35,12 +35,14 @@ def test_kubebuilder_assets_then_cache(empty_environment, monkeypatch):
     assets = empty_environment / "envtest"
     _fake_binary(assets / "etcd")
     _fake_binary(assets / "kube-apiserver")
+    _fake_binary(assets / "kubectl")
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
     # setup-envtest has no kube-controller-manager: it comes from the cache.
     cached = _fake_binary(binaries.cached_path("kube-controller-manager"))
     found = binaries.find_binaries(build=False)
     assert found.etcd == assets / "etcd"
     assert found.kube_apiserver == assets / "kube-apiserver"
+    assert found.kubectl == assets / "kubectl"
     assert found.kube_controller_manager == cached
     assert str(cached).startswith(str(empty_environment / "cache"))
     assert binaries.KUBERNETES_VERSION in str(cached)
@@ -58,6 +60,18 @@ def test_missing_binary_without_build_says_how_to_get_it(empty_environment):
     message = str(err.value)
     assert "etcd not found" in message
     assert "TEST_ASSET_ETCD" in message and "python -m clusters provision" in message
+
+
+def test_kubectl_is_built_with_the_control_plane(empty_environment, monkeypatch):
+    # Nothing found: all three Kubernetes commands go into one build of the scratch module.
+    built = []
+    monkeypatch.setattr(binaries, "build_etcd", lambda: _fake_binary(binaries.cached_path("etcd")))
+    monkeypatch.setattr(binaries, "build_kubernetes", lambda commands: built.append(
+        list(commands)) or {c: _fake_binary(binaries.cached_path(c)) for c in commands})
+    found = binaries.find_binaries(build=True)
+    assert built == [["kube-apiserver", "kube-controller-manager", "kubectl"]]
+    assert found.kubectl == binaries.cached_path("kubectl")
+    assert binaries.KUBERNETES_VERSION in str(found.kubectl)  # the cache is keyed by version
 
 
 def test_scratch_module_replaces_every_staging_module(tmp_path):
@@ -86,5 +100,6 @@ def test_cached_binaries_report_the_pinned_versions():
     found = binaries.find_binaries(build=False)
     assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.kube_apiserver)
     assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.kube_controller_manager)
+    assert binaries.binary_version(found.kubectl) == f"Client Version: {binaries.KUBERNETES_VERSION}"
     if not os.environ.get("TEST_ASSET_ETCD") and not os.environ.get("KUBEBUILDER_ASSETS"):
         assert binaries.ETCD_VERSION.lstrip("v") in binaries.binary_version(found.etcd)
