@@ -15,6 +15,7 @@ from contextvars import ContextVar
 # while it is set carries it, so a line never has to repeat it by hand to be findable.
 FIELDS = ("namespace", "name", "cluster")
 _context: ContextVar[dict[str, str]] = ContextVar("log_context", default={})
+_process: dict[str, str] = {}  # fields true of the whole process, e.g. its cluster
 
 
 @contextlib.contextmanager
@@ -32,10 +33,16 @@ def bind(**fields: str | None) -> None:
     _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
 
 
+def set_process_fields(**fields: str | None) -> None:
+    """Fields every line of this process carries unless a context says otherwise."""
+    _process.clear()
+    _process.update({k: v for k, v in fields.items() if v})
+
+
 class _ContextFilter(logging.Filter):
     # One attribute of its own: "name" is already the logger's name on every record.
     def filter(self, record: logging.LogRecord) -> bool:
-        record.subject = _context.get()
+        record.subject = {**_process, **_context.get()}
         return True
 
 

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-host", default="127.0.0.1",
                      help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
     run.add_argument("--workers", type=int, default=4, help="concurrent reconciles (default: %(default)s)")
+    run.add_argument("--cluster-name", default=None,
+                     help="name of this cluster, added to every log line as cluster=NAME "
+                     "(e.g. the MultiKueueCluster name the manager knows it by)")
     logs.add_arguments(run)
     return parser
 
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
+    logs.set_process_fields(cluster=args.cluster_name)
     from training_operator.controller import OperatorController
 
     try:

@@ -577,3 +577,18 @@ def test_metrics_count_jobs_requests_and_latencies(dispatch_env, namespace):
         assert family in text, f"{family} missing from /metrics"
     assert leader.metric("dispatcher_jobs") >= 1
     assert leader.metric("dispatcher_api_requests_total") > 0
+
+
+def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("logged"))
+    worker, _ = wait_placed(env, namespace, "logged")
+    suffix = f"namespace={namespace} name=logged cluster={worker}"
+    # Every line the reconcile of this job wrote after placing it (debug level here).
+    lines = eventually(
+        lambda: [line for line in env.dispatcher.log_file.read_text(errors="replace")
+                 .splitlines() if f"{namespace}/logged" in line],
+        lambda found: any("placed on" in line for line in found),
+        expected=f"a 'placed on' line about {namespace}/logged in the dispatcher log")
+    placed = next(line for line in lines if "placed on" in line)
+    assert placed.endswith(suffix), placed

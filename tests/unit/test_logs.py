@@ -67,3 +67,22 @@ def test_contexts_do_not_leak_between_threads(capsys, restore_logging):
     thread.join(5)
     (entry,) = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert entry["msg"] == "other thread" and "namespace" not in entry, entry
+
+
+def test_process_fields_are_on_every_line_and_a_context_overrides_them(capsys,
+                                                                      restore_logging):
+    logs.configure("info", "json")
+    logs.set_process_fields(cluster="worker-1")
+    try:
+        log = logging.getLogger("training_operator.test")
+        log.info("starting")
+        with logs.context(namespace="team-a", name="bert"):
+            log.info("jobset created")
+        with logs.context(cluster="elsewhere"):
+            log.info("overridden")
+    finally:
+        logs.set_process_fields()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(e["msg"], e.get("namespace"), e.get("cluster")) for e in lines] == [
+        ("starting", None, "worker-1"), ("jobset created", "team-a", "worker-1"),
+        ("overridden", None, "elsewhere")]
