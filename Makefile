@@ -17,6 +17,8 @@ help:
 	@echo "make binaries       build or find etcd, kube-apiserver, kube-controller-manager"
 	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
+	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
+	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -56,6 +58,13 @@ demo: binaries
 	$(PY) -m clusters demo
 
 demo-down: clusters-down
+
+.PHONY: bench bench-quick
+bench: binaries
+	$(PY) -m bench --output bench-results
+
+bench-quick: binaries
+	$(PY) -m bench --quick --output bench-results/quick
 
 clean: clusters-down
 	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,133 @@
+"""``python -m bench``: benchmark the dispatcher on local clusters and report the figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from bench.plot import latency_plot, scaling_plot
+from bench.report import render_table
+from bench.run import run_benchmark
+from bench.settings import FULL, preset
+
+DESCRIPTION = """\
+Benchmark the dispatcher on the local harness: a manager and up to 8 worker clusters
+(etcd + kube-apiserver + kube-controller-manager each) as processes on 127.0.0.1, the
+dispatcher as its own process. No operator runs: a job is dispatched when its remote copy
+exists on a worker.
+
+Scenarios, in this order:
+  ceiling   a plain client creates TrainJobs on the manager and on a worker (same count
+            and concurrency as the burst); the dispatcher's throughput is reported as a
+            share of the lower of the two
+  scaling   burst throughput with 1, 2, 4 and 8 workers (a fresh dispatcher each)
+  burst     1,000 jobs created on the manager at once, 3 workers: throughput (first create
+            to last remote seen), latency per job (manager TrainJob ADDED to remote ADDED,
+            both from the benchmark's own watches), API requests per job (apiservers' own
+            apiserver_request_total), dispatcher RSS and CPU from /proc
+  sync      remote status written as the operator would; lag until the manager shows it,
+            and manager writes per change
+  steady    arrivals at 10, 50 and 100 jobs/s for 20 s each: latency percentiles
+  fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
+Every target is printed with the measured value and whether it was met.
+
+Output (--output): results.json (every figure, the environment, the dispatcher's
+configuration), table.md, latency.png, scaling.png, logs/. A full run takes 20-40 minutes
+on two cores; --quick (100 jobs; rates 10 and 50 for 5 s; 500 mirrored; 1, 2, 4 workers)
+a few minutes. The clusters and processes are removed at the end, Ctrl-C included.
+"""
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="small numbers: a run of a few minutes")
+    parser.add_argument("--output", type=Path, default=Path("bench-results"),
+                        help="directory for results.json, table.md, the plots and logs "
+                        "(default: %(default)s)")
+    parser.add_argument("--state-dir", type=Path,
+                        help="use clusters already running under this harness state "
+                        "directory (python -m clusters up --workers N) and leave them running;"
+                        " default: start fresh ones and remove them at the end")
+    scale = parser.add_argument_group("scale (override the preset)")
+    scale.add_argument("--jobs", type=int, dest="burst_jobs",
+                       help=f"jobs in the burst and each ceiling run (full {FULL.burst_jobs})")
+    scale.add_argument("--burst-workers", type=int,
+                       help=f"workers for burst, steady and sync (full {FULL.burst_workers})")
+    scale.add_argument("--concurrency", type=int,
+                       help=f"client threads creating jobs (full {FULL.concurrency})")
+    scale.add_argument("--rates", type=_ints,
+                       help="steady arrival rates in jobs/s, comma-separated (full "
+                       f"{','.join(map(str, FULL.rates))})")
+    scale.add_argument("--rate-seconds", type=float,
+                       help=f"seconds each steady rate lasts (full {FULL.rate_seconds:g})")
+    scale.add_argument("--sync-jobs", type=int,
+                       help=f"remote status changes timed (full {FULL.sync_jobs})")
+    scale.add_argument("--sync-rate", type=float,
+                       help=f"remote status writes per second (full {FULL.sync_rate:g})")
+    scale.add_argument("--fill-to", type=int,
+                       help=f"mirrored jobs for the large footprint figure (full {FULL.fill_to})")
+    scale.add_argument("--idle-seconds", type=float,
+                       help=f"length of an idle footprint window (full {FULL.idle_seconds:g})")
+    scale.add_argument("--scaling-workers", type=_ints,
+                       help="worker counts for the scaling scenario (full "
+                       f"{','.join(map(str, FULL.scaling_workers))})")
+    scale.add_argument("--scaling-jobs", type=int,
+                       help=f"burst size per scaling step (full {FULL.scaling_jobs})")
+    parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
+                        help="the dispatcher's placement policy (default worst-fit: with "
+                        "ample capacity best fit puts every job on one worker, which would "
+                        "make the worker count irrelevant)")
+    parser.add_argument("--profile", action="store_true", default=None,
+                        help="record the dispatcher with py-spy during the main burst "
+                        "(profile-burst.svg)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through every cleanup, like Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    settings = preset(args.quick, **{k: getattr(args, k) for k in (
+        "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
+        "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
+        "placement_policy", "profile")})
+    signal.signal(signal.SIGTERM, _terminate)
+    output = args.output.resolve()
+    try:
+        results = run_benchmark(settings, output, args.state_dir,
+                                mode="quick" if args.quick else "full")
+    except KeyboardInterrupt:
+        print("interrupted; clusters and processes stopped", file=sys.stderr)
+        return 130
+    (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = render_table(results)
+    (output / "table.md").write_text(table + "\n")
+    latency_plot(results, output / "latency.png")
+    scaling_plot(results, output / "scaling.png")
+    print(table)
+    print(f"\nresults: {output / 'results.json'}; plots: {output / 'latency.png'}, "
+          f"{output / 'scaling.png'}")
+    return 0

@@ -1,0 +1,69 @@
+"""Memory and CPU of one process, read from /proc while a scenario runs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The command name (field 2) may hold spaces; fields after its ')' are fixed.
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+class FootprintWindow:
+    """``with FootprintWindow(pid) as window:`` samples RSS every ``interval`` seconds;
+    afterwards ``figures()`` gives peak and final RSS, CPU seconds and CPU share."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        self.pid = pid
+        self.interval = interval
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True,
+                                        name=f"footprint-{pid}")
+
+    def __enter__(self) -> FootprintWindow:
+        self.started = time.monotonic()
+        self.cpu_start = cpu_seconds(self.pid)
+        self.peak_rss = rss_bytes(self.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.wall = time.monotonic() - self.started
+        self.cpu = cpu_seconds(self.pid) - self.cpu_start
+        self.end_rss = rss_bytes(self.pid)
+        self.peak_rss = max(self.peak_rss, self.end_rss)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.peak_rss = max(self.peak_rss, rss_bytes(self.pid))
+            except (OSError, ValueError):
+                return  # the process ended; __exit__ reports it
+
+    def figures(self) -> dict:
+        return {
+            "wall_seconds": round(self.wall, 2),
+            "cpu_seconds": round(self.cpu, 2),
+            "cpu_share": round(self.cpu / self.wall, 3) if self.wall else None,
+            "peak_rss_mb": round(self.peak_rss / 2**20, 1),
+            "end_rss_mb": round(self.end_rss / 2**20, 1),
+        }

@@ -1,0 +1,69 @@
+"""PNG plots of a run: latency distributions and throughput against workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
+
+
+def _cdf(axis, samples_ms: list[float], label: str) -> None:
+    values = sorted(samples_ms)
+    if not values:
+        return
+    fractions = [(i + 1) / len(values) for i in range(len(values))]
+    axis.step(values, fractions, where="post", label=f"{label} (n={len(values)})")
+
+
+def _log_ms_axis(axis) -> None:
+    axis.set_xscale("log")
+    axis.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.xaxis.set_minor_formatter(NullFormatter())
+
+
+def latency_plot(results: dict, path: Path) -> Path:
+    figure, (dispatch, sync) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _cdf(dispatch, results["burst"]["latency_samples_ms"],
+         f"burst of {results['burst']['jobs']}")
+    for step in results["steady"]:
+        _cdf(dispatch, step["latency_samples_ms"], f"steady {step['rate']} jobs/s")
+    dispatch.set(title="Dispatch latency (manager ADDED -> remote ADDED)", xlabel="ms", ylabel="fraction of jobs")
+    _log_ms_axis(dispatch)
+    dispatch.axvline(100, color="grey", linestyle=":", label="100 ms target")
+    dispatch.legend(fontsize=8)
+    dispatch.grid(alpha=0.3)
+    _cdf(sync, results["sync"]["lag_samples_ms"], "remote status write -> manager shows it")
+    sync.set(title="Status-sync lag", xlabel="ms", ylabel="fraction of jobs")
+    _log_ms_axis(sync)
+    sync.axvline(100, color="grey", linestyle=":", label="100 ms target")
+    sync.legend(fontsize=8)
+    sync.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def scaling_plot(results: dict, path: Path) -> Path:
+    steps = results["scaling"]
+    ceiling = results["ceiling"]
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    axis.plot([s["workers"] for s in steps], [s["throughput_jobs_per_second"] for s in steps],
+              marker="o", label="dispatch throughput")
+    axis.axhline(ceiling["manager"]["creates_per_second"], color="tab:red", linestyle="--",
+                 label="create ceiling, manager")
+    axis.axhline(ceiling["worker-1"]["creates_per_second"], color="tab:orange",
+                 linestyle=":", label="create ceiling, worker")
+    axis.set(title="Burst throughput against workers", xlabel="workers", ylabel="jobs/s",
+             ylim=(0, None))
+    axis.set_xticks([s["workers"] for s in steps])
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

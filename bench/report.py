@@ -1,0 +1,140 @@
+"""The figures as the targets they are judged against and as a Markdown table."""
+
+from __future__ import annotations
+
+
+def _close(value, wanted: float, tolerance: float = 0.005) -> bool:
+    return value is not None and abs(value - wanted) <= tolerance
+
+
+def targets(results: dict) -> list[dict]:
+    """Each target with what was measured and whether it was met (None: not measured at
+    the scale the target is about)."""
+    rows = []
+    ceiling = results["ceiling"]["limit_creates_per_second"]
+    burst = results["burst"]
+    ratio = burst["throughput_jobs_per_second"] / ceiling if ceiling else 0.0
+    rows.append({"target": "burst throughput >= 50% of the create ceiling",
+                 "measured": f"{burst['throughput_jobs_per_second']} jobs/s = {ratio:.1%} of "
+                             f"{ceiling} creates/s",
+                 "met": ratio >= 0.5})
+
+    at_50 = next((s for s in results["steady"] if s["rate"] == 50), None)
+    p99 = at_50["latency"]["p99_ms"] if at_50 else None
+    rows.append({"target": "dispatch latency p99 <= 100 ms at 50 jobs/s",
+                 "measured": f"{p99} ms" if at_50 else "50 jobs/s not run",
+                 "met": (p99 is not None and p99 <= 100) if at_50 else None})
+
+    lag = results["sync"]["lag"]["p99_ms"]
+    rows.append({"target": "status-sync lag p99 <= 100 ms", "measured": f"{lag} ms",
+                 "met": lag is not None and lag <= 100})
+
+    cost = burst["api"]["per_job"]
+    rows.append({"target": "dispatch costs 2 writes (manager 1 PATCH, worker 1 create)",
+                 "measured": f"manager {cost['manager_trainjob_writes']} "
+                             f"(PATCH {cost['manager_trainjob_patches']}), worker "
+                             f"{cost['worker_trainjob_writes']} (create "
+                             f"{cost['worker_trainjob_creates']}); plus "
+                             f"{cost['manager_event_writes']} Event writes",
+                 "met": _close(cost["manager_trainjob_writes"], 1)
+                 and _close(cost["manager_trainjob_patches"], 1)
+                 and _close(cost["worker_trainjob_writes"], 1)})
+
+    per_change = results["sync"]["manager_writes_per_status_change"]
+    rows.append({"target": "each remote status change costs exactly 1 manager write",
+                 "measured": f"{per_change} manager writes per change",
+                 "met": _close(per_change, 1)})
+
+    footprint = results["footprint"]
+    largest = footprint.get("fill_burst") or footprint["idle"]
+    mirrored = footprint["fill_idle"]["mirrored_jobs"]
+    peak = max(largest["peak_rss_mb"], footprint["fill_idle"]["peak_rss_mb"])
+    rows.append({"target": "dispatcher RSS <= 250 MB with 10,000 mirrored jobs",
+                 "measured": f"{peak} MB peak with {mirrored} mirrored",
+                 "met": (peak <= 250) if mirrored >= 10000 else None})
+
+    steps = results["scaling"]
+    series = [s["throughput_jobs_per_second"] for s in steps]
+    manager_ceiling = results["ceiling"]["manager"]["creates_per_second"]
+    grows = bool(series) and all(b >= 0.9 * a for a, b in zip(series, series[1:])) and (
+        series[-1] >= 1.2 * series[0] or series[0] >= 0.8 * manager_ceiling)
+    rows.append({"target": "throughput grows with workers until the manager apiserver is "
+                           "the limit",
+                 "measured": ", ".join(f"{s['workers']}w {s['throughput_jobs_per_second']}"
+                                       for s in steps) + " jobs/s",
+                 "met": grows if len(series) > 1 else None,
+                 "rule": "no step below 90% of the previous one, and the largest step at "
+                         ">= 120% of one worker (or one worker already >= 80% of the "
+                         "manager's create ceiling)"})
+    return rows
+
+
+def _lat(summary: dict) -> str:
+    return " / ".join(str(summary[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
+
+
+def _met(value) -> str:
+    return {True: "yes", False: "NO", None: "n/a"}[value]
+
+
+def render_table(results: dict) -> str:
+    env = results["environment"]
+    dispatcher = env["dispatcher"]
+    lines = [
+        f"Dispatcher benchmark ({results['mode']}): Kubernetes "
+        f"{env['kubernetes'].get('gitVersion')}, {env['cpu_count']} CPUs, "
+        f"{dispatcher['config']['placement_policy']} placement, "
+        f"{dispatcher['reconcile_workers']} reconcile workers, client qps "
+        f"{dispatcher['config']['client']['qps']:g} per worker",
+        "",
+        "| Scenario | Figure | Measured |",
+        "|---|---|---|",
+    ]
+    ceiling = results["ceiling"]
+    lines.append(f"| create ceiling ({ceiling['manager']['jobs']} jobs, {ceiling['concurrency']}"
+                 f" threads) | manager / worker creates/s | "
+                 f"{ceiling['manager']['creates_per_second']} / "
+                 f"{ceiling['worker-1']['creates_per_second']} |")
+    burst = results["burst"]
+    limit = ceiling["limit_creates_per_second"]
+    lines.append(f"| burst {burst['jobs']} jobs, {burst['workers']} workers | throughput | "
+                 f"{burst['throughput_jobs_per_second']} jobs/s "
+                 f"({burst['throughput_jobs_per_second'] / limit:.1%} of ceiling) |")
+    lines.append(f"| | latency p50 / p90 / p99 / max ms | {_lat(burst['latency'])} |")
+    lines.append(f"| | dispatcher CPU share / peak RSS | {burst['dispatcher']['cpu_share']} / "
+                 f"{burst['dispatcher']['peak_rss_mb']} MB |")
+    for step in results["steady"]:
+        lines.append(f"| steady {step['rate']} jobs/s for {step['seconds']:g} s "
+                     f"({step['achieved_arrival_rate']} achieved) | latency p50 / p90 / p99 /"
+                     f" max ms | {_lat(step['latency'])} |")
+    under = [s["rate"] for s in results["steady"]
+             if s["latency"]["p99_ms"] is not None and s["latency"]["p99_ms"] < 1000
+             and not s["missing"]]
+    lines.append(f"| steady | highest rate with p99 < 1 s | "
+                 f"{max(under) if under else 'none'} jobs/s |")
+    sync = results["sync"]
+    lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s | lag p50 / p90 / "
+                 f"p99 / max ms | {_lat(sync['lag'])} |")
+    cost = burst["api"]["per_job"]
+    lines.append(f"| API cost per dispatched job | manager TrainJob writes / worker TrainJob "
+                 f"writes / Event writes | {cost['manager_trainjob_writes']} / "
+                 f"{cost['worker_trainjob_writes']} / {cost['manager_event_writes']} |")
+    lines.append(f"| | reads (GET+LIST) manager / workers | {cost['manager_reads']} / "
+                 f"{cost['worker_reads']} |")
+    lines.append(f"| API cost per status change | manager writes | "
+                 f"{sync['manager_writes_per_status_change']} |")
+    for label, key in (("idle", "idle"), ("burst", "burst"), ("idle", "fill_idle"),
+                       ("burst", "fill_burst")):
+        item = results["footprint"].get(key)
+        if item:
+            lines.append(f"| footprint, {item['mirrored_jobs']} mirrored, {label} | RSS peak "
+                         f"MB / CPU s per s | {item['peak_rss_mb']} / {item['cpu_share']} |")
+    for step in results["scaling"]:
+        lines.append(f"| scaling, {step['jobs']} jobs | {step['workers']} workers | "
+                     f"{step['throughput_jobs_per_second']} jobs/s (p99 "
+                     f"{step['latency']['p99_ms']} ms, dispatcher CPU share "
+                     f"{step['dispatcher']['cpu_share']}) |")
+    lines += ["", "| Target | Measured | Met |", "|---|---|---|"]
+    for row in results["targets"]:
+        lines.append(f"| {row['target']} | {row['measured']} | {_met(row['met'])} |")
+    return "\n".join(lines)

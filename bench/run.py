@@ -1,0 +1,119 @@
+"""One benchmark run end to end: clusters, scenarios in a fixed order, cleanup on every
+exit path."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from bench import scenarios
+from bench.environment import BenchClusters
+from bench.load import LoadRunner
+from bench.report import targets
+from bench.settings import BenchSettings
+from bench.timeline import Timelines
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def dispatcher_configuration(env: BenchClusters, settings: BenchSettings) -> dict:
+    """Every setting the dispatcher ran with: its flags and the resulting configuration."""
+    from dispatcher.cli import build_parser
+    from dispatcher.config import load_config
+
+    args = env.dispatcher_args(f"bench-{settings.burst_workers}", settings.placement_policy)
+    parsed = build_parser().parse_args(["run", *args])
+    config = load_config(None, {"namespace": parsed.namespace,
+                                "multikueue_config": parsed.multikueue_config,
+                                "placement_policy": parsed.placement_policy})
+    return {"flags": list(args), "reconcile_workers": parsed.workers,
+            "config": config.model_dump(mode="json")}
+
+
+def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None = None,
+                  mode: str = "full") -> dict:
+    output.mkdir(parents=True, exist_ok=True)
+    log_dir = output / "logs"
+    log_dir.mkdir(exist_ok=True)
+    reuse = state_dir is not None
+    state = state_dir or Path(tempfile.mkdtemp(prefix="bench-clusters-"))
+    env = BenchClusters(state, settings.harness_workers, log_dir, reuse=reuse)
+    results: dict = {"mode": mode, "started": _now(), "settings": settings.as_dict(),
+                     "scenario_seconds": {}}
+    timelines: Timelines | None = None
+    runner: LoadRunner | None = None
+
+    def timed(name: str, fn, *args, **kwargs):
+        started = time.monotonic()
+        log.info("scenario %s ...", name)
+        value = fn(*args, **kwargs)
+        results["scenario_seconds"][name] = round(time.monotonic() - started, 1)
+        return value
+
+    try:
+        started = time.monotonic()
+        env.up()
+        results["environment"] = {
+            "kubernetes": env.kubernetes_version(),
+            "cpu_count": os.cpu_count(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "clusters": len(env.names),
+            "dispatcher": dispatcher_configuration(env, settings),
+            "harness_up_seconds": round(time.monotonic() - started, 1),
+        }
+        timelines = Timelines({name: env.kubeconfig(name) for name in env.names}).start()
+        runner = LoadRunner(settings.concurrency)
+        ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
+
+        results["ceiling"] = timed("ceiling", scenarios.create_ceiling, ctx)
+        results["scaling"] = timed("scaling", scenarios.scaling, ctx)
+
+        workers = env.worker_names[:settings.burst_workers]
+        env.start_dispatcher(workers, settings.placement_policy)
+        results["burst"] = timed(
+            "burst", scenarios.burst, ctx, "bench-burst", settings.burst_jobs, workers,
+            api_cost=True, profile=output / "profile-burst.svg" if settings.profile else None)
+        mirrored = results["burst"]["dispatched"]
+        footprint = {"burst": {"mirrored_jobs": mirrored, **results["burst"]["dispatcher"]},
+                     "idle": timed("idle", scenarios.idle, ctx, mirrored)}
+
+        burst_keys = [("bench-burst", f"job-{i:05d}")
+                      for i in range(min(settings.sync_jobs, settings.burst_jobs))]
+        results["sync"] = timed("sync", scenarios.status_sync, ctx, burst_keys, workers)
+
+        results["steady"] = []
+        for rate in settings.rates:
+            figures = timed(f"steady-{rate}", scenarios.steady, ctx, rate, workers)
+            results["steady"].append(figures)
+            mirrored += figures["dispatched"]
+
+        fill = settings.fill_to - mirrored
+        if fill > 0:
+            results["fill"] = timed("fill", scenarios.burst, ctx, "bench-fill", fill, workers)
+            results["fill"].pop("latency_samples_ms")
+            mirrored += results["fill"]["dispatched"]
+            footprint["fill_burst"] = {"mirrored_jobs": mirrored,
+                                       **results["fill"]["dispatcher"]}
+        footprint["fill_idle"] = timed("fill-idle", scenarios.idle, ctx, mirrored)
+        results["footprint"] = footprint
+        results["targets"] = targets(results)
+        results["finished"] = _now()
+        results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return results
+    finally:
+        if runner is not None:
+            runner.close()
+        if timelines is not None:
+            timelines.stop()
+        env.close()

@@ -1,0 +1,347 @@
+"""The scenarios. Each returns a JSON-ready dict of figures; per-job times come from the
+benchmark's own watches (manager TrainJob ADDED -> remote ADDED on a worker)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes import client
+
+from bench import apicost
+from bench.environment import BenchClusters
+from bench.footprint import FootprintWindow
+from bench.load import LoadRunner, creates
+from bench.settings import BenchSettings
+from bench.stats import summary_ms
+from bench.timeline import Key, Timelines
+from trainjob import constants as c
+
+log = logging.getLogger(__name__)
+
+TRAINJOBS = f"{c.TRAINJOBS}.{c.TRAINER_GROUP}"
+EVENTS = "events"
+
+
+@dataclass
+class BenchContext:
+    env: BenchClusters
+    timelines: Timelines
+    runner: LoadRunner
+    settings: BenchSettings
+    output: Path
+
+    def kubeconfig(self, cluster: str) -> Path:
+        return self.env.kubeconfig(cluster)
+
+    @property
+    def dispatcher_pid(self) -> int:
+        return self.env.dispatcher.proc.pid
+
+
+def _names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}-{i:05d}" for i in range(count)]
+
+
+def _wait_timeout(count: int) -> float:
+    return 120 + count / 5
+
+
+def _snapshot(env: BenchClusters, clusters: list[str]) -> dict[str, Counter]:
+    return {name: apicost.request_counts(env.control_plane(name)) for name in clusters}
+
+
+def _settled(env: BenchClusters, clusters: list[str], quiet: float = 1.0,
+             timeout: float = 20.0) -> dict[str, Counter]:
+    """Snapshots once TrainJob and Event writes have stopped changing for ``quiet`` seconds
+    (the dispatcher's trailing writes, e.g. Events, land after the remote exists)."""
+    def writes(snap):
+        return {name: (apicost.total(counts, resource=TRAINJOBS, verbs=apicost.WRITE_VERBS),
+                       apicost.total(counts, resource=EVENTS, verbs=apicost.WRITE_VERBS))
+                for name, counts in snap.items()}
+
+    deadline = time.monotonic() + timeout
+    last = _snapshot(env, clusters)
+    while time.monotonic() < deadline:
+        threading.Event().wait(quiet)
+        now = _snapshot(env, clusters)
+        if writes(now) == writes(last):
+            return now
+        last = now
+    return last
+
+
+def _dispatched(ctx: BenchContext, keys: list[Key]) -> dict:
+    """Per-job latencies, throughput basis and where the jobs went, from the timelines."""
+    latencies, ends, placements = [], [], Counter()
+    for key in keys:
+        start = ctx.timelines.manager.added.get(key)
+        remote = ctx.timelines.remote(key)
+        if start is None or remote is None:
+            continue
+        worker, seen = remote
+        latencies.append(max(0.0, seen - start))
+        ends.append(seen)
+        placements[worker] += 1
+    return {"latencies": latencies, "last_remote": max(ends) if ends else None,
+            "placements": dict(sorted(placements.items()))}
+
+
+@contextlib.contextmanager
+def _profiled(pid: int, path: Path, enabled: bool):
+    """py-spy record of ``pid`` while the block runs (a flame graph SVG), when enabled."""
+    tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not enabled:
+        yield None
+        return
+    if not Path(tool).exists():
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    recorder = subprocess.Popen([tool, "record", "--pid", str(pid), "--rate", "100",
+                                 "--output", str(path), "--format", "flamegraph",
+                                 "--nonblocking"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield path
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        try:
+            recorder.wait(60)
+        except subprocess.TimeoutExpired:
+            recorder.kill()
+            recorder.wait()
+
+
+# --- the ceiling ---------------------------------------------------------------------------
+
+def create_ceiling(ctx: BenchContext) -> dict:
+    """How fast a plain client creates TrainJobs on the manager and on one worker, with the
+    burst's count and concurrency (no dispatcher running)."""
+    count = ctx.settings.burst_jobs
+    figures = {}
+    for cluster in ("manager", "worker-1"):
+        namespace = f"bench-ceiling-{cluster}"
+        ctx.env.create_namespace(namespace, [cluster])
+        # Untimed warm-up: every load thread's client connected, the apiserver's TrainJob
+        # storage and admission paths exercised once.
+        ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
+                               _names("warm-up", 2 * ctx.settings.concurrency),
+                               multikueue=False))
+        run = ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
+                                     _names("ceiling", count), multikueue=False))
+        figures[cluster] = {"jobs": count, "creates_per_second": round(run.rate(), 1),
+                            "seconds": round(run.last_end - run.first_start, 2),
+                            "retries": run.retries}
+        log.info("ceiling on %s: %.1f creates/s", cluster, run.rate())
+    ctx.env.remove_namespaces([f"bench-ceiling-{n}" for n in ("manager", "worker-1")])
+    for cluster in ("manager", "worker-1"):
+        ctx.timelines.forget(f"bench-ceiling-{cluster}")
+    figures["concurrency"] = ctx.settings.concurrency
+    figures["limit_creates_per_second"] = min(figures["manager"]["creates_per_second"],
+                                              figures["worker-1"]["creates_per_second"])
+    return figures
+
+
+# --- bursts ----------------------------------------------------------------------------------
+
+def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
+          api_cost: bool = False, profile: Path | None = None) -> dict:
+    """``count`` jobs created on the manager as fast as the load pool goes; throughput from
+    the first create to the last remote seen, latency per job, the dispatcher's footprint
+    and (``api_cost``) the apiservers' request deltas."""
+    env = ctx.env
+    env.create_namespace(namespace, ["manager", *workers])
+    names = _names("job", count)
+    keys = [(namespace, n) for n in names]
+    clusters = ["manager", *workers]
+    before = _snapshot(env, clusters) if api_cost else None
+    with _profiled(ctx.dispatcher_pid, profile, profile is not None), \
+            FootprintWindow(ctx.dispatcher_pid) as window:
+        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names))
+        missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
+    seen = _dispatched(ctx, keys)
+    span = (seen["last_remote"] - run.first_start) if seen["last_remote"] else None
+    figures = {
+        "namespace": namespace, "jobs": count, "workers": len(workers),
+        "dispatched": len(seen["latencies"]), "missing": len(missing),
+        "create_seconds": round(run.last_end - run.first_start, 2),
+        "create_rate": round(run.rate(), 1), "create_retries": run.retries,
+        "seconds": round(span, 2) if span else None,
+        "throughput_jobs_per_second": round(len(seen["latencies"]) / span, 1) if span else 0.0,
+        "latency": summary_ms(seen["latencies"]),
+        "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
+        "placements": seen["placements"],
+        "dispatcher": window.figures(),
+    }
+    if profile is not None:
+        figures["profile"] = profile.name
+    if api_cost:
+        figures["api"] = _api_cost(before, _settled(env, clusters), count, workers)
+    log.info("burst of %d on %d workers: %.1f jobs/s, p99 %s ms", count, len(workers),
+             figures["throughput_jobs_per_second"], figures["latency"]["p99_ms"])
+    return figures
+
+
+def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
+              workers: list[str]) -> dict:
+    deltas = {name: apicost.delta(before[name], after[name]) for name in after}
+    manager = deltas["manager"]
+    # The benchmark's own creates are the only manager TrainJob POSTs it makes meanwhile.
+    manager_tj_writes = apicost.total(manager, resource=TRAINJOBS,
+                                      verbs=apicost.WRITE_VERBS) - count
+    worker_tj_writes = sum(apicost.total(deltas[w], resource=TRAINJOBS,
+                                         verbs=apicost.WRITE_VERBS) for w in workers)
+    event_writes = apicost.total(manager, resource=EVENTS, verbs=apicost.WRITE_VERBS)
+
+    def reads(name: str) -> int:
+        # Resource reads only: discovery and other non-resource URLs have no resource.
+        return sum(n for (res, _, verb), n in deltas[name].items()
+                   if res and verb in ("GET", "LIST"))
+
+    return {
+        "per_job": {
+            "manager_trainjob_writes": round(manager_tj_writes / count, 3),
+            "manager_trainjob_patches": round(apicost.total(
+                manager, resource=TRAINJOBS, verbs=frozenset({"PATCH"})) / count, 3),
+            "worker_trainjob_writes": round(worker_tj_writes / count, 3),
+            "worker_trainjob_creates": round(sum(apicost.total(
+                deltas[w], resource=TRAINJOBS, verbs=frozenset({"POST"}))
+                for w in workers) / count, 3),
+            "dispatch_writes": round((manager_tj_writes + worker_tj_writes) / count, 3),
+            "manager_event_writes": round(event_writes / count, 3),
+            "manager_reads": round(reads("manager") / count, 3),
+            "worker_reads": round(sum(reads(w) for w in workers) / count, 3),
+        },
+        "note": "manager TrainJob writes exclude the benchmark's own creates; reads are GET "
+                "and LIST of every resource (watches excluded) over the whole burst",
+        "requests": {name: apicost.as_table(d) for name, d in deltas.items()},
+    }
+
+
+def idle(ctx: BenchContext, mirrored: int) -> dict:
+    """The dispatcher's footprint while nothing happens, with ``mirrored`` jobs placed."""
+    with FootprintWindow(ctx.dispatcher_pid) as window:
+        threading.Event().wait(ctx.settings.idle_seconds)
+    return {"mirrored_jobs": mirrored, **window.figures()}
+
+
+# --- steady arrival --------------------------------------------------------------------------
+
+def steady(ctx: BenchContext, rate: int, workers: list[str]) -> dict:
+    settings = ctx.settings
+    namespace = f"bench-rate-{rate}"
+    ctx.env.create_namespace(namespace, ["manager", *workers])
+    count = max(1, int(rate * settings.rate_seconds))
+    names = _names("job", count)
+    keys = [(namespace, n) for n in names]
+    with FootprintWindow(ctx.dispatcher_pid) as window:
+        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names), rate=rate)
+        missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
+    seen = _dispatched(ctx, keys)
+    arrival_span = max(run.starts) - run.first_start
+    figures = {
+        "rate": rate, "seconds": settings.rate_seconds, "jobs": count,
+        "achieved_arrival_rate": round((count - 1) / arrival_span, 1) if arrival_span else None,
+        "dispatched": len(seen["latencies"]), "missing": len(missing),
+        "latency": summary_ms(seen["latencies"]),
+        "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
+        "dispatcher": window.figures(),
+    }
+    log.info("steady %d jobs/s: p50 %s ms, p99 %s ms", rate, figures["latency"]["p50_ms"],
+             figures["latency"]["p99_ms"])
+    return figures
+
+
+# --- status sync -----------------------------------------------------------------------------
+
+SYNC_CONDITION = "Created"
+
+
+def _status_flip(namespace: str, name: str):
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"status": {
+        "conditions": [{"type": SYNC_CONDITION, "status": "True", "reason": "JobSetCreated",
+                        "message": "JobSet created (status written by the benchmark)",
+                        "lastTransitionTime": now}],
+        "jobsStatus": [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0,
+                        "active": 1, "suspended": 0}],
+    }}
+
+    def call(custom: client.CustomObjectsApi) -> object:
+        return custom.patch_namespaced_custom_object_status(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, name, body,
+            _content_type="application/merge-patch+json", _preload_content=False)
+    return call
+
+
+def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
+    """Write each remote's status as the operator would (one write per job, paced) and time
+    the manager object showing it."""
+    env = ctx.env
+    placed = [(key, ctx.timelines.remote(key)) for key in keys]
+    placed = [(key, where[0]) for key, where in placed if where is not None]
+    calls = [(ctx.kubeconfig(worker), _status_flip(*key)) for key, worker in placed]
+    clusters = ["manager", *workers]
+    before = _snapshot(env, clusters)
+    run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
+    wanted = {key for key, _ in placed}
+    manager = ctx.timelines.manager
+    missing = ctx.timelines.wait(
+        lambda: {k for k in wanted if (*k, SYNC_CONDITION) not in manager.condition_seen},
+        _wait_timeout(len(wanted)))
+    after = _settled(env, clusters)
+    lags, watch_lags = [], []
+    for index, (key, worker) in enumerate(placed):
+        shown = manager.condition_seen.get((*key, SYNC_CONDITION))
+        if shown is None:
+            continue
+        lags.append(max(0.0, shown - run.starts[index]))
+        remote_seen = ctx.timelines.clusters[worker].condition_seen.get((*key, SYNC_CONDITION))
+        if remote_seen is not None:
+            watch_lags.append(max(0.0, shown - remote_seen))
+    manager_delta = apicost.delta(before["manager"], after["manager"])
+    status_writes = apicost.total(manager_delta, resource=TRAINJOBS, verbs=apicost.WRITE_VERBS)
+    figures = {
+        "jobs": len(placed), "rate": ctx.settings.sync_rate, "synced": len(lags),
+        "missing": len(missing),
+        "lag": summary_ms(lags),
+        "lag_samples_ms": [round(x * 1000, 1) for x in lags],
+        "lag_from_remote_watch": summary_ms(watch_lags),
+        "manager_trainjob_writes": status_writes,
+        "manager_writes_per_status_change": round(status_writes / len(placed), 3)
+        if placed else None,
+        "manager_requests": apicost.as_table(manager_delta),
+    }
+    log.info("status sync of %d: p50 %s ms, p99 %s ms, %s manager writes each", len(placed),
+             figures["lag"]["p50_ms"], figures["lag"]["p99_ms"],
+             figures["manager_writes_per_status_change"])
+    return figures
+
+
+# --- scaling ---------------------------------------------------------------------------------
+
+def scaling(ctx: BenchContext) -> list[dict]:
+    """Burst throughput with 1, 2, 4, ... workers: a fresh dispatcher and namespace each,
+    removed again before the next step."""
+    steps = []
+    for count in ctx.settings.scaling_workers:
+        workers = ctx.env.worker_names[:count]
+        ctx.env.start_dispatcher(workers, ctx.settings.placement_policy)
+        namespace = f"bench-scale-{count}"
+        try:
+            figures = burst(ctx, namespace, ctx.settings.scaling_jobs, workers)
+        finally:
+            ctx.env.stop_dispatcher()
+        figures.pop("latency_samples_ms")
+        steps.append(figures)
+        ctx.env.remove_namespaces([namespace])
+        ctx.timelines.forget(namespace)
+    return steps

@@ -1,0 +1,43 @@
+"""What a benchmark run does: the scale of each scenario, as a full and a quick preset."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    burst_jobs: int = 1000            # jobs in the burst (and in each ceiling run)
+    burst_workers: int = 3            # workers the burst, steady and sync scenarios use
+    concurrency: int = 16             # client threads creating jobs (burst and ceiling alike)
+    rates: tuple[int, ...] = (10, 50, 100)   # steady arrival rates, jobs/s
+    rate_seconds: float = 20.0        # how long each steady rate is kept up
+    sync_jobs: int = 500              # remote status changes in the sync scenario
+    sync_rate: float = 50.0           # remote status writes per second
+    fill_to: int = 10000              # mirrored jobs for the large footprint figure
+    idle_seconds: float = 10.0        # length of an idle footprint window
+    scaling_workers: tuple[int, ...] = (1, 2, 4, 8)
+    scaling_jobs: int = 1000          # burst size per scaling step
+    placement_policy: str = "worst-fit"
+    profile: bool = False             # py-spy the dispatcher during the main burst
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def harness_workers(self) -> int:
+        return max(self.burst_workers, *self.scaling_workers)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data.pop("extra")
+        return data
+
+
+FULL = BenchSettings()
+QUICK = BenchSettings(burst_jobs=100, rates=(10, 50), rate_seconds=5.0, sync_jobs=50,
+                      fill_to=500, idle_seconds=3.0, scaling_workers=(1, 2, 4),
+                      scaling_jobs=100)
+
+
+def preset(quick: bool, **overrides) -> BenchSettings:
+    base = QUICK if quick else FULL
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})

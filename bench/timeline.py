@@ -1,0 +1,170 @@
+"""When each TrainJob was seen, per cluster, from a watch the benchmark keeps open: the
+start and end points of every per-job figure (ms precision, one clock)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from trainjob import constants as c
+from trainjob.kubeclient import api_client
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+
+class TrainJobTimeline:
+    """Watches every TrainJob of one cluster from a thread and records, per (namespace,
+    name), when it was first seen (ADDED) and when each condition type first appeared."""
+
+    def __init__(self, cluster: str, kubeconfig, changed: threading.Condition):
+        self.cluster = cluster
+        self.api = api_client(kubeconfig)
+        self.added: dict[Key, float] = {}
+        self.condition_seen: dict[tuple[str, str, str], float] = {}
+        self.relists = 0
+        self._changed = changed
+        self._stop = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"timeline-{cluster}")
+
+    def start(self) -> TrainJobTimeline:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"cluster {self.cluster}: the TrainJob watch did not start "
+                               "within 30s")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        self.api.close()
+
+    # --- the watch ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        resource_version = None
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    listed = custom.list_cluster_custom_object(
+                        c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)
+                    now = time.time()
+                    # Objects first seen in a (re)list get the list time: only after a
+                    # watch expired, and counted as relists in the results.
+                    for item in listed.get("items", []):
+                        self._record("ADDED", item, now)
+                    resource_version = listed["metadata"]["resourceVersion"]
+                    self._ready.set()
+                self._watch = watch.Watch()
+                for event in self._watch.stream(
+                        custom.list_cluster_custom_object, c.TRAINER_GROUP,
+                        c.TRAINER_VERSION, c.TRAINJOBS, resource_version=resource_version,
+                        allow_watch_bookmarks=True, timeout_seconds=120,
+                        # A read timeout longer than the server-side one: a quiet cluster
+                        # must not drop the watch (events would arrive late, after it).
+                        _request_timeout=(10, 180)):
+                    now = time.time()
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        if obj.get("code") == 410:
+                            resource_version = None
+                            self.relists += 1
+                            break
+                        raise RuntimeError(f"watch error: {obj}")
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._record(event["type"], obj, now)
+                    if self._stop.is_set():
+                        return
+            except ApiException as err:
+                if err.status == 410:
+                    resource_version = None
+                    self.relists += 1
+                    continue
+                if self._stop.is_set():
+                    return
+                log.warning("cluster %s: TrainJob watch failed (%s); restarting", self.cluster,
+                            err.reason)
+                self._stop.wait(0.5)
+            except Exception as err:  # noqa: BLE001 - a dropped watch is restarted
+                if self._stop.is_set():
+                    return
+                log.warning("cluster %s: TrainJob watch failed (%s); restarting", self.cluster,
+                            err)
+                self._stop.wait(0.5)
+
+    def _record(self, kind: str, obj: dict, now: float) -> None:
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        with self._changed:
+            if kind == "DELETED":
+                return
+            self.added.setdefault(key, now)
+            for condition in (obj.get("status") or {}).get("conditions") or []:
+                self.condition_seen.setdefault((*key, condition.get("type", "")), now)
+            self._changed.notify_all()
+
+    def forget(self, namespace: str) -> None:
+        """Drop what was seen in ``namespace`` (it was deleted; its names may come back)."""
+        with self._changed:
+            for key in [k for k in self.added if k[0] == namespace]:
+                del self.added[key]
+            for key in [k for k in self.condition_seen if k[0] == namespace]:
+                del self.condition_seen[key]
+
+
+class Timelines:
+    """One timeline per cluster, sharing one condition so a wait can span them all."""
+
+    def __init__(self, kubeconfigs: dict[str, object]):
+        self.changed = threading.Condition()
+        self.clusters = {name: TrainJobTimeline(name, path, self.changed)
+                         for name, path in kubeconfigs.items()}
+
+    def start(self) -> Timelines:
+        for timeline in self.clusters.values():
+            timeline.start()
+        return self
+
+    def stop(self) -> None:
+        for timeline in self.clusters.values():
+            timeline.stop()
+
+    @property
+    def manager(self) -> TrainJobTimeline:
+        return self.clusters["manager"]
+
+    def remote(self, key: Key) -> tuple[str, float] | None:
+        """(worker, first seen) of the remote copy of ``key``, if any worker has one."""
+        for name, timeline in self.clusters.items():
+            if name != "manager" and key in timeline.added:
+                return name, timeline.added[key]
+        return None
+
+    def wait(self, missing, timeout: float) -> set:
+        """Block until ``missing()`` is empty or ``timeout``; returns what is still missing."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                left = missing()
+                remaining = deadline - time.monotonic()
+                if not left or remaining <= 0:
+                    return left
+                self.changed.wait(min(remaining, 1.0))
+
+    def wait_remotes(self, keys: set[Key], timeout: float) -> set[Key]:
+        return self.wait(lambda: {k for k in keys if self.remote(k) is None}, timeout)
+
+    def forget(self, namespace: str) -> None:
+        for timeline in self.clusters.values():
+            timeline.forget(namespace)

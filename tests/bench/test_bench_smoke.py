@@ -1,0 +1,117 @@
+"""The benchmark program at a tiny scale: it runs to the end against real clusters, prints
+its table and writes every figure, sane, plus valid PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = ["--quick", "--jobs", "4", "--burst-workers", "2", "--scaling-workers", "1,2",
+        "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
+        "--fill-to", "12", "--idle-seconds", "1"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _ordered(summary: dict, name: str) -> None:
+    values = [summary[k] for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")]
+    assert all(v is not None and v >= 0 for v in values), f"{name}: {summary}"
+    assert values == sorted(values), f"{name}: percentiles out of order: {summary}"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path.name} is not a PNG (starts {data[:8]!r})"
+    assert data[12:16] == b"IHDR", f"{path.name}: no IHDR chunk first"
+    assert data.rstrip(b"\0").endswith(b"IEND\xaeB`\x82"), f"{path.name}: no IEND chunk"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("bench")
+    argv = [sys.executable, "-m", "bench", *TINY, "--output", str(output),
+            "--log-level", "warning"]
+    reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
+    if reuse:
+        argv += ["--state-dir", reuse]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=420,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, (f"python -m bench exited {done.returncode}\n"
+                                  f"stdout:\n{done.stdout[-3000:]}\nstderr:\n"
+                                  f"{done.stderr[-5000:]}")
+    return output, done.stdout, json.loads((output / "results.json").read_text())
+
+
+def test_the_table_is_printed_with_every_section(bench_run):
+    _, stdout, results = bench_run
+    for text in ("| create ceiling", "| burst 4 jobs, 2 workers | throughput",
+                 "| steady 5 jobs/s", "| status sync 4 jobs", "| API cost per dispatched job",
+                 "| footprint, 4 mirrored, idle", "| scaling, 3 jobs | 2 workers",
+                 "| Target | Measured | Met |",
+                 "| dispatch costs 2 writes (manager 1 PATCH, worker 1 create)"):
+        assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
+    assert (bench_run[0] / "table.md").read_text().strip() in stdout
+
+
+def test_every_figure_is_there_and_sane(bench_run):
+    _, _, results = bench_run
+    env = results["environment"]
+    assert env["kubernetes"]["gitVersion"].startswith("v1."), env["kubernetes"]
+    assert env["cpu_count"] >= 1
+    assert env["dispatcher"]["config"]["placement_policy"] == "worst-fit"
+    assert env["dispatcher"]["reconcile_workers"] >= 1
+
+    ceiling = results["ceiling"]
+    for cluster in ("manager", "worker-1"):
+        assert ceiling[cluster]["creates_per_second"] > 0, ceiling
+
+    burst = results["burst"]
+    assert (burst["dispatched"], burst["missing"]) == (4, 0), burst
+    assert burst["throughput_jobs_per_second"] > 0, burst
+    _ordered(burst["latency"], "burst latency")
+    assert len(burst["latency_samples_ms"]) == 4
+    assert sum(burst["placements"].values()) == 4, burst["placements"]
+
+    cost = burst["api"]["per_job"]
+    # Counted by the apiservers: the dispatch path's writes per job are all present.
+    assert cost["manager_trainjob_patches"] >= 1, cost
+    assert cost["worker_trainjob_creates"] >= 1, cost
+    assert cost["dispatch_writes"] >= 2, cost
+    assert any(row["verb"] == "POST" and row["resource"].startswith("trainjobs.")
+               for row in burst["api"]["requests"]["manager"]), burst["api"]["requests"]
+
+    for step in results["steady"]:
+        assert (step["dispatched"], step["missing"]) == (step["jobs"], 0), step
+        _ordered(step["latency"], f"steady {step['rate']}")
+
+    sync = results["sync"]
+    assert (sync["synced"], sync["missing"]) == (4, 0), sync
+    _ordered(sync["lag"], "sync lag")
+    assert sync["manager_writes_per_status_change"] >= 1, sync
+
+    footprint = results["footprint"]
+    for key in ("burst", "idle", "fill_burst", "fill_idle"):
+        item = footprint[key]
+        assert item["peak_rss_mb"] > 10 and item["cpu_seconds"] >= 0, (key, item)
+    assert footprint["fill_idle"]["mirrored_jobs"] == 12, footprint["fill_idle"]
+
+    assert [s["workers"] for s in results["scaling"]] == [1, 2]
+    for step in results["scaling"]:
+        assert step["missing"] == 0 and step["throughput_jobs_per_second"] > 0, step
+
+    names = {row["target"] for row in results["targets"]}
+    assert len(names) == 7, names
+    assert all(row["met"] in (True, False, None) for row in results["targets"])
+
+
+def test_the_plots_are_valid_pngs(bench_run):
+    output, _, _ = bench_run
+    for name in ("latency.png", "scaling.png"):
+        width, height = _png_size(output / name)
+        assert width >= 300 and height >= 200, (name, width, height)
