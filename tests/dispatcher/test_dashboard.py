@@ -180,12 +180,14 @@ def _allocatable_cpu(cluster) -> str:
 
 
 def _choose(browser, select_id: str, value: str) -> None:
-    """Pick a filter value the way a person does (once the page offers it)."""
-    eventually(lambda: [o.get_attribute("value") for o in
-                        Select(browser.find_element(By.ID, select_id)).options],
-               lambda values: value in values,
-               expected=f"filter {select_id} to offer {value!r}", timeout=15)
-    Select(browser.find_element(By.ID, select_id)).select_by_value(value)
+    """Pick a filter value the way a person does, once the page offers it (a redraw of the
+    options in between is retried)."""
+    def pick() -> str:
+        Select(browser.find_element(By.ID, select_id)).select_by_value(value)
+        return browser.find_element(By.ID, select_id).get_attribute("value")
+
+    eventually(pick, lambda chosen: chosen == value,
+               expected=f"filter {select_id} to offer and take {value!r}", timeout=15)
 
 
 def _screenshot(browser, tmp_path: Path, name: str) -> Path:

@@ -1,14 +1,24 @@
-"""The dashboard's JSON, built from cached objects (no API server, no browser)."""
+"""The dashboard's JSON, built from cached objects, and its routes on the metrics
+server (no API server, no browser)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from decimal import Decimal
 
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from dispatcher import dashboard
+from dispatcher.config import DispatcherConfig
+from dispatcher.controller import DispatcherController
 from dispatcher.dashboard import build_state, display_amount
 from dispatcher.registry import WorkerCluster
 from dispatcher.status_report import job_state
 from trainjob import constants as c
+from trainjob.observability import ObservabilityServer
 
 
 def _job(name: str, namespace: str = "team-a", *, worker: str | None = None,
@@ -111,3 +121,53 @@ def test_amounts_for_people():
     assert display_amount("memory", Decimal(3 * 2 ** 29)) == "1.5Gi"
     assert display_amount("memory", Decimal(100)) == "100"
     assert display_amount("nvidia.com/gpu", Decimal(8)) == "8"
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_page_and_state_served_next_to_metrics():
+    # A controller that was never started: nothing synced, and no API request is made.
+    controller = DispatcherController(client.ApiClient(), DispatcherConfig())
+    routes = dashboard.routes(controller)
+
+    def broken(_query):
+        raise KeyError("no such thing")
+
+    server = ObservabilityServer(0, CollectorRegistry(), controller.ready,
+                                 routes={**routes, "/broken": broken}).start()
+    try:
+        code, headers, body = _get(server.port, "/")
+        assert code == 200 and headers["Content-Type"].startswith("text/html")
+        assert body == (dashboard.PAGE_DIR / "index.html").read_bytes()
+        assert headers["Content-Security-Policy"] == "default-src 'self'"
+        for path in ("/app.js", "/style.css"):
+            assert _get(server.port, path)[0] == 200, path
+        # Nothing on the page comes from another host.
+        for name in ("index.html", "app.js", "style.css"):
+            assert "http" not in (dashboard.PAGE_DIR / name).read_text(), name
+        code, headers, body = _get(server.port, "/api/state?state=Running")
+        state = json.loads(body)
+        assert (code, state["ready"], state["role"]) == (
+            200, False, "manager TrainJob cache not synced")
+        assert (state["clusters"], state["trainJobs"]) == ([], [])
+        assert _get(server.port, "/metrics")[0] == 200
+        code, _, body = _get(server.port, "/broken")
+        assert code == 500 and b"/broken" in body and b"no such thing" in body
+        code, _, body = _get(server.port, "/nothing-here")
+        assert code == 404 and b"/nothing-here" in body
+    finally:
+        server.stop()
+
+
+def test_built_in_paths_cannot_be_replaced():
+    with pytest.raises(ValueError, match="/metrics"):
+        ObservabilityServer(0, CollectorRegistry(), lambda: (True, "ok"),
+                            routes={"/metrics": lambda _q: (200, "text/plain", b"")})
