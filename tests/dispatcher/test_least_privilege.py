@@ -133,6 +133,18 @@ def restricted(multicluster, tmp_path_factory):
          "--log-level", "debug")).start())
     apis = {key: api_client(path) for key, path in kubeconfigs.items()}
     yield multicluster, apis, processes
+
+    def ours() -> list[str]:
+        jobs = client.CustomObjectsApi(manager.api).list_cluster_custom_object(
+            *TRAINER, c.TRAINJOBS)["items"]
+        return [f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in jobs
+                if (j["metadata"].get("annotations") or {}).get(
+                    c.PLACEMENT_ANNOTATION, "").startswith("lp-")]
+
+    # Our jobs go with their test namespaces; their finalizers need this dispatcher, so it
+    # stays until they are gone and no later test inherits them.
+    eventually(ours, lambda left: not left, timeout=60,
+               expected="every job placed by this module's dispatcher deleted")
     for process in processes:
         process.stop()
     for api in apis.values():
