@@ -235,7 +235,6 @@ def test_full_path_with_only_the_shipped_roles(restricted, namespace):
 
 def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
     multicluster, apis, _ = restricted
-    manager = multicluster.manager
     body = client.V1Secret(metadata=client.V1ObjectMeta(name="private"),
                            string_data={"token": "not for the dispatcher"})
     for cluster in multicluster:
