@@ -10,21 +10,13 @@ import time
 
 from clusters.testing import eventually
 
+from test_faults import active  # noqa: E402 - shared helpers of this directory's tests
 from test_dispatch import complete_jobset, condition, create, get, placement, remotes, \
     trainjob, wait_placed  # noqa: E402 - shared helpers of this directory's tests
 
-MK = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
-
-
-def active_condition(env, worker: str) -> dict:
-    obj = env.manager.custom.get_cluster_custom_object(*MK, worker)
-    return next((x for x in (obj.get("status") or {}).get("conditions") or []
-                 if x["type"] == "Active"), {})
-
-
 def wait_active(env, worker: str = "worker-1") -> None:
     """A previous test may have just restarted the worker: start from a connected one."""
-    eventually(lambda: active_condition(env, worker), lambda cond: cond.get("status") == "True",
+    eventually(lambda: active(env, worker), lambda cond: cond.get("status") == "True",
                timeout=30, expected=f"{worker} Active=True before the test")
 
 
@@ -40,7 +32,7 @@ def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
     stopped_at = time.monotonic()
     env.multicluster.stop("worker-1")
     try:
-        inactive = eventually(lambda: active_condition(env, "worker-1"),
+        inactive = eventually(lambda: active(env, "worker-1"),
                               lambda cond: cond.get("status") == "False", timeout=15,
                               expected="worker-1 Active=False within seconds")
         assert inactive["reason"] == "ClientConnectionFailed"
@@ -57,7 +49,7 @@ def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
         env.multicluster.start("worker-1")
     assert time.monotonic() - stopped_at < 20, "the outage outlasted the worker-lost timeout"
     print(f"\nworker-1 seen inactive {detected:.1f}s after it stopped")
-    eventually(lambda: active_condition(env, "worker-1"),
+    eventually(lambda: active(env, "worker-1"),
                lambda cond: cond.get("status") == "True", timeout=30,
                expected="worker-1 Active=True again")
     complete_jobset(env.multicluster["worker-1"], namespace, "steady")
@@ -110,7 +102,7 @@ def test_deleting_a_job_whose_worker_is_down_finishes_after_the_timeout(dispatch
     assert worker_name == "worker-1"
     env.multicluster.stop("worker-1")
     try:
-        eventually(lambda: active_condition(env, "worker-1"),
+        eventually(lambda: active(env, "worker-1"),
                    lambda cond: cond.get("status") == "False", timeout=15,
                    expected="worker-1 seen inactive")
         env.manager.custom.delete_namespaced_custom_object(
