@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up after this many seconds (default: %(default)s)")
 
     prov = sub.add_parser(
-        "provision", help="find or build etcd, kube-apiserver, kube-controller-manager",
+        "provision", help="find or build etcd, kube-apiserver, kube-controller-manager, kubectl",
         description=f"Find the control-plane binaries (Kubernetes {binaries.KUBERNETES_VERSION}, "
         f"etcd {binaries.ETCD_VERSION}) or build them from Go modules into the cache. "
         "A cold build takes several minutes; later runs cost nothing.",
