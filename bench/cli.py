@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "ample capacity best fit puts every job on one worker, which would "
                         "make the worker count irrelevant)")
     parser.add_argument("--profile", action="store_true", default=None,
-                        help="record the dispatcher with py-spy during the main burst "
-                        "(profile-burst.svg)")
+                        help="record the dispatcher with py-spy during the burst and the "
+                        "fill (profile-burst.svg, profile-fill.svg)")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"))
     return parser

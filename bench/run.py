@@ -100,7 +100,9 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
 
         fill = settings.fill_to - mirrored
         if fill > 0:
-            results["fill"] = timed("fill", scenarios.burst, ctx, "bench-fill", fill, workers)
+            results["fill"] = timed(
+                "fill", scenarios.burst, ctx, "bench-fill", fill, workers,
+                profile=output / "profile-fill.svg" if settings.profile else None)
             results["fill"].pop("latency_samples_ms")
             mirrored += results["fill"]["dispatched"]
             footprint["fill_burst"] = {"mirrored_jobs": mirrored,
