@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,6 +79,26 @@ class BenchClusters:
         if status != 200:
             raise RuntimeError(f"manager /version answered {status}: {body[:200]}")
         return json.loads(body)
+
+    def process_groups(self, workers: list[str]) -> dict[str, list[int]]:
+        """PIDs by role, for CPU accounting: the manager's control plane, the workers' in
+        use, the controller-managers, the dispatcher and this benchmark process."""
+        import os
+
+        groups: dict[str, list[int]] = {"manager apiserver+etcd": [],
+                                        "workers apiserver+etcd": [],
+                                        "controller-managers": []}
+        for record in self.harness.load().clusters:
+            for component, pid in record.pids.items():
+                if component == "kube-controller-manager":
+                    groups["controller-managers"].append(pid)
+                elif record.name == "manager":
+                    groups["manager apiserver+etcd"].append(pid)
+                elif record.name in workers:
+                    groups["workers apiserver+etcd"].append(pid)
+        groups["dispatcher"] = [self.dispatcher.proc.pid] if self.dispatcher else []
+        groups["benchmark"] = [os.getpid()]
+        return groups
 
     # --- namespaces --------------------------------------------------------------------
 

@@ -67,3 +67,54 @@ class FootprintWindow:
             "peak_rss_mb": round(self.peak_rss / 2**20, 1),
             "end_rss_mb": round(self.end_rss / 2**20, 1),
         }
+
+
+def host_cpu_times() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already part of user time
+    return (total - idle) / _TICKS, total / _TICKS
+
+
+class CpuAccount:
+    """``with CpuAccount({"group": [pid, ...]}) as account:`` CPU seconds each group of
+    processes used in the block, and how busy the whole machine was (other work included)."""
+
+    def __init__(self, groups: dict[str, list[int]]):
+        self.groups = groups
+
+    def _read(self) -> dict[str, float]:
+        used = {}
+        for group, pids in self.groups.items():
+            total = 0.0
+            for pid in pids:
+                try:
+                    total += cpu_seconds(pid)
+                except OSError:
+                    pass  # ended meanwhile; the rest of the group still counts
+            used[group] = total
+        return used
+
+    def __enter__(self) -> CpuAccount:
+        self.started = time.monotonic()
+        self.host_start = host_cpu_times()
+        self.start = self._read()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.monotonic() - self.started
+        end = self._read()
+        self.used = {group: end[group] - self.start[group] for group in end}
+        busy, total = host_cpu_times()
+        self.host_busy = busy - self.host_start[0]
+        self.host_total = total - self.host_start[1]
+
+    def figures(self) -> dict:
+        return {
+            "cpu_seconds": {group: round(s, 2) for group, s in self.used.items()},
+            "host_busy_share": round(self.host_busy / self.host_total, 3)
+            if self.host_total else None,
+            "host_cpu_seconds_available": round(self.host_total, 1),
+        }

@@ -73,6 +73,15 @@ def _lat(summary: dict) -> str:
     return " / ".join(str(summary[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
 
 
+def _cpu_groups(burst: dict) -> str:
+    """The two last cells of a table row: CPU seconds by process group."""
+    cpu = burst["cpu"]
+    names = " / ".join(cpu["cpu_seconds"])
+    values = " / ".join(str(v) for v in cpu["cpu_seconds"].values())
+    return (f"{names} | {values} (of {cpu['host_cpu_seconds_available']} s available; "
+            f"machine busy {cpu['host_busy_share']:.0%})")
+
+
 def _met(value) -> str:
     return {True: "yes", False: "NO", None: "n/a"}[value]
 
@@ -103,6 +112,7 @@ def render_table(results: dict) -> str:
     lines.append(f"| | latency p50 / p90 / p99 / max ms | {_lat(burst['latency'])} |")
     lines.append(f"| | dispatcher CPU share / peak RSS | {burst['dispatcher']['cpu_share']} / "
                  f"{burst['dispatcher']['peak_rss_mb']} MB |")
+    lines.append(f"| | CPU s: {_cpu_groups(burst)} |")
     for step in results["steady"]:
         lines.append(f"| steady {step['rate']} jobs/s for {step['seconds']:g} s "
                      f"({step['achieved_arrival_rate']} achieved) | latency p50 / p90 / p99 /"
@@ -133,7 +143,8 @@ def render_table(results: dict) -> str:
         lines.append(f"| scaling, {step['jobs']} jobs | {step['workers']} workers | "
                      f"{step['throughput_jobs_per_second']} jobs/s (p99 "
                      f"{step['latency']['p99_ms']} ms, dispatcher CPU share "
-                     f"{step['dispatcher']['cpu_share']}) |")
+                     f"{step['dispatcher']['cpu_share']}, machine busy "
+                     f"{step['cpu']['host_busy_share']:.0%}) |")
     lines += ["", "| Target | Measured | Met |", "|---|---|---|"]
     for row in results["targets"]:
         lines.append(f"| {row['target']} | {row['measured']} | {_met(row['met'])} |")

@@ -117,5 +117,8 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
         if runner is not None:
             runner.close()
         if timelines is not None:
+            # Watches that expired and were listed again: their objects got the list time.
+            results["watch_relists"] = {name: t.relists
+                                        for name, t in timelines.clusters.items()}
             timelines.stop()
         env.close()

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from bench import apicost
 from bench.environment import BenchClusters
-from bench.footprint import FootprintWindow
+from bench.footprint import CpuAccount, FootprintWindow
 from bench.load import LoadRunner, creates
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
@@ -164,6 +164,7 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters) if api_cost else None
     with _profiled(ctx.dispatcher_pid, profile, profile is not None), \
+            CpuAccount(env.process_groups(workers)) as cpu, \
             FootprintWindow(ctx.dispatcher_pid) as window:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names))
         missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
@@ -180,6 +181,8 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
         "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
         "placements": seen["placements"],
         "dispatcher": window.figures(),
+        # Where the machine's CPU went meanwhile: every process here shares it.
+        "cpu": cpu.figures(),
     }
     if profile is not None:
         figures["profile"] = profile.name

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -19,17 +19,14 @@ class BenchSettings:
     scaling_workers: tuple[int, ...] = (1, 2, 4, 8)
     scaling_jobs: int = 1000          # burst size per scaling step
     placement_policy: str = "worst-fit"
-    profile: bool = False             # py-spy the dispatcher during the main burst
-    extra: dict = field(default_factory=dict)
+    profile: bool = False             # py-spy the dispatcher during the burst and the fill
 
     @property
     def harness_workers(self) -> int:
         return max(self.burst_workers, *self.scaling_workers)
 
     def as_dict(self) -> dict:
-        data = asdict(self)
-        data.pop("extra")
-        return data
+        return asdict(self)
 
 
 FULL = BenchSettings()
