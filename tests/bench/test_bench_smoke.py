@@ -77,6 +77,11 @@ def test_every_figure_is_there_and_sane(bench_run):
     _ordered(burst["latency"], "burst latency")
     assert len(burst["latency_samples_ms"]) == 4
     assert sum(burst["placements"].values()) == 4, burst["placements"]
+    cpu = burst["cpu"]
+    assert set(cpu["cpu_seconds"]) >= {"manager apiserver+etcd", "workers apiserver+etcd",
+                                       "dispatcher", "benchmark"}, cpu
+    assert cpu["cpu_seconds"]["manager apiserver+etcd"] > 0, cpu
+    assert 0 < cpu["host_busy_share"] <= 1, cpu
 
     cost = burst["api"]["per_job"]
     # Counted by the apiservers: the dispatch path's writes per job are all present.
