@@ -59,6 +59,10 @@ class WorkerCapacity:
         self._used: dict[str, Resources] = {}  # node name -> requests of pods bound there
         self._job_used: dict[JobKey, Resources] = {}  # job -> requests of its bound pods
         self._reserved: dict[JobKey, Resources] = {}
+        # What each reservation still counts for, and the sum of those: kept current as
+        # reservations and pods change, so a placement does not sum every placed job.
+        self._counted: dict[JobKey, Resources] = {}
+        self._counted_total: Resources = {}
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -95,6 +99,7 @@ class WorkerCapacity:
         _add(self._used, use.node, use.requests, sign)
         if use.job is not None:
             _add(self._job_used, use.job, use.requests, sign)
+            self._recount(use.job)
 
     # --- reservations -----------------------------------------------------------------
 
@@ -102,24 +107,34 @@ class WorkerCapacity:
         """Count a just-placed job's footprint until its pods account for it (idempotent)."""
         with self._lock:
             self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
+            self._recount(job_key)
 
     def release(self, job_key: JobKey) -> None:
         """Stop counting the job's reservation (job finished, deleted or moved)."""
         with self._lock:
-            self._reserved.pop(job_key, None)
+            if self._reserved.pop(job_key, None) is not None:
+                self._recount(job_key)
 
-    def _counted_reservations(self) -> Resources:
+    def _recount(self, job: JobKey) -> None:
         # A reservation shrinks by what the job's bound pods already use: pods that exist
         # but are not yet bound (or not yet created, e.g. the trainer after its
         # initializer) stay covered, and once all pods run the reservation counts nothing.
-        total: Resources = {}
-        for job, reserved in self._reserved.items():
-            bound = self._job_used.get(job, {})
-            for resource, amount in reserved.items():
-                left = amount - bound.get(resource, Decimal(0))
-                if left > 0:
-                    total[resource] = total.get(resource, Decimal(0)) + left
-        return total
+        previous = self._counted.pop(job, None)
+        if previous:
+            _accumulate(self._counted_total, previous, -1)
+        reserved = self._reserved.get(job)
+        if reserved is None:
+            return
+        bound = self._job_used.get(job, {})
+        counted = {resource: amount - bound.get(resource, Decimal(0))
+                   for resource, amount in reserved.items()
+                   if amount > bound.get(resource, Decimal(0))}
+        if counted:
+            self._counted[job] = counted
+            _accumulate(self._counted_total, counted)
+
+    def _counted_reservations(self) -> Resources:
+        return {resource: amount for resource, amount in self._counted_total.items() if amount}
 
     # --- reading ----------------------------------------------------------------------
 

@@ -378,3 +378,34 @@ def test_concurrent_events_and_reads_keep_totals_exact():
     assert errors == []
     assert capacity.free()["cpu"] == 1000
     assert capacity.summary()["used"] == {} and capacity.summary()["reserved"] == {}
+
+
+def test_running_reservation_total_equals_a_full_recount_under_random_events():
+    import random
+
+    rng = random.Random(7)
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity, node("a", cpu=1000, memory="1000Gi"))
+    jobs = [("team-a", f"job-{i}") for i in range(12)]
+    for step in range(3000):
+        job = rng.choice(jobs)
+        action = rng.random()
+        if action < 0.3:
+            capacity.reserve(job, {"cpu": D(rng.randint(1, 8))}, rng.randint(1, 4))
+        elif action < 0.4:
+            capacity.release(job)
+        else:
+            name = f"{job[1]}-pod-{rng.randint(0, 5)}"
+            kind = DELETED if action > 0.85 else MODIFIED
+            obj = pod(name, node_name=rng.choice(["a", None]), cpu=str(rng.randint(1, 3)),
+                      job=job[1])
+            capacity.on_pod(kind, obj if kind == DELETED else None,
+                            None if kind == DELETED else obj)
+        expected: dict = {}
+        for key, reserved in capacity._reserved.items():
+            bound = capacity._job_used.get(key, {})
+            for resource, amount in reserved.items():
+                left = amount - bound.get(resource, D(0))
+                if left > 0:
+                    expected[resource] = expected.get(resource, D(0)) + left
+        assert capacity._counted_reservations() == expected, f"step {step}"
