@@ -36,7 +36,7 @@ Scenarios, in this order:
 Every target is printed with the measured value and whether it was met.
 
 Output (--output): results.json (every figure, the environment, the dispatcher's
-configuration), table.md, latency.png, scaling.png, logs/. A full run takes 20-40 minutes
+configuration), table.md, latency.png, scaling.png, logs/. A full run takes 5-10 minutes
 on two cores; --quick (100 jobs; rates 10 and 50 for 5 s; 500 mirrored; 1, 2, 4 workers)
 a few minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
