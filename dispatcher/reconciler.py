@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import calendar
 import copy
-import json
 import logging
 import re
 import threading
@@ -38,6 +37,7 @@ from trainjob import logs
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
+from trainjob.kubeclient import error_message, namespace_terminating
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.podsets import format_quantity
 from trainjob.service import Requeue
@@ -246,8 +246,11 @@ class DispatchReconciler:
         generation, why = self.excluded.get((namespace, name), {}).get(worker.name, (0, ""))
         if why and generation in (None, job.metadata.generation):
             return why, None
-        if worker.cache("namespaces").get("", namespace) is None:
+        worker_namespace = worker.cache("namespaces").get("", namespace)
+        if worker_namespace is None:
             return f"namespace {namespace} not found", None
+        if worker_namespace["metadata"].get("deletionTimestamp"):
+            return f"namespace {namespace} is being deleted", None
         ref = job.spec.runtime_ref
         if ref.kind == c.TRAININGRUNTIME_KIND:
             runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
@@ -301,10 +304,15 @@ class DispatchReconciler:
             worker.cache(c.TRAINJOBS).observe(created)
             self.metrics.worker_writes.labels(cluster=worker.name, kind="create").inc()
         except ApiException as err:
+            if namespace_terminating(err):
+                # Not a verdict on the spec: the namespace is going away there. Placement
+                # sees that in the worker's namespace cache next round.
+                raise Requeue(1.0, f"namespace {meta['namespace']} is being deleted on "
+                                   f"{worker.name}") from None
             if err.status in REFUSALS:
                 # The worker will not take this spec (its admission webhook or schema):
                 # retrying the same spec there cannot help. Say why and place elsewhere.
-                why = f"refused the copy: {_api_message(err)}"
+                why = f"refused the copy: {error_message(err)}"
                 self._exclude(manager, worker, meta.get("generation"), why, "RemoteRejected")
                 return
             if err.status != 409:
@@ -472,14 +480,6 @@ class DispatchReconciler:
             raise
         self.trainjobs.observe(written)
         self.metrics.manager_writes.labels(kind=kind).inc()
-
-
-def _api_message(err: ApiException) -> str:
-    """The apiserver's own explanation from an error response."""
-    try:
-        return json.loads(err.body).get("message") or str(err.reason)
-    except (TypeError, ValueError, AttributeError):
-        return f"{err.status} {err.reason}"
 
 
 def _largest(requests_list) -> dict[str, Decimal]:

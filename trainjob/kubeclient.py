@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 # Threads share one client per cluster; urllib3's default pool (5 x CPUs) would make
 # them queue for connections.
@@ -119,3 +120,19 @@ def apply_custom_object(api: client.ApiClient, group: str, version: str, plural:
         response = custom.patch_cluster_custom_object(
             group, version, plural, meta["name"], body, **common)
     return json.loads(response.data)
+
+
+def namespace_terminating(err: ApiException) -> bool:
+    """The apiserver refused a create because the namespace is being deleted: nothing is
+    wrong with the object, and the namespace will soon be gone."""
+    return err.status == 403 and "NamespaceTerminating" in (err.body or "")
+
+
+def error_message(err: ApiException) -> str:
+    """The apiserver's own explanation from an error response."""
+    import json
+
+    try:
+        return json.loads(err.body).get("message") or str(err.reason)
+    except (TypeError, ValueError, AttributeError):
+        return f"{err.status} {err.reason}"

@@ -18,7 +18,7 @@ from training_operator.metrics import OperatorMetrics
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
-from trainjob.kubeclient import APPLY_PATCH, apply_custom_object
+from trainjob.kubeclient import APPLY_PATCH, apply_custom_object, namespace_terminating
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.plugins import mpi as mpi_plugin
 
@@ -94,7 +94,7 @@ class TrainJobReconciler:
                 self._apply_objects(job, info.objects)
                 jobset = self._apply(desired)
             except ApiException as err:
-                if _namespace_terminating(err):
+                if namespace_terminating(err):
                     return  # the TrainJob goes with its namespace; nothing to build
                 raise
             self.metrics.jobsets_created.inc()
@@ -196,7 +196,3 @@ class TrainJobReconciler:
             (c.CONDITION_FAILED, "True"): "Failed",
         }.get((t.type, t.status), t.reason)
         self.recorder.event(raw, WARNING if warning else NORMAL, reason, t.message)
-
-
-def _namespace_terminating(err: ApiException) -> bool:
-    return err.status == 403 and "NamespaceTerminating" in (err.body or "")

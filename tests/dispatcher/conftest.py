@@ -14,7 +14,8 @@ import pytest
 from kubernetes import client
 
 from clusters import fixtures
-from clusters.testing import ServiceProcess
+from clusters.testing import ServiceProcess, eventually
+from trainjob import constants as c
 
 RUNTIME = "torch-e2e"
 CONFIG = "e2e"
@@ -68,6 +69,15 @@ def dispatch_env(multicluster, tmp_path_factory):
                                  *LEASE_ARGS, "--log-level", "debug")).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
     yield env
+    # Namespaces deleted by the module's last fixtures still hold jobs with our finalizer:
+    # let this dispatcher release them, so no later module's dispatcher inherits them.
+    eventually(lambda: [f"{j['metadata']['namespace']}/{j['metadata']['name']}"
+                        for j in client.CustomObjectsApi(manager.api).list_cluster_custom_object(
+                            c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
+                        if c.DISPATCH_FINALIZER in (j["metadata"].get("finalizers") or [])
+                        and j["metadata"].get("deletionTimestamp")],
+               lambda left: not left, timeout=60,
+               expected="every deleted manager TrainJob released by the dispatcher")
     env.dispatcher.stop()
     for process in env.operators.values():
         process.stop()

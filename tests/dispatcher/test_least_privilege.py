@@ -226,11 +226,14 @@ def test_full_path_with_only_the_shipped_roles(restricted, namespace):
                lambda seen: seen == (None, None, None),
                expected="manager job, its copy and the copy's JobSet all gone", timeout=60)
 
+    # RBAC's refusals read 'User "..." cannot <verb> resource ...'. (Other 403s, such as a
+    # create in a namespace another test is deleting, are not about permissions.)
     for process in processes:
-        log = process.log_file.read_text(errors="replace")
-        assert "forbidden" not in log.lower(), (
-            f"{process.module} ({process.kubeconfig.name}) was refused something:\n"
-            f"{process.log_tail(60)}")
+        refused = [line for line in process.log_file.read_text(errors="replace").splitlines()
+                   if "forbidden" in line.lower() and '" cannot ' in line]
+        assert not refused, (
+            f"{process.module} ({process.kubeconfig.name}) was refused by RBAC:\n"
+            + "\n".join(refused[:10]))
 
 
 def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
