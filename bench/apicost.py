@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from prometheus_client.parser import text_string_to_metric_families
+from clusters.testing import request_counts as served
 
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
@@ -15,24 +15,9 @@ Key = tuple[str, str, str]  # (resource with group, subresource, verb)
 def request_counts(control_plane) -> Counter:
     """Requests served so far by a cluster's apiserver, by (group/resource, subresource,
     verb); ``control_plane`` is a ``clusters.controlplane.ControlPlane``."""
-    status, text = control_plane.get("/metrics", timeout=10)
-    if status != 200:
-        raise RuntimeError(f"apiserver {control_plane.name} /metrics answered {status}: "
-                           f"{text[:200]}")
-    # Only one family is wanted; parsing the whole exposition (megabytes) is slow.
-    wanted = "\n".join(line for line in text.splitlines()
-                       if line.startswith("apiserver_request_total{"))
     counts: Counter = Counter()
-    for family in text_string_to_metric_families(wanted + "\n"):
-        for sample in family.samples:
-            if sample.name != "apiserver_request_total":
-                continue
-            labels = sample.labels
-            group = labels.get("group", "")
-            resource = f"{labels.get('resource', '')}.{group}" if group else labels.get(
-                "resource", "")
-            counts[(resource, labels.get("subresource", ""), labels["verb"])] += \
-                int(sample.value)
+    for (group, resource, subresource, verb), n in served(control_plane).items():
+        counts[(f"{resource}.{group}" if group else resource, subresource, verb)] += n
     return counts
 
 

@@ -152,30 +152,40 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM, 0, 0, 0)
-
-
 # apiserver_request_total counts requests by verb; kube-apiserver 1.34 reports server-side
 # apply as "APPLY" (a plain merge patch is "PATCH"). DELETE is left out by default: the
 # namespace controller and the garbage collector delete what earlier tests left behind.
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
 
 
+def request_counts(control_plane) -> Counter:
+    """Requests a cluster's apiserver has served so far, from its own /metrics
+    (``apiserver_request_total``), by (group, resource, subresource, verb)."""
+    status, text = control_plane.get("/metrics", timeout=10)
+    if status != 200:
+        raise AssertionError(f"expected apiserver /metrics to answer 200; saw {status}: "
+                             f"{text[:200]}")
+    # Only one family is wanted; parsing the whole exposition (megabytes) is slow.
+    wanted = "\n".join(line for line in text.splitlines()
+                       if line.startswith("apiserver_request_total{"))
+    counts: Counter = Counter()
+    for family in text_string_to_metric_families(wanted + "\n"):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            counts[(labels.get("group", ""), labels.get("resource", ""),
+                    labels.get("subresource", ""), labels["verb"])] += int(sample.value)
+    return counts
+
+
 def apiserver_writes(cluster, resources: set[tuple[str, str]],
                      verbs: tuple[str, ...] = WRITE_VERBS) -> Counter:
     """Write requests the cluster's apiserver has served so far to the (group, resource)
     pairs in ``resources``, by (resource, subresource, verb), from its own /metrics."""
-    status, text = cluster.control_plane.get("/metrics", timeout=10)
-    assert status == 200, f"expected apiserver /metrics to answer 200; saw {status}: {text[:200]}"
     counts: Counter = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = sample.labels
-            if sample.name != "apiserver_request_total" or labels.get("verb") not in verbs:
-                continue
-            if (labels.get("group", ""), labels.get("resource")) not in resources:
-                continue
-            counts[(labels["resource"], labels.get("subresource", ""), labels["verb"])] += \
-                int(sample.value)
+    for (group, resource, subresource, verb), n in request_counts(
+            cluster.control_plane).items():
+        if verb in verbs and (group, resource) in resources:
+            counts[(resource, subresource, verb)] += n
     return counts

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from clusters import crds, fixtures
+from clusters.controlplane import wait_until
 from clusters.pki import ClusterPKI, client_kubeconfig, service_account_user
 from trainjob.kubeclient import api_client
 
@@ -91,19 +91,14 @@ def _apply(api, objects: list[dict]) -> None:
                                   force_conflicts=True)
 
 
-def _wait_ready(api, cluster: str, timeout: float) -> None:
+def _answers(api) -> bool:
     from kubernetes import client
 
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            client.VersionApi(api).get_code()
-            return
-        except Exception as err:  # noqa: BLE001 - the apiserver is still starting
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{cluster}: apiserver not answering after {timeout:.0f}s: "
-                                   f"{err}") from err
-            time.sleep(1)
+    try:
+        client.VersionApi(api).get_code(_request_timeout=5)
+        return True
+    except Exception:  # noqa: BLE001 - the apiserver is still starting
+        return False
 
 
 def setup(directory: Path, clusters: list[str], timeout: float) -> None:
@@ -112,7 +107,8 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
     runtime = yaml.safe_load(
         (crds.manifests_dir() / "samples" / "runtime-torch-distributed.yaml").read_text())
     for cluster, api in apis.items():
-        _wait_ready(api, cluster, timeout)
+        wait_until(f"{cluster}: apiserver", lambda api=api: _answers(api), timeout,
+                   interval=1)
         role = "manager" if cluster == "manager" else "worker"
         crds.install_crds(api, crds.load_crds(crds.crd_dirs(role)), timeout)
         bases = ["dispatcher"] if role == "manager" else ["operator", "worker-access"]

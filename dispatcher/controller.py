@@ -57,10 +57,6 @@ class DispatcherController:
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
                                              self.recorder, self.metrics)
-        # Status mirroring as a user sees it: when a worker's copy last changed status (and
-        # to what), and how long until the manager's watch showed that status.
-        self._remote_status_seen: dict[tuple[str, str], tuple[float, dict]] = {}
-        self._sync_lags: dict[tuple[str, str], float] = {}
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -87,9 +83,7 @@ class DispatcherController:
     def _on_manager_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
         if self._ours(obj):
-            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
-            self._note_manager_status(key, new)
-            self.queue.add(key)
+            self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def _on_worker_event(self, worker_name: str, resource: str, kind: str,
                          old: dict | None, new: dict | None) -> None:
@@ -98,7 +92,6 @@ class DispatcherController:
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             if new is not None and (old or {}).get("status") != new.get("status"):
                 self.reconciler.remote_changed_at.setdefault(key, time.monotonic())
-                self._remote_status_seen[key] = (time.monotonic(), new.get("status") or {})
             self._track_reservation(worker_name, key, kind, new)
             self.queue.add(key)
         elif resource in _CAPACITY_RESOURCES or (resource == "pods" and kind == "DELETED"):
@@ -117,24 +110,14 @@ class DispatcherController:
         requests, pods = recorded
         worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
 
-    def _note_manager_status(self, key: tuple[str, str], manager: dict | None) -> None:
-        if manager is None:
-            self._remote_status_seen.pop(key, None)
-            self._sync_lags.pop(key, None)
-            return
-        seen = self._remote_status_seen.get(key)
-        if seen is not None and (manager.get("status") or {}) == seen[1]:
-            self._sync_lags[key] = time.monotonic() - seen[0]
-            self._remote_status_seen.pop(key, None)
-
     def sync_lag(self, namespace: str, name: str) -> tuple[float | None, float | None]:
-        """(seconds the last mirrored status change took to show on the manager, seconds
-        the newest worker status has been waiting to show there); None when not known or
-        nothing waits."""
+        """(seconds the last mirrored status change took to reach the manager, seconds a
+        worker status change has been waiting to be written there); None when not known
+        or nothing waits. The same measurements as the sync-lag histogram."""
         key = (namespace, name)
-        seen = self._remote_status_seen.get(key)
-        return self._sync_lags.get(key), (
-            time.monotonic() - seen[0] if seen is not None else None)
+        waiting_since = self.reconciler.remote_changed_at.get(key)
+        return self.reconciler.last_sync_lag.get(key), (
+            time.monotonic() - waiting_since if waiting_since is not None else None)
 
     def _on_worker_state(self, worker: WorkerCluster) -> None:
         self.metrics.cluster_active.labels(cluster=worker.name).set(1 if worker.active else 0)

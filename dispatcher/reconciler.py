@@ -84,6 +84,7 @@ class DispatchReconciler:
         # observed: the starts of the dispatch-latency and status-sync-lag histograms.
         self.eligible_since: dict[tuple[str, str], float] = {}
         self.remote_changed_at: dict[tuple[str, str], float] = {}
+        self.last_sync_lag: dict[tuple[str, str], float] = {}  # per job, for the dashboard
         self._placement_lock = threading.Lock()
 
     # --- entry point ----------------------------------------------------------------
@@ -92,8 +93,9 @@ class DispatchReconciler:
         key = (namespace, name)
         raw = self.trainjobs.get(namespace, name)
         if raw is None:
-            self.eligible_since.pop(key, None)
-            self.excluded.pop(key, None)
+            for per_job in (self.eligible_since, self.excluded, self.remote_changed_at,
+                            self.last_sync_lag):
+                per_job.pop(key, None)
             return  # remote copies of deleted jobs are the garbage collector's business
         spec = raw.get("spec") or {}
         if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
@@ -395,6 +397,8 @@ class DispatchReconciler:
         if remote_status and remote_status != (manager.get("status") or {}):
             self._write_status(manager, remote_status, remote=remote)
             return
+        # Already the same (e.g. written before a restart): nothing waits to be mirrored.
+        self.remote_changed_at.pop(key, None)
         if mirror.finished(remote) and mirror.finished(manager):
             retention = self.config.retention_seconds
             finished_at = _finished_at(remote)
@@ -417,7 +421,9 @@ class DispatchReconciler:
                 self.metrics.manager_writes.labels(kind="status").inc()
                 changed_at = self.remote_changed_at.pop((meta["namespace"], meta["name"]), None)
                 if remote is not None and changed_at is not None:
-                    self.metrics.sync_lag.observe(time.monotonic() - changed_at)
+                    lag = time.monotonic() - changed_at
+                    self.metrics.sync_lag.observe(lag)
+                    self.last_sync_lag[(meta["namespace"], meta["name"])] = lag
                 return
             except ApiException as err:
                 if err.status != 409:

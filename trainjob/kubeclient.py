@@ -3,6 +3,7 @@ account, optionally rate limited per cluster, and a server-side-apply helper."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -106,8 +107,6 @@ def apply_custom_object(api: client.ApiClient, group: str, version: str, plural:
                         body: dict, field_manager: str, *, force: bool = True) -> dict:
     """Server-side apply of a custom object (namespaced when ``body`` names a namespace);
     returns the object as the server stored it."""
-    import json
-
     custom = client.CustomObjectsApi(api)
     meta = body["metadata"]
     common = dict(field_manager=field_manager, force=force, _content_type=APPLY_PATCH,
@@ -130,8 +129,6 @@ def namespace_terminating(err: ApiException) -> bool:
 
 def error_message(err: ApiException) -> str:
     """The apiserver's own explanation from an error response."""
-    import json
-
     try:
         return json.loads(err.body).get("message") or str(err.reason)
     except (TypeError, ValueError, AttributeError):

@@ -62,18 +62,6 @@ def test_missing_binary_without_build_says_how_to_get_it(empty_environment):
     assert "TEST_ASSET_ETCD" in message and "python -m clusters provision" in message
 
 
-def test_kubectl_is_built_with_the_control_plane(empty_environment, monkeypatch):
-    # Nothing found: all three Kubernetes commands go into one build of the scratch module.
-    built = []
-    monkeypatch.setattr(binaries, "build_etcd", lambda: _fake_binary(binaries.cached_path("etcd")))
-    monkeypatch.setattr(binaries, "build_kubernetes", lambda commands: built.append(
-        list(commands)) or {c: _fake_binary(binaries.cached_path(c)) for c in commands})
-    found = binaries.find_binaries(build=True)
-    assert built == [["kube-apiserver", "kube-controller-manager", "kubectl"]]
-    assert found.kubectl == binaries.cached_path("kubectl")
-    assert binaries.KUBERNETES_VERSION in str(found.kubectl)  # the cache is keyed by version
-
-
 def test_scratch_module_replaces_every_staging_module(tmp_path):
     staging = "v0" + binaries.KUBERNETES_VERSION[2:]
     binaries._scratch_module(
