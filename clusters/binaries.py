@@ -1,18 +1,24 @@
-"""Provisioning of the control-plane binaries: etcd, kube-apiserver, kube-controller-manager,
-plus kubectl (the manifests are checked with ``kubectl apply --dry-run=server -k``).
+"""Provisioning of every binary the harness runs: the control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kubectl) and the upstream controllers that run
+beside it (the JobSet controller and kwok on every worker; the Kubeflow Trainer controller
+and Kueue for the tests that need them).
+
+Every version is pinned in ``COMPONENTS`` below and nowhere else.
 
 Lookup order for each binary:
-  1. an explicit path in the environment (``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER``,
-     ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``, ``TEST_ASSET_KUBECTL``: the names envtest users
-     already know);
-  2. a ``KUBEBUILDER_ASSETS`` directory, as ``setup-envtest`` produces;
+  1. an explicit path in the environment (``TEST_ASSET_<NAME>``, e.g. ``TEST_ASSET_ETCD``,
+     ``TEST_ASSET_KUBE_APISERVER``, ``TEST_ASSET_JOBSET``: the names envtest users know);
+  2. a ``KUBEBUILDER_ASSETS`` directory, as ``setup-envtest`` produces (control plane only);
   3. the cache (``$CLUSTERS_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainjob-dispatcher``, else
      ``~/.cache/trainjob-dispatcher``), keyed by version;
   4. otherwise it is built from Go modules into the cache.
 
 Building: ``k8s.io/kubernetes`` replaces its staging modules with local paths, so it cannot be
 ``go install``-ed; a scratch module requires it and replaces every staging module with its
-published ``v0.<minor>.<patch>`` twin. etcd is built the same way from ``go.etcd.io/etcd/server/v3``.
+published ``v0.<minor>.<patch>`` twin. etcd is built the same way from
+``go.etcd.io/etcd/server/v3``. The upstream controllers build with ``go get`` + ``go build``
+in a scratch module each, with no replace directives. Their CRDs and configuration files are
+read from the same downloaded module in the Go module cache (``module_dir``), never copied.
 """
 
 from __future__ import annotations
@@ -20,13 +26,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -47,13 +58,72 @@ STAGING_MODULES = (
     "sample-controller",
 )
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubectl")
-ENV_OVERRIDES = {
-    "etcd": "TEST_ASSET_ETCD",
-    "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
-    "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
-    "kubectl": "TEST_ASSET_KUBECTL",
-}
+
+@dataclass(frozen=True)
+class Component:
+    """One binary: where it comes from and which version is pinned."""
+
+    name: str
+    kind: str  # "kubernetes", "etcd" or "module" (go get + go build of a published module)
+    version: str
+    env_var: str
+    module: str = ""
+    package: str = ""
+    # -X target that stamps the version into the binary, where the project has one.
+    version_variable: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        if self.kind == "kubernetes":
+            return f"k8s.io/kubernetes {self.version}"
+        if self.kind == "etcd":
+            return f"go.etcd.io/etcd/server/v3 {self.version}"
+        return f"{self.module} {self.version}"
+
+
+def _kube(name: str) -> Component:
+    return Component(name, "kubernetes", KUBERNETES_VERSION,
+                     "TEST_ASSET_" + name.upper().replace("-", "_"))
+
+
+COMPONENTS: dict[str, Component] = {c.name: c for c in (
+    Component("etcd", "etcd", ETCD_VERSION, "TEST_ASSET_ETCD"),
+    _kube("kube-apiserver"),
+    _kube("kube-controller-manager"),
+    _kube("kube-scheduler"),
+    _kube("kubectl"),
+    Component("jobset-controller", "module", "v0.12.0", "TEST_ASSET_JOBSET",
+              module="sigs.k8s.io/jobset", package="sigs.k8s.io/jobset",
+              version_variable="sigs.k8s.io/jobset/pkg/version.GitVersion"),
+    Component("kwok", "module", "v0.8.0", "TEST_ASSET_KWOK",
+              module="sigs.k8s.io/kwok", package="sigs.k8s.io/kwok/cmd/kwok"),
+    Component("trainer-controller-manager", "module", "v2.3.0", "TEST_ASSET_TRAINER",
+              module="github.com/kubeflow/trainer/v2",
+              package="github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
+    # sigs.k8s.io/scheduler-library's checksum is not in the checksum database.
+    Component("kueue", "module", "v0.19.2", "TEST_ASSET_KUEUE",
+              module="sigs.k8s.io/kueue", package="sigs.k8s.io/kueue/cmd/kueue",
+              version_variable="sigs.k8s.io/kueue/pkg/version.GitVersion",
+              extra_env={"GONOSUMDB": "sigs.k8s.io/scheduler-library"}),
+)}
+
+KUBE_COMMANDS = tuple(n for n, c in COMPONENTS.items() if c.kind == "kubernetes")
+# What a local harness runs; the Trainer controller and Kueue are started only by the tests
+# and tools that need them.
+HARNESS_BINARIES = ("etcd", *KUBE_COMMANDS, "jobset-controller", "kwok")
+ENV_OVERRIDES = {name: c.env_var for name, c in COMPONENTS.items()}
+
+Progress = Callable[[str], None]
+
+
+def _log_progress(message: str) -> None:
+    log.info("%s", message)
+
+
+def stderr_progress(message: str) -> None:
+    """Progress for a person watching a terminal."""
+    print(message, file=sys.stderr, flush=True)
 
 
 class ProvisioningError(RuntimeError):
@@ -61,19 +131,25 @@ class ProvisioningError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ControlPlaneBinaries:
-    etcd: Path
-    kube_apiserver: Path
-    kube_controller_manager: Path
-    kubectl: Path
+class Binaries:
+    """Paths of the binaries found, by name; ``binaries.kube_apiserver`` reads
+    ``paths["kube-apiserver"]``."""
+
+    paths: dict[str, Path]
+
+    def __getattr__(self, attribute: str) -> Path:
+        name = attribute.replace("_", "-")
+        try:
+            return self.paths[name]
+        except KeyError:
+            raise AttributeError(f"no binary {name!r} was provisioned here") from None
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "etcd": str(self.etcd),
-            "kube-apiserver": str(self.kube_apiserver),
-            "kube-controller-manager": str(self.kube_controller_manager),
-            "kubectl": str(self.kubectl),
-        }
+        return {name: str(path) for name, path in self.paths.items()}
+
+
+# The name the rest of the harness has always used.
+ControlPlaneBinaries = Binaries
 
 
 def cache_root() -> Path:
@@ -84,23 +160,23 @@ def cache_root() -> Path:
 
 
 def cached_path(binary: str) -> Path:
-    if binary == "etcd":
-        return cache_root() / f"etcd-{ETCD_VERSION}" / "etcd"
-    return cache_root() / f"kubernetes-{KUBERNETES_VERSION}" / binary
+    component = COMPONENTS[binary]
+    if component.kind == "kubernetes":
+        return cache_root() / f"kubernetes-{KUBERNETES_VERSION}" / binary
+    return cache_root() / f"{binary}-{component.version}" / binary
 
 
 def _from_environment(binary: str) -> Path | None:
-    if explicit := os.environ.get(ENV_OVERRIDES[binary]):
+    variable = ENV_OVERRIDES[binary]
+    if explicit := os.environ.get(variable):
         path = Path(explicit)
         if not _is_executable(path):
-            raise ProvisioningError(
-                f"{ENV_OVERRIDES[binary]}={explicit}: not an executable file"
-            )
+            raise ProvisioningError(f"{variable}={explicit}: not an executable file")
         return path
-    if assets := os.environ.get("KUBEBUILDER_ASSETS"):
+    if (assets := os.environ.get("KUBEBUILDER_ASSETS")) and COMPONENTS[binary].kind != "module":
         path = Path(assets) / binary
-        # setup-envtest ships etcd, kube-apiserver and kubectl but not
-        # kube-controller-manager; a missing one falls through to the cache or a build.
+        # setup-envtest ships etcd, kube-apiserver and kubectl but not the controller-manager
+        # or the scheduler; a missing one falls through to the cache or a build.
         if _is_executable(path):
             return path
     return None
@@ -110,46 +186,92 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def find_binaries(build: bool = True) -> ControlPlaneBinaries:
-    """Return the binaries, building what is missing into the cache when ``build``."""
+def find_binaries(build: bool = True, names: Iterable[str] = HARNESS_BINARIES,
+                  progress: Progress = _log_progress) -> Binaries:
+    """Return the binaries ``names``, building what is missing into the cache when ``build``."""
+    names = list(names)
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        raise ProvisioningError(f"unknown binary {', '.join(unknown)}; known: {', '.join(COMPONENTS)}")
     found: dict[str, Path] = {}
-    missing_kube: list[str] = []
     # A broken explicit override is reported before anything is looked up or built.
-    overrides = {binary: _from_environment(binary) for binary in ("etcd", *KUBE_COMMANDS)}
-    for binary, path in overrides.items():
-        if path is None and _is_executable(cached_path(binary)):
-            path = cached_path(binary)
+    overrides = {name: _from_environment(name) for name in names}
+    missing: list[str] = []
+    for name, path in overrides.items():
+        if path is None and _is_executable(cached_path(name)):
+            path = cached_path(name)
         if path is None:
             if not build:
                 raise ProvisioningError(
-                    f"{binary} not found: set {ENV_OVERRIDES[binary]} or KUBEBUILDER_ASSETS, "
-                    f"or run `python -m clusters provision` to build it into {cached_path(binary)}"
+                    f"{name} not found: set {ENV_OVERRIDES[name]}"
+                    + (" or KUBEBUILDER_ASSETS" if COMPONENTS[name].kind != "module" else "")
+                    + f", or run `python -m clusters provision` to build it into {cached_path(name)}"
                 )
-            if binary == "etcd":
-                path = build_etcd()
-            else:
-                missing_kube.append(binary)
-                continue
-        found[binary] = path
-    if missing_kube:
-        found.update(build_kubernetes(missing_kube))
-    return ControlPlaneBinaries(
-        etcd=found["etcd"],
-        kube_apiserver=found["kube-apiserver"],
-        kube_controller_manager=found["kube-controller-manager"],
-        kubectl=found["kubectl"],
-    )
+            missing.append(name)
+            continue
+        found[name] = path
+    kube = [n for n in missing if COMPONENTS[n].kind == "kubernetes"]
+    if kube:
+        found.update(build_kubernetes(kube, progress))
+    for name in missing:
+        if COMPONENTS[name].kind == "etcd":
+            found[name] = build_etcd(progress)
+        elif COMPONENTS[name].kind == "module":
+            found[name] = build_module(COMPONENTS[name], progress)
+    return Binaries({name: found[name] for name in names})
 
 
-def binary_version(path: Path) -> str:
-    """The version string a binary reports about itself (``--version``)."""
+def binary_version(path: Path, name: str | None = None) -> str:
+    """The version a binary reports: ``--version`` for the control plane, the module version
+    recorded in the binary's build information for the upstream controllers."""
+    name = name or path.name
+    component = COMPONENTS.get(name)
+    if component is not None and component.kind == "module":
+        return _module_version_in(path, component.module)
     # kubectl has no --version flag; its client version is a subcommand.
-    args = ["version", "--client"] if path.name == "kubectl" else ["--version"]
+    args = ["version", "--client"] if name == "kubectl" else ["--version"]
     out = subprocess.run(
         [str(path), *args], capture_output=True, text=True, timeout=30, check=False
     )
     text = (out.stdout or out.stderr).strip()
     return text.splitlines()[0] if text else "unknown"
+
+
+def _module_version_in(path: Path, module: str) -> str:
+    go = shutil.which("go")
+    if go is None:
+        return "unknown (Go is needed to read the build information)"
+    out = subprocess.run([go, "version", "-m", str(path)], capture_output=True, text=True,
+                         timeout=30, check=False)
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] in ("dep", "mod") and fields[1] == module:
+            return f"{module} {fields[2]}"
+    return "unknown"
+
+
+def module_dir(name: str) -> Path:
+    """The source of an upstream component's module in the Go module cache (downloaded if
+    missing), where its CRDs and configuration files are read from."""
+    component = COMPONENTS[name]
+    if component.kind != "module":
+        raise ValueError(f"{name} is not built from a published module")
+    proc = subprocess.run(
+        [_go(), "mod", "download", "-json", f"{component.module}@{component.version}"],
+        capture_output=True, text=True, check=False, env=_go_env(component.extra_env),
+        cwd=tempfile.gettempdir(),
+    )
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        info = {}
+    if proc.returncode != 0 or not info.get("Dir"):
+        detail = info.get("Error") or (proc.stderr or proc.stdout).strip()[-500:]
+        raise ProvisioningError(
+            f"cannot download {component.source} into the Go module cache: {detail}\n"
+            f"retry with: go mod download {component.module}@{component.version}"
+        )
+    return Path(info["Dir"])
 
 
 # --- building -------------------------------------------------------------------------
@@ -159,28 +281,55 @@ def _go() -> str:
     go = shutil.which("go")
     if go is None:
         raise ProvisioningError(
-            "Go is needed to build the control-plane binaries and is not on PATH. Install Go "
+            "Go is needed to build the harness binaries and is not on PATH. Install Go "
             f">= {GO_DIRECTIVE[:4]}, or point KUBEBUILDER_ASSETS / TEST_ASSET_* at existing binaries."
         )
     return go
 
 
-def _run_go(args: list[str], workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+def _go_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("CGO_ENABLED", "0")
     env["CGO_ENABLED"] = "0"
     # A user's GOFLAGS such as -mod=vendor would break the scratch module.
     env["GOFLAGS"] = "-mod=mod"
     env.update(extra_env or {})
-    log.info("running %s in %s", " ".join(args), workdir)
-    proc = subprocess.run(
-        [_go(), *args], cwd=workdir, env=env, capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-        raise ProvisioningError(
-            f"`go {' '.join(args)}` failed in {workdir} (exit {proc.returncode}):\n{tail}"
-        )
+    return env
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _run_go(args: list[str], workdir: Path, *, what: str, source: str, progress: Progress,
+            extra_env: dict[str, str] | None = None, started: float | None = None) -> None:
+    """Run one go step; print a line every 30 s while it runs, since a cold build takes
+    minutes. A failure names the binary, the module and version, the step and how to retry."""
+    started = time.monotonic() if started is None else started
+    step = f"go {args[0]}"
+    progress(f"  {what}: {step} ... ({_elapsed(time.monotonic() - started)})")
+    log.debug("running go %s in %s", " ".join(args), workdir)
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen([_go(), *args], cwd=workdir, env=_go_env(extra_env),
+                                stdout=output, stderr=subprocess.STDOUT, text=True)
+        while True:
+            try:
+                proc.wait(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                progress(f"  {what}: still in {step} ({_elapsed(time.monotonic() - started)})")
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        if proc.returncode != 0:
+            output.seek(0)
+            tail = "\n".join(output.read().strip().splitlines()[-25:])
+            raise ProvisioningError(
+                f"building {what} from {source} failed at step `{step}` "
+                f"(`go {' '.join(args)}` in {workdir}, exit {proc.returncode}):\n{tail}\n"
+                f"retry with: python -m clusters provision --only {what}"
+            )
 
 
 @contextlib.contextmanager
@@ -224,12 +373,18 @@ def _version_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-def build_kubernetes(commands: list[str] | tuple[str, ...] = KUBE_COMMANDS) -> dict[str, Path]:
+def build_kubernetes(commands: Iterable[str] = KUBE_COMMANDS,
+                     progress: Progress = _log_progress) -> dict[str, Path]:
     """Build the given k8s.io/kubernetes commands into the cache; return their paths."""
+    commands = list(commands)
     staging_version = "v0" + KUBERNETES_VERSION[2:]
     with _build_lock(f"kubernetes-{KUBERNETES_VERSION}"):
         wanted = [c for c in commands if not _is_executable(cached_path(c))]
         if wanted:
+            what = ",".join(wanted)
+            source = f"k8s.io/kubernetes {KUBERNETES_VERSION}"
+            started = time.monotonic()
+            progress(f"building {what} ({source})")
             target_dir = cached_path(commands[0]).parent
             target_dir.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix="build-", dir=cache_root()) as tmp:
@@ -237,41 +392,75 @@ def build_kubernetes(commands: list[str] | tuple[str, ...] = KUBE_COMMANDS) -> d
                 _scratch_module(
                     workdir,
                     "trainjob.local/controlplane",
-                    f"k8s.io/kubernetes {KUBERNETES_VERSION}",
+                    source,
                     [f"k8s.io/{m} => k8s.io/{m} {staging_version}" for m in STAGING_MODULES],
                     [f"k8s.io/kubernetes/cmd/{c}" for c in wanted],
                 )
-                _run_go(["mod", "tidy"], workdir)
+                steps = dict(what=what, source=source, progress=progress, started=started)
+                _run_go(["mod", "tidy"], workdir, **steps)
                 out = workdir / "out"
                 out.mkdir()
                 _run_go(
                     ["build", "-trimpath", "-ldflags", _version_ldflags(KUBERNETES_VERSION),
                      "-o", str(out) + "/", *[f"k8s.io/kubernetes/cmd/{c}" for c in wanted]],
-                    workdir,
+                    workdir, **steps,
                 )
                 for command in wanted:
                     # rename is atomic: a reader never sees a half-written binary.
                     os.replace(out / command, cached_path(command))
+            progress(f"built {what} in {_elapsed(time.monotonic() - started)}")
     return {c: cached_path(c) for c in commands}
 
 
-def build_etcd() -> Path:
+def build_etcd(progress: Progress = _log_progress) -> Path:
     """Build etcd into the cache; return its path."""
     target = cached_path("etcd")
     with _build_lock(f"etcd-{ETCD_VERSION}"):
         if not _is_executable(target):
+            source = COMPONENTS["etcd"].source
+            started = time.monotonic()
+            progress(f"building etcd ({source})")
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix="build-", dir=cache_root()) as tmp:
                 workdir = Path(tmp)
                 _scratch_module(
                     workdir, "trainjob.local/etcd",
-                    f"go.etcd.io/etcd/server/v3 {ETCD_VERSION}", [], ["go.etcd.io/etcd/server/v3"],
+                    source, [], ["go.etcd.io/etcd/server/v3"],
                 )
-                _run_go(["mod", "tidy"], workdir)
+                steps = dict(what="etcd", source=source, progress=progress, started=started)
+                _run_go(["mod", "tidy"], workdir, **steps)
                 _run_go(
                     ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(workdir / "etcd"),
                      "go.etcd.io/etcd/server/v3"],
-                    workdir,
+                    workdir, **steps,
                 )
                 os.replace(workdir / "etcd", target)
+            progress(f"built etcd in {_elapsed(time.monotonic() - started)}")
+    return target
+
+
+def build_module(component: Component, progress: Progress = _log_progress) -> Path:
+    """Build an upstream controller from its published module: `go get` + `go build` in a
+    scratch module of its own, no replace directives."""
+    target = cached_path(component.name)
+    with _build_lock(f"{component.name}-{component.version}"):
+        if not _is_executable(target):
+            started = time.monotonic()
+            progress(f"building {component.name} ({component.source})")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix="build-", dir=cache_root()) as tmp:
+                workdir = Path(tmp)
+                (workdir / "go.mod").write_text(
+                    f"module trainjob.local/{component.name}\n\ngo {GO_DIRECTIVE}\n")
+                steps = dict(what=component.name, source=component.source, progress=progress,
+                             started=started, extra_env=component.extra_env)
+                _run_go(["get", f"{component.package}@{component.version}"], workdir, **steps)
+                ldflags = "-s -w"
+                if component.version_variable:
+                    ldflags += f" -X {component.version_variable}={component.version}"
+                _run_go(["build", "-trimpath", "-ldflags", ldflags,
+                         "-o", str(workdir / component.name), component.package],
+                        workdir, **steps)
+                os.replace(workdir / component.name, target)
+            progress(f"built {component.name} in {_elapsed(time.monotonic() - started)}")
     return target

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusters import binaries
+from clusters import binaries, nodes
 from clusters.controlplane import ControlPlaneError
 from clusters.local import ClusterInfo, LocalClusters
 
@@ -18,10 +18,14 @@ DESCRIPTION = """\
 Run one manager and N worker Kubernetes clusters on this machine.
 
 The local provider (the default) starts, per cluster, etcd, kube-apiserver and
-kube-controller-manager (garbage collector and namespace controllers) as processes on
-127.0.0.1, installs the project's CRDs and writes an admin kubeconfig per cluster, with the
-certificates embedded, to <state-dir>/<name>.kubeconfig. The binaries are built once from Go
-modules into a cache (see `provision`). The kind provider does the same with Docker.
+kube-controller-manager as processes on 127.0.0.1, installs the project's CRDs and writes an
+admin kubeconfig per cluster, with the certificates embedded, to <state-dir>/<name>.kubeconfig.
+Each worker also runs kube-scheduler, the upstream JobSet controller (its CRD and webhooks
+included) and kwok, which keeps the worker's Nodes Ready and plays the kubelet: a scheduled
+pod runs at once and succeeds 3 s later (pod annotations trainjob-dispatcher.io/kwok-run-for:
+"30s" and trainjob-dispatcher.io/kwok-outcome: fail|never change that). The binaries are
+built once from Go modules into a cache (see `provision`). The kind provider does the same
+with Docker.
 """
 
 EPILOG = """\
@@ -34,6 +38,8 @@ environment:
 
 examples:
   python -m clusters up --workers 2
+  python -m clusters up --nodes 4 --node-cpu 16 --node-gpus 8
+  python -m clusters up --nodes-file nodes.yaml   (format: see clusters/nodes.py)
   kubectl --kubeconfig .clusters/worker-1.kubeconfig get --raw /version
   python -m clusters stop worker-1 && python -m clusters start worker-1
   python -m clusters down
@@ -65,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: %(default)s)")
     up.add_argument("--timeout", type=float, default=180,
                     help="seconds to wait for readiness (default: %(default)s)")
+    nodes_group = up.add_argument_group("worker Nodes (kwok)")
+    nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
+                             help="Nodes per worker (default: %(default)s)")
+    nodes_group.add_argument("--node-cpu", default="8", metavar="QUANTITY",
+                             help="cpu of each Node (default: %(default)s)")
+    nodes_group.add_argument("--node-memory", default="32Gi", metavar="QUANTITY",
+                             help="memory of each Node (default: %(default)s)")
+    nodes_group.add_argument("--node-gpus", type=int, default=0, metavar="N",
+                             help="nvidia.com/gpu of each Node (default: %(default)s)")
+    nodes_group.add_argument("--nodes-file", metavar="PATH",
+                             help="YAML file with node pools per worker (instead of the flags "
+                             "above): labels, taints and any resources")
 
     sub.add_parser("status", parents=[common], help="show each cluster's state",
                    description="Show each cluster's name, role, API URL, kubeconfig and state.")
@@ -81,22 +99,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo", parents=[common], help="run the whole product locally with sample jobs",
-        description="Start a manager and two workers, the training operator on each worker, "
-        "the dispatcher on the manager and a JobSet simulator, submit the sample TrainJobs "
-        "(manifests/samples) and show where each runs and its status until all are done. "
-        "Ctrl-C stops everything; after a complete run the clusters stay up "
-        "(`python -m clusters down` removes them).")
-    demo.add_argument("--run-seconds", type=float, default=8.0,
-                      help="how long each simulated JobSet runs (default: %(default)s)")
+        description="Start a manager and two workers (kube-scheduler, the JobSet controller and "
+        "kwok Nodes on each worker), the training operator on each worker and the dispatcher "
+        "on the manager, submit the sample TrainJobs (manifests/samples) and show where each "
+        "runs and its status until all are done. The jobs are of mixed sizes, so some wait "
+        "on the manager for room. Ctrl-C stops everything; after a complete run the "
+        "clusters stay up (`python -m clusters down` removes them).")
+    demo.add_argument("--run-seconds", type=float, default=15.0,
+                      help="how long kwok runs each pod before it succeeds (default: %(default)s)")
     demo.add_argument("--timeout", type=float, default=300,
                       help="give up after this many seconds (default: %(default)s)")
 
+    pinned = "\n".join(f"  {c.name:<28} {c.source}" for c in binaries.COMPONENTS.values())
     prov = sub.add_parser(
-        "provision", help="find or build etcd, kube-apiserver, kube-controller-manager, kubectl",
-        description=f"Find the control-plane binaries (Kubernetes {binaries.KUBERNETES_VERSION}, "
-        f"etcd {binaries.ETCD_VERSION}) or build them from Go modules into the cache. "
-        "A cold build takes several minutes; later runs cost nothing.",
+        "provision", help="find or build every binary the harness and its tests run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find each binary (in TEST_ASSET_<NAME>, KUBEBUILDER_ASSETS or the cache) "
+        "or build it from its Go module into the cache, one at a time, printing progress with "
+        "the elapsed time. A cold build of everything takes 20-40 minutes on 2 cores; later "
+        f"runs cost nothing. Pinned versions:\n{pinned}",
     )
+    prov.add_argument("--only", action="append", metavar="NAME", choices=list(binaries.COMPONENTS),
+                      help="provision only this binary (repeatable; default: all)")
     prov.add_argument("--json", action="store_true", help="print JSON")
     prov.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     return parser
@@ -114,6 +138,9 @@ def _print_clusters(infos: list[ClusterInfo], as_json: bool, extra: dict | None 
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for info in infos:
+        for problem in info.problems:
+            print(f"{info.name}: {problem}")
 
 
 def _provider(args):
@@ -124,6 +151,24 @@ def _provider(args):
     return LocalClusters(args.state_dir)
 
 
+def _provision(args) -> int:
+    names = args.only or list(binaries.COMPONENTS)
+    if not args.json:
+        print(f"provisioning {len(names)} binaries (missing ones are built into "
+              f"{binaries.cache_root()})", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    found = binaries.find_binaries(build=True, names=names, progress=binaries.stderr_progress)
+    result = {name: {"path": str(path), "version": binaries.binary_version(path, name)}
+              for name, path in found.paths.items()}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for name, item in result.items():
+            print(f"{name:<28} {item['version']:<40} {item['path']}")
+        print(f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -132,21 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "provision":
-            if not args.json:
-                print(f"control-plane binaries (building missing ones into "
-                      f"{binaries.cache_root()}; a cold build takes several minutes)",
-                      file=sys.stderr, flush=True)
-            started = time.monotonic()
-            found = binaries.find_binaries(build=True)
-            result = {name: {"path": path, "version": binaries.binary_version(Path(path))}
-                      for name, path in found.as_dict().items()}
-            if args.json:
-                print(json.dumps(result, indent=2))
-            else:
-                for name, item in result.items():
-                    print(f"{name:<24} {item['version']:<32} {item['path']}")
-                print(f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
-            return 0
+            return _provision(args)
         if args.command == "demo":
             from clusters.demo import run_demo
 
@@ -154,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         provider = _provider(args)
         if args.command == "up":
             started = time.monotonic()
-            infos = provider.up(workers=args.workers, timeout=args.timeout)
+            if args.nodes_file:
+                layout = nodes.layout_from_file(args.nodes_file)
+            else:
+                layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
+                                                 args.node_gpus)
+            infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout)
             _print_clusters(infos, args.json,
                             {"provider": args.provider,
                              "seconds": round(time.monotonic() - started, 2)})

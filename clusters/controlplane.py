@@ -1,10 +1,13 @@
-"""One local Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager as
-processes on loopback, with their PKI, kubeconfig, logs and data under one directory.
+"""One local Kubernetes cluster: etcd, kube-apiserver and kube-controller-manager as
+processes on loopback, with their PKI, kubeconfig, logs and data under one directory; a
+worker also runs kube-scheduler, the JobSet controller and kwok (``clusters.worker_stack``).
 
-kube-controller-manager runs a deliberate subset of controllers: the garbage collector (so
-ownerReference cascading deletion is real) and the namespace controller (so deleting a
-namespace empties it). Node lifecycle is left out on purpose: there are no kubelets, and
-with it on, test Nodes would turn NotReady and get tainted after about 40 seconds.
+kube-controller-manager runs a deliberate subset of controllers. Every cluster has the
+garbage collector (ownerReference cascading deletion) and the namespace controller. A worker
+adds what running pods needs: the job controller, node lifecycle (kwok renews each Node's
+Lease, so its Nodes stay Ready and lose the apiserver's not-ready taint; a Node whose kwok
+stops turns NotReady as a real one would), taint eviction and pod garbage collection (pods
+of a deleted Node go away).
 """
 
 from __future__ import annotations
@@ -19,12 +22,26 @@ from pathlib import Path
 
 import yaml
 
-from clusters import processes
+from clusters import nodes, processes, worker_stack
 from clusters.binaries import ControlPlaneBinaries
 from clusters.pki import ClusterPKI
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
-KCM_CONTROLLERS = "garbage-collector-controller,namespace-controller"
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+KCM_CONTROLLERS = {
+    "manager": "garbage-collector-controller,namespace-controller",
+    "worker": "garbage-collector-controller,namespace-controller,job-controller,"
+              "node-lifecycle-controller,taint-eviction-controller,"
+              "pod-garbage-collector-controller",
+}
+# Ports a worker's extra components listen on (kept in the harness state per cluster).
+WORKER_PORTS = ("kube-scheduler", "jobset-webhook", "jobset-health", "kwok")
+
+
+def components(role: str) -> tuple[str, ...]:
+    """Every process of a cluster of ``role``, in start order."""
+    if role == "worker":
+        return (*CONTROL_PLANE, *worker_stack.WORKER_COMPONENTS)
+    return CONTROL_PLANE
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 
@@ -61,6 +78,11 @@ class ControlPlane:
     etcd_client_port: int
     etcd_peer_port: int
     controller_manager_port: int
+    role: str = "worker"
+    ports: dict[str, int] | None = None
+
+    def port(self, name: str) -> int:
+        return (self.ports or {})[name]
 
     @property
     def pki(self) -> ClusterPKI:
@@ -161,7 +183,7 @@ class ControlPlane:
             return [
                 str(binaries.kube_controller_manager),
                 f"--kubeconfig={self.kubeconfig_path}",
-                f"--controllers={KCM_CONTROLLERS}",
+                f"--controllers={KCM_CONTROLLERS[self.role]}",
                 "--leader-elect=false",
                 f"--bind-address={self.bind_address}",
                 f"--secure-port={self.controller_manager_port}",
@@ -179,6 +201,34 @@ class ControlPlane:
                 "--kube-api-qps=500",
                 "--kube-api-burst=1000",
                 "--v=1",
+            ]
+        if component == "kube-scheduler":
+            return [
+                str(binaries.kube_scheduler),
+                f"--config={worker_stack.write_scheduler_config(self.directory, self.kubeconfig_path)}",
+                f"--bind-address={self.bind_address}",
+                f"--secure-port={self.port('kube-scheduler')}",
+                f"--tls-cert-file={self.pki.serving_cert}",
+                f"--tls-private-key-file={self.pki.serving_key}",
+                f"--authentication-kubeconfig={self.kubeconfig_path}",
+                f"--authorization-kubeconfig={self.kubeconfig_path}",
+                "--authentication-skip-lookup=true",
+                "--v=1",
+            ]
+        if component == "jobset-controller":
+            config = worker_stack.write_jobset_config(
+                self.directory / "jobset", self.pki.serving_cert, self.pki.serving_key,
+                self.port("jobset-webhook"), self.port("jobset-health"), self.bind_address)
+            return [str(binaries.jobset_controller), f"--kubeconfig={self.kubeconfig_path}",
+                    f"--config={config}", "--zap-log-level=info"]
+        if component == "kwok":
+            return [
+                str(binaries.kwok),
+                f"--kubeconfig={self.kubeconfig_path}",
+                f"--config={worker_stack.write_kwok_config(self.directory)}",
+                f"--manage-nodes-with-annotation-selector={nodes.KWOK_SELECTOR}",
+                f"--server-address={self.bind_address}:{self.port('kwok')}",
+                "--node-lease-duration-seconds=40",
             ]
         raise ValueError(f"unknown component {component!r}")
 
@@ -208,6 +258,37 @@ class ControlPlane:
 
     def controller_manager_healthy(self) -> bool:
         return self._probe("/healthz", self.controller_manager_port)
+
+    def scheduler_healthy(self) -> bool:
+        return self._probe("/healthz", self.port("kube-scheduler"))
+
+    def jobset_ready(self) -> bool:
+        # Ready once its webhook server serves with the certificates.
+        return worker_stack.http_ok(self.bind_address, self.port("jobset-health"), "/readyz")
+
+    def kwok_healthy(self) -> bool:
+        return worker_stack.http_ok(self.bind_address, self.port("kwok"), "/healthz")
+
+    def healthy(self, component: str) -> bool:
+        """The readiness probe of ``component``."""
+        return {
+            "etcd": self.etcd_healthy,
+            "kube-apiserver": self.apiserver_ready,
+            "kube-controller-manager": self.controller_manager_healthy,
+            "kube-scheduler": self.scheduler_healthy,
+            "jobset-controller": self.jobset_ready,
+            "kwok": self.kwok_healthy,
+        }[component]()
+
+    def listen_port(self, component: str) -> int:
+        return {
+            "etcd": self.etcd_client_port,
+            "kube-apiserver": self.apiserver_port,
+            "kube-controller-manager": self.controller_manager_port,
+            "kube-scheduler": self.port("kube-scheduler") if self.ports else 0,
+            "jobset-controller": self.port("jobset-webhook") if self.ports else 0,
+            "kwok": self.port("kwok") if self.ports else 0,
+        }[component]
 
     def _probe(self, path: str, port: int) -> bool:
         try:

@@ -21,8 +21,9 @@ def manifests_dir() -> Path:
 
 
 def crd_dirs(role: str) -> list[Path]:
-    """Every cluster gets the TrainJob/runtime/JobSet CRDs; the manager also gets the
-    MultiKueue registration CRDs (a manager running real Kueue brings its own instead)."""
+    """Every cluster gets the TrainJob and runtime CRDs (a worker also gets upstream JobSet's,
+    read from its module); the manager also gets the MultiKueue registration CRDs (a manager
+    running real Kueue brings its own instead)."""
     dirs = [manifests_dir() / "crds"]
     if role == "manager":
         dirs.append(manifests_dir() / "multikueue-crds")

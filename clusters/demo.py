@@ -1,10 +1,12 @@
 """``python -m clusters demo``: the whole product on this machine.
 
-Starts a manager and two workers, gives the workers Nodes with capacity (worker-2 with
-GPUs) and the sample runtime, registers them on the manager the MultiKueue way, runs the
-training operator on each worker and the dispatcher on the manager (as real processes),
-plays the JobSet controller with the simulator, submits the sample TrainJobs to the
-manager and shows live where each was placed and its mirrored status until all are done.
+Starts a manager and two workers (each with kube-scheduler, the JobSet controller and kwok
+Nodes: worker-2's with GPUs), installs the sample runtime, registers the workers on the
+manager the MultiKueue way, runs the training operator on each worker and the dispatcher on
+the manager (as real processes), submits the sample TrainJobs to the manager and shows live
+where each was placed and its mirrored status until all are done. The jobs are of mixed
+sizes and the workers small enough that some wait on the manager until room frees up; their
+pods are really scheduled onto the kwok Nodes, run for ``--run-seconds`` and succeed.
 
 Ctrl-C stops everything, clusters included. A demo that ran to the end stops its
 processes and leaves the clusters up for a look around (``make demo-down`` removes them).
@@ -21,25 +23,31 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters import fixtures
+from clusters import fixtures, nodes, worker_stack
 from clusters.crds import manifests_dir
 from clusters.local import LocalClusters
-from clusters.simulator import JobSetSimulator
 from clusters.testing import ServiceProcess
 from dispatcher.status_report import job_state
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
-WORKER_NODES = {
-    "worker-1": [{"cpu": "16", "memory": "64Gi", "pods": "110"}] * 2,
-    "worker-2": [{"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "4"}] * 2,
-}
+NODE_LAYOUT = nodes.NodeLayout(default=[], workers={
+    "worker-1": [nodes.NodePool(count=2, resources={"cpu": "12", "memory": "48Gi"})],
+    "worker-2": [nodes.NodePool(count=2, resources={"cpu": "16", "memory": "64Gi",
+                                                    nodes.GPU: "4"})],
+})
+WORKERS = ("worker-1", "worker-2")
 CONFIG = "demo"
 
 
-def _samples() -> tuple[dict, list[dict]]:
+def _samples(run_seconds: float) -> tuple[dict, list[dict]]:
     folder = manifests_dir() / "samples"
     runtime = yaml.safe_load((folder / "runtime-torch-distributed.yaml").read_text())
+    # How long kwok runs each pod before it succeeds.
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]
+        pod.setdefault("metadata", {}).setdefault("annotations", {})[
+            worker_stack.RUN_FOR_ANNOTATION] = f"{run_seconds:g}s"
     jobs = [yaml.safe_load((folder / name).read_text())
             for name in yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]]
     return runtime, jobs
@@ -71,35 +79,30 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(state_dir: Path, run_seconds: float = 8.0, timeout: float = 300) -> int:
+def run_demo(state_dir: Path, run_seconds: float = 15.0, timeout: float = 300) -> int:
     # Ctrl-C and SIGTERM both stop the demo cleanly (explicit handlers also cover a demo
     # started in the background, where the shell leaves SIGINT ignored).
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     harness = LocalClusters(state_dir)
     print("starting a manager and two worker clusters ...", flush=True)
-    harness.up(workers=2)
+    harness.up(workers=2, node_layout=NODE_LAYOUT)
     processes: list[ServiceProcess] = []
-    simulators: list[JobSetSimulator] = []
     finished = False
     try:
         manager = api_client(harness.kubeconfig("manager"))
-        runtime, samples = _samples()
-        for worker, nodes in WORKER_NODES.items():
-            worker_api = api_client(harness.kubeconfig(worker))
-            for i, allocatable in enumerate(nodes, 1):
-                fixtures.add_node(worker_api, f"{worker}-node-{i}", allocatable)
-            fixtures.install_runtime(worker_api, runtime)
+        runtime, samples = _samples(run_seconds)
+        for worker in WORKERS:
+            fixtures.install_runtime(api_client(harness.kubeconfig(worker)), runtime)
             fixtures.register_worker(manager, worker, harness.kubeconfig(worker))
-        fixtures.register_config(manager, CONFIG, list(WORKER_NODES))
+        fixtures.register_config(manager, CONFIG, list(WORKERS))
         logs = state_dir / "demo-logs"
         logs.mkdir(parents=True, exist_ok=True)
         print("starting the training operator on each worker and the dispatcher ...",
               flush=True)
-        for worker in WORKER_NODES:
+        for worker in WORKERS:
             processes.append(ServiceProcess("training_operator", harness.kubeconfig(worker),
                                             logs / f"operator-{worker}.log", ()).start())
-            simulators.append(JobSetSimulator(state_dir, worker, run_seconds).start())
         dispatcher = ServiceProcess("dispatcher", harness.kubeconfig("manager"),
                                     logs / "dispatcher.log", ("--multikueue-config", CONFIG))
         processes.append(dispatcher.start())
@@ -143,8 +146,6 @@ def run_demo(state_dir: Path, run_seconds: float = 8.0, timeout: float = 300) ->
         print("\ninterrupted: stopping everything", file=sys.stderr)
         return 130
     finally:
-        for simulator in simulators:
-            simulator.stop()
         for process in reversed(processes):
             process.stop()
         if not finished:

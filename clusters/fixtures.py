@@ -1,27 +1,22 @@
 """Objects the tests, the demo and the benchmarks put into the local clusters: worker
-registration on the manager (Secret + MultiKueueCluster + MultiKueueConfig), Nodes with
-capacity on workers (there is no kubelet: the Node and its Ready condition are written
-here, and no node-lifecycle controller runs to mark them NotReady), and runtimes.
+registration on the manager (Secret + MultiKueueCluster + MultiKueueConfig), kwok Nodes with
+capacity on workers (kwok keeps them Ready, as kubelets would), and runtimes.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clusters import nodes
 from trainjob import constants as c
 from trainjob.kubeclient import apply_custom_object
 
 FIELD_MANAGER = "trainjob-clusters"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ensure_namespace(api: client.ApiClient, name: str) -> None:
@@ -65,41 +60,46 @@ def register_config(manager: client.ApiClient, name: str, clusters: list[str]) -
 
 def add_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
              labels: dict[str, str] | None = None, taints: list[dict] | None = None,
-             ready: bool = True) -> None:
-    """A Node with ``allocatable`` capacity and a Ready condition, as a kubelet would
-    report it (this harness has no kubelet)."""
-    core = client.CoreV1Api(api)
-    body = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
-                                                  **(labels or {})}},
-            "spec": {"taints": taints or []}}
+             ready: bool = True, timeout: float = 30) -> None:
+    """A kwok Node with ``allocatable`` capacity, registered as a kubelet would register it;
+    waits until kwok has made it Ready and the node-lifecycle controller has lifted the
+    not-ready taint. ``ready=False`` makes a Node no kwok manages: it never turns Ready."""
+    body = nodes.node_body(name, nodes.NodePool.model_construct(
+        count=1, resources=allocatable, labels=labels or {},
+        taints=[nodes.Taint(**t) for t in taints or []]), "test")
+    body["metadata"]["labels"].pop(nodes.NODE_POOL_LABEL)
+    if not ready:
+        body["metadata"]["annotations"] = {}
     try:
-        core.create_node(body)
+        client.CoreV1Api(api).create_node(body)
     except ApiException as err:
         if err.status != 409:
             raise
-    now = _now()
-    core.patch_node_status(name, {"status": {
-        "capacity": allocatable, "allocatable": allocatable,
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                        "reason": "KubeletReady" if ready else "KubeletNotReady",
-                        "message": "written by the test harness (no kubelet runs here)",
-                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
-    }}, _content_type="application/strategic-merge-patch+json")
-    # The apiserver taints every new Node not-ready; the node-lifecycle controller, which
-    # would lift it, does not run here, so lift it as that controller would.
-    core.patch_node(name, {"spec": {"taints": taints or None}},
-                    _content_type="application/merge-patch+json")
+    if ready:
+        nodes.wait_schedulable(api, [name], timeout)
+
+
+def remove_node(api: client.ApiClient, name: str) -> None:
+    try:
+        client.CoreV1Api(api).delete_node(name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "1Gi",
-                  namespace: str | None = None) -> dict[str, Any]:
+                  namespace: str | None = None,
+                  pod_annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A ClusterTrainingRuntime (or TrainingRuntime with ``namespace``) for torch with
-    dataset and model initializers and a trainer job, each pod requesting cpu/memory."""
+    dataset and model initializers and a trainer job, each pod requesting cpu/memory.
+    ``pod_annotations`` go on every pod (e.g. ``worker_stack.OUTCOME_ANNOTATION``, to tell
+    kwok how the pods end)."""
     def job(job_name: str, role: str, image: str) -> dict[str, Any]:
+        pod_metadata = {"annotations": dict(pod_annotations)} if pod_annotations else {}
         return {"name": job_name, "template": {
             "metadata": {"labels": {c.ANCESTOR_LABEL: role}},
-            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "spec": {"template": {"metadata": pod_metadata,
+                                  "spec": {"restartPolicy": "Never", "containers": [{
                 "name": job_name, "image": image,
                 "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}}}}
 

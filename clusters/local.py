@@ -21,12 +21,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from clusters import crds, processes
+from clusters import crds, nodes, processes, worker_stack
 from clusters.binaries import KUBERNETES_VERSION, ControlPlaneBinaries, find_binaries
 from clusters.controlplane import (
-    COMPONENTS,
+    WORKER_PORTS,
     ControlPlane,
     ControlPlaneError,
+    components,
     free_port,
     port_is_free,
     wait_until,
@@ -46,6 +47,8 @@ class ClusterRecord(BaseModel):
     etcd_client_port: int
     etcd_peer_port: int
     controller_manager_port: int
+    # Ports of a worker's scheduler, JobSet controller and kwok.
+    ports: dict[str, int] = Field(default_factory=dict)
     stopped: bool = False
     pids: dict[str, int] = Field(default_factory=dict)
 
@@ -64,6 +67,8 @@ class ClusterInfo(BaseModel):
     server: str
     kubeconfig: str
     state: Literal["running", "stopped", "degraded", "down"]
+    # What is wrong in a degraded cluster: each component not running or not healthy.
+    problems: list[str] = Field(default_factory=list)
 
 
 def cluster_names(workers: int) -> list[str]:
@@ -123,6 +128,8 @@ class LocalClusters:
             etcd_client_port=record.etcd_client_port,
             etcd_peer_port=record.etcd_peer_port,
             controller_manager_port=record.controller_manager_port,
+            role=record.role,
+            ports=record.ports,
         )
 
     def issue_serving_certificate(self, name: str, directory: Path,
@@ -176,10 +183,14 @@ class LocalClusters:
 
     # --- commands -----------------------------------------------------------------
 
-    def up(self, workers: int = 2, timeout: float = 120) -> list[ClusterInfo]:
-        """Bring up the manager and ``workers`` workers; a no-op for clusters already up."""
+    def up(self, workers: int = 2, timeout: float = 120,
+           node_layout: nodes.NodeLayout | None = None) -> list[ClusterInfo]:
+        """Bring up the manager and ``workers`` workers, each worker with the kwok Nodes of
+        ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
+        node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
+        node_layout.check_workers(cluster_names(workers)[1:])
         with self._locked():
             state = self.load()
             wanted = cluster_names(workers)
@@ -195,15 +206,18 @@ class LocalClusters:
             for record in state.clusters:
                 record.stopped = False  # `up` means every cluster up, stopped ones included
             was_running = {
-                (r.name, c) for r in state.clusters for c in COMPONENTS if self._running(r, c)
+                (r.name, c) for r in state.clusters for c in components(r.role)
+                if self._running(r, c)
             }
             try:
+                deadline = time.monotonic() + timeout
                 self._bring_up(state, [c.name for c in state.clusters], timeout)
+                self._create_nodes(state, node_layout, deadline - time.monotonic())
             except BaseException:
                 # A failed or interrupted `up` takes back what it started; whatever ran
                 # before it keeps running.
                 for record in state.clusters:
-                    for component in reversed(COMPONENTS):
+                    for component in reversed(components(record.role)):
                         if (record.name, component) not in was_running:
                             pid = record.pids.pop(component, None)
                             if pid:
@@ -257,9 +271,11 @@ class LocalClusters:
     # --- internals ----------------------------------------------------------------
 
     def _new_record(self, name: str) -> ClusterRecord:
+        role = "manager" if name == MANAGER else "worker"
         return ClusterRecord(
             name=name,
-            role="manager" if name == MANAGER else "worker",
+            role=role,
+            ports={p: free_port(BIND_ADDRESS) for p in WORKER_PORTS} if role == "worker" else {},
             apiserver_port=free_port(BIND_ADDRESS),
             etcd_client_port=free_port(BIND_ADDRESS),
             etcd_peer_port=free_port(BIND_ADDRESS),
@@ -275,8 +291,8 @@ class LocalClusters:
         raise ControlPlaneError(f"no cluster named {name!r}; clusters: {known}")
 
     def _terminate(self, record: ClusterRecord) -> None:
-        # Reverse start order: the controller-manager and apiserver go before their etcd.
-        for component in reversed(COMPONENTS):
+        # Reverse start order: the controllers and apiserver go before their etcd.
+        for component in reversed(components(record.role)):
             pid = record.pids.pop(component, None)
             if pid:
                 processes.terminate(pid, self.state_dir)
@@ -284,11 +300,7 @@ class LocalClusters:
     def _spawn(self, record: ClusterRecord, plane: ControlPlane, component: str) -> None:
         if self._running(record, component):
             return
-        port = {
-            "etcd": record.etcd_client_port,
-            "kube-apiserver": record.apiserver_port,
-            "kube-controller-manager": record.controller_manager_port,
-        }[component]
+        port = plane.listen_port(component)
         if not port_is_free(port, BIND_ADDRESS):
             raise ControlPlaneError(
                 f"{record.name}: {component} port {BIND_ADDRESS}:{port} is taken by another "
@@ -308,31 +320,32 @@ class LocalClusters:
         self.binaries()  # provision (maybe build) before any clock that matters starts
         for plane in planes.values():
             plane.prepare()
-        probes = {
-            "etcd": ControlPlane.etcd_healthy,
-            "kube-apiserver": ControlPlane.apiserver_ready,
-            "kube-controller-manager": ControlPlane.controller_manager_healthy,
-        }
+        # Phases across clusters: every etcd, every apiserver, the CRDs and webhooks, then
+        # every controller at once. Each phase spawns all its processes before it waits, so
+        # the start-ups overlap.
+        phases = [["etcd"], ["kube-apiserver"], None,
+                  ["kube-controller-manager", *worker_stack.WORKER_COMPONENTS]]
         try:
-            for component in COMPONENTS:
-                if component == "kube-controller-manager":
+            for phase in phases:
+                if phase is None:
                     # CRDs before the controller-manager, so the garbage collector's first
                     # discovery already sees TrainJobs and JobSets (it re-discovers only
                     # every 30 s).
                     with ThreadPoolExecutor(max_workers=len(records) or 1) as pool:
-                        for future in [pool.submit(self._install_crds, r,
+                        for future in [pool.submit(self._install_crds, r, planes[r.name],
                                                    deadline - time.monotonic())
                                        for r in records]:
                             future.result()
-                # Every cluster's instance first, then the waits: the start-ups overlap.
-                for record in records:
+                    continue
+                started = [(r, c) for r in records for c in phase if c in components(r.role)]
+                for record, component in started:
                     self._spawn(record, planes[record.name], component)
                 self._save(state)
-                for record in records:
+                for record, component in started:
                     plane = planes[record.name]
                     wait_until(
                         f"{record.name} {component}",
-                        functools.partial(probes[component], plane),
+                        functools.partial(plane.healthy, component),
                         deadline - time.monotonic(),
                         alive=functools.partial(self._running, record, component),
                         log_file=plane.log_file(component),
@@ -340,25 +353,46 @@ class LocalClusters:
         finally:
             self._save(state)
 
-    def _install_crds(self, record: ClusterRecord, timeout: float) -> None:
+    def _create_nodes(self, state: HarnessState, layout: nodes.NodeLayout,
+                      timeout: float) -> None:
+        """Each worker's kwok Nodes, ready for the scheduler before `up` returns."""
+        for record in state.clusters:
+            if record.role != "worker" or record.stopped:
+                continue
+            with api_client(self.kubeconfig(record.name)) as api:
+                names = nodes.create_nodes(api, record.name, layout.pools_for(record.name))
+                nodes.wait_schedulable(api, names, timeout)
+
+    def _install_crds(self, record: ClusterRecord, plane: ControlPlane, timeout: float) -> None:
+        documents = crds.load_crds(crds.crd_dirs(record.role))
+        if record.role == "worker":
+            documents += worker_stack.jobset_crds()
         with api_client(self.kubeconfig(record.name)) as client:
-            crds.install_crds(client, crds.load_crds(crds.crd_dirs(record.role)), timeout)
+            crds.install_crds(client, documents, timeout)
+            if record.role == "worker":
+                worker_stack.install_jobset_webhooks(client, worker_stack.jobset_webhook_configurations(
+                    f"https://{BIND_ADDRESS}:{plane.port('jobset-webhook')}",
+                    plane.pki.ca_cert.read_bytes()))
 
     def _info(self, state: HarnessState) -> list[ClusterInfo]:
         infos = []
         for record in state.clusters:
             plane = self.control_plane(record)
-            alive = [self._running(record, c) for c in COMPONENTS]
+            alive = {c: self._running(record, c) for c in components(record.role)}
+            problems = [f"{c} not running (log: {plane.log_file(c)})"
+                        for c, up in alive.items() if not up]
+            problems += [f"{c} not healthy (log: {plane.log_file(c)})"
+                         for c, up in alive.items() if up and not plane.healthy(c)]
             if record.stopped:
-                status = "stopped"
-            elif all(alive) and plane.apiserver_ready():
+                status, problems = "stopped", []
+            elif not problems:
                 status = "running"
-            elif any(alive):
+            elif any(alive.values()):
                 status = "degraded"
             else:
-                status = "down"
+                status, problems = "down", []
             infos.append(ClusterInfo(
                 name=record.name, role=record.role, server=plane.server,
-                kubeconfig=str(self.kubeconfig(record.name)), state=status,
+                kubeconfig=str(self.kubeconfig(record.name)), state=status, problems=problems,
             ))
         return infos

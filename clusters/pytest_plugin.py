@@ -24,6 +24,7 @@ from kubernetes import client
 
 from clusters.controlplane import ControlPlane
 from clusters.local import ClusterInfo, LocalClusters
+from clusters.nodes import NodeLayout
 from trainjob.kubeclient import api_client
 
 
@@ -105,7 +106,8 @@ def multicluster(tmp_path_factory) -> MultiCluster:
     workers = int(os.environ.get("CLUSTERS_TEST_WORKERS", "2"))
     harness = LocalClusters(tmp_path_factory.mktemp("clusters"), tied_to_caller=True)
     try:
-        harness.up(workers=workers, timeout=180)
+        # No default Nodes: each test adds the kwok Nodes it needs, so capacity is its own.
+        harness.up(workers=workers, timeout=180, node_layout=NodeLayout(default=[]))
         multi = _connect(harness)
         yield multi
         for cluster in multi:

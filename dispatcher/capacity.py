@@ -109,11 +109,14 @@ class WorkerCapacity:
             self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
             self._recount(job_key)
 
-    def release(self, job_key: JobKey) -> None:
-        """Stop counting the job's reservation (job finished, deleted or moved)."""
+    def release(self, job_key: JobKey) -> bool:
+        """Stop counting the job's reservation (job finished, deleted or moved); True when
+        there was one."""
         with self._lock:
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
+                return True
+            return False
 
     def _recount(self, job: JobKey) -> None:
         # A reservation shrinks by what the job's bound pods already use: pods that exist

@@ -4,8 +4,9 @@ TrainJob keys; workers run the reconciler.
 What wakes a job up:
 * its manager object changed;
 * its remote copy changed (status to sync, or it disappeared);
-* capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone,
-  a worker coming back): every job still waiting for placement is looked at again.
+* capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone
+  or finished, a remote copy finished or gone, a worker coming back): every job still
+  waiting for placement is looked at again.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ from trainjob.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES)
+
+
+def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
+    """A pod event after which a worker may have room it did not have: the pod is gone, or
+    it has just finished (a finished pod holds no resources)."""
+    if kind == "DELETED":
+        return True
+    finished = ("Succeeded", "Failed")
+    phase = lambda pod: ((pod or {}).get("status") or {}).get("phase")  # noqa: E731
+    return phase(new) in finished and phase(old) not in finished
 
 
 class DispatcherController:
@@ -92,23 +103,26 @@ class DispatcherController:
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             if new is not None and (old or {}).get("status") != new.get("status"):
                 self.reconciler.remote_changed_at.setdefault(key, time.monotonic())
-            self._track_reservation(worker_name, key, kind, new)
+            released = self._track_reservation(worker_name, key, kind, new)
             self.queue.add(key)
-        elif resource in _CAPACITY_RESOURCES or (resource == "pods" and kind == "DELETED"):
+            if released:
+                self._requeue_pending()
+        elif resource in _CAPACITY_RESOURCES or (resource == "pods" and _frees_room(kind, old, new)):
             self._requeue_pending()
 
     def _track_reservation(self, worker_name: str, key: tuple[str, str], kind: str,
-                           remote: dict | None) -> None:
-        """Reservations follow remote copies, so they survive a restart of the dispatcher."""
+                           remote: dict | None) -> bool:
+        """Reservations follow remote copies, so they survive a restart of the dispatcher.
+        True when that dropped a reservation (its room is free for waiting jobs)."""
         worker = self.registry.get(worker_name)
         if worker is None:
-            return
+            return False
         recorded = mirror.footprint(remote) if remote is not None else None
         if kind == "DELETED" or remote is None or mirror.finished(remote) or recorded is None:
-            worker.capacity.release(key)
-            return
+            return worker.capacity.release(key)
         requests, pods = recorded
         worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
+        return False
 
     def sync_lag(self, namespace: str, name: str) -> tuple[float | None, float | None]:
         """(seconds the last mirrored status change took to reach the manager, seconds a

@@ -1,9 +1,13 @@
 """The dispatcher end to end: manager + 2 workers, the training operator on each worker,
 the dispatcher on the manager, workers registered the MultiKueue way.
 
-Capacity: worker-1 has 16 cpu and worker-2 64 cpu (plus memory) on one Node each. Tests
-that need to control capacity exactly use an extended resource of their own (e.g.
-``example.com/<test>``) on Nodes they add and remove, so tests do not disturb each other.
+Capacity: worker-1 has 16 cpu and worker-2 64 cpu (plus memory) on one kwok Node each. Tests
+that need to control capacity exactly use an extended resource or a Node label of their own
+(e.g. ``example.com/<test>``) on Nodes they add and remove, so tests do not disturb each other.
+
+Pods are real: the JobSet controller, job controller and scheduler run on each worker and
+kwok runs the pods. Pods of ``RUNTIME`` run until deleted, so a job stays running as long as a
+test needs; pods of ``QUICK_RUNTIME`` succeed a second after they start.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
-from clusters import fixtures
+from clusters import fixtures, worker_stack
 from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 
 RUNTIME = "torch-e2e"
+QUICK_RUNTIME = "torch-e2e-quick"
 CONFIG = "e2e"
 WORKER_LOST_TIMEOUT = 20
 # Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
@@ -53,8 +58,12 @@ def dispatch_env(multicluster, tmp_path_factory):
         fixtures.register_worker(manager.api, worker, multicluster[worker].kubeconfig)
         fixtures.add_node(multicluster[worker].api, f"{worker}-base",
                           {"cpu": cpu, "memory": "512Gi", "pods": "500"})
-        fixtures.install_runtime(multicluster[worker].api,
-                                 fixtures.torch_runtime(RUNTIME, cpu="100m", memory="128Mi"))
+        fixtures.install_runtime(multicluster[worker].api, fixtures.torch_runtime(
+            RUNTIME, cpu="100m", memory="128Mi",
+            pod_annotations={worker_stack.OUTCOME_ANNOTATION: worker_stack.OUTCOME_NEVER}))
+        fixtures.install_runtime(multicluster[worker].api, fixtures.torch_runtime(
+            QUICK_RUNTIME, cpu="100m", memory="128Mi",
+            pod_annotations={worker_stack.RUN_FOR_ANNOTATION: "1s"}))
     fixtures.register_config(manager.api, CONFIG, ["worker-1", "worker-2"])
     operators = {
         name: ServiceProcess("training_operator", multicluster[name].kubeconfig,

@@ -15,6 +15,7 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 RUNTIME = "torch-e2e"  # the runtime dispatch_env installs on both workers (conftest.RUNTIME)
+QUICK_RUNTIME = "torch-e2e-quick"  # its pods succeed a second after they start
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 
 

@@ -8,11 +8,10 @@ import threading
 
 import pytest
 
-from clusters.simulator import JobSetSimulator
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from test_dispatch import create, trainjob  # noqa: E402 - this directory's helpers
+from test_dispatch import QUICK_RUNTIME, create, trainjob  # noqa: E402 - this directory's helpers
 
 JOBS = 200
 KILLS = 5
@@ -35,8 +34,6 @@ def copies_by_job(env, namespace: str) -> dict[str, list[str]]:
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(dispatch_env, namespace):
     env = dispatch_env
     rng = random.Random(20261122)
-    simulators = [JobSetSimulator(env.multicluster.harness.state_dir, w.name, run_seconds=1)
-                  .start() for w in env.multicluster.workers]
     duplicates: list[tuple[str, list[str]]] = []
     samples = 0
     stop_sampling = threading.Event()
@@ -54,7 +51,8 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(dispatch_env, na
     kills = 0
     try:
         for i in range(JOBS):
-            create(env.manager, namespace, trainjob(f"s{i:03d}"))
+            # Real pods on kwok, each succeeding a second after it starts.
+            create(env.manager, namespace, trainjob(f"s{i:03d}", runtime=QUICK_RUNTIME))
             if kills < KILLS and rng.random() < KILLS / JOBS * 1.5:
                 env.restart_dispatcher(kill=True)
                 kills += 1
@@ -77,8 +75,6 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(dispatch_env, na
     finally:
         stop_sampling.set()
         sampler.join(10)
-        for simulator in simulators:
-            simulator.stop()
     print(f"\n{JOBS} jobs, {kills} SIGKILLs of the dispatcher, {samples} samples of every "
           f"worker: {len(duplicates)} moments with two copies of a job")
     assert duplicates == [], f"jobs seen with more than one copy: {duplicates[:5]}"

@@ -1,4 +1,5 @@
-"""Where the control-plane binaries come from (lookup order and errors); no build here."""
+"""Where the harness binaries come from (lookup order and errors); the only build here is
+one that must fail."""
 
 import os
 
@@ -27,7 +28,7 @@ def test_explicit_paths_win(empty_environment, monkeypatch):
     for binary, variable in binaries.ENV_OVERRIDES.items():
         paths[binary] = _fake_binary(empty_environment / "mine" / binary)
         monkeypatch.setenv(variable, str(paths[binary]))
-    found = binaries.find_binaries(build=False)
+    found = binaries.find_binaries(build=False, names=binaries.COMPONENTS)
     assert found.as_dict() == {k: str(v) for k, v in paths.items()}
 
 
@@ -39,7 +40,8 @@ def test_kubebuilder_assets_then_cache(empty_environment, monkeypatch):
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
     # setup-envtest has no kube-controller-manager: it comes from the cache.
     cached = _fake_binary(binaries.cached_path("kube-controller-manager"))
-    found = binaries.find_binaries(build=False)
+    found = binaries.find_binaries(
+        build=False, names=("etcd", "kube-apiserver", "kubectl", "kube-controller-manager"))
     assert found.etcd == assets / "etcd"
     assert found.kube_apiserver == assets / "kube-apiserver"
     assert found.kubectl == assets / "kubectl"
@@ -83,11 +85,37 @@ def test_version_stamp_covers_both_version_packages():
         assert f"-X {pkg}.gitMinor=34" in flags
 
 
+def test_upstream_binaries_are_not_taken_from_kubebuilder_assets(empty_environment,
+                                                                 monkeypatch):
+    assets = empty_environment / "envtest"
+    _fake_binary(assets / "kwok")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    with pytest.raises(binaries.ProvisioningError, match="kwok not found: set TEST_ASSET_KWOK,"):
+        binaries.find_binaries(build=False, names=("kwok",))
+
+
+def test_a_failed_build_names_module_version_step_and_retry(empty_environment):
+    missing = binaries.Component("kwok", "module", "v0.0.1-no-such-version", "TEST_ASSET_KWOK",
+                                 module="sigs.k8s.io/kwok", package="sigs.k8s.io/kwok/cmd/kwok")
+    lines = []
+    with pytest.raises(binaries.ProvisioningError) as err:
+        binaries.build_module(missing, progress=lines.append)
+    message = str(err.value)
+    assert "building kwok from sigs.k8s.io/kwok v0.0.1-no-such-version failed" in message
+    assert "at step `go get`" in message
+    assert "retry with: python -m clusters provision --only kwok" in message
+    assert lines[0] == "building kwok (sigs.k8s.io/kwok v0.0.1-no-such-version)"
+    assert not binaries.cached_path("kwok").exists()
+
+
 def test_cached_binaries_report_the_pinned_versions():
     # The real binaries the rest of the suite runs on (make test provisions them first).
-    found = binaries.find_binaries(build=False)
-    assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.kube_apiserver)
-    assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.kube_controller_manager)
+    found = binaries.find_binaries(build=False, names=binaries.COMPONENTS)
+    for name in binaries.KUBE_COMMANDS[:-1]:
+        assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.paths[name])
+    for name, component in binaries.COMPONENTS.items():
+        if component.kind == "module" and not os.environ.get(component.env_var):
+            assert binaries.binary_version(found.paths[name]) == component.source
     assert binaries.binary_version(found.kubectl) == f"Client Version: {binaries.KUBERNETES_VERSION}"
     if not os.environ.get("TEST_ASSET_ETCD") and not os.environ.get("KUBEBUILDER_ASSETS"):
         assert binaries.ETCD_VERSION.lstrip("v") in binaries.binary_version(found.etcd)

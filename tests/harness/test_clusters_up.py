@@ -36,18 +36,21 @@ def test_crds_are_established_on_every_cluster(multicluster):
         "trainjobs.trainer.kubeflow.org",
         "trainingruntimes.trainer.kubeflow.org",
         "clustertrainingruntimes.trainer.kubeflow.org",
-        "jobsets.jobset.x-k8s.io",
     }
     multikueue = {"multikueueclusters.kueue.x-k8s.io", "multikueueconfigs.kueue.x-k8s.io"}
+    # Upstream JobSet's CRD, where its controller runs.
+    jobset = {"jobsets.jobset.x-k8s.io"}
     for cluster in multicluster:
         crds = client.ApiextensionsV1Api(cluster.api).list_custom_resource_definition().items
         established = {
             crd.metadata.name for crd in crds
             if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
         }
-        wanted = expected_everywhere | (multikueue if cluster.role == "manager" else set())
+        wanted = expected_everywhere | (multikueue if cluster.role == "manager" else jobset)
         assert wanted <= established, f"{cluster.name}: missing {wanted - established}"
         if cluster.role == "worker":
             assert not (multikueue & established), (
                 f"{cluster.name}: MultiKueue CRDs belong on the manager only"
             )
+        else:
+            assert not (jobset & established), f"{cluster.name}: no JobSet controller runs here"

@@ -6,6 +6,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clusters.testing import eventually
+
 TRAINER = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
@@ -294,10 +296,12 @@ def test_multikueue_cluster_and_config_on_the_manager(multicluster, namespace):
 # --- JobSet ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cluster_name", CLUSTERS)
-def test_jobset_defaults_replicas_and_has_a_status_subresource(
-        multicluster, namespace, cluster_name):
-    custom = multicluster[cluster_name].custom
+def test_workers_serve_upstream_jobsets_through_its_webhooks_and_controller(
+        multicluster, namespace):
+    """A worker has JobSet's own CRD, webhooks and controller: the JobSet is defaulted by the
+    mutating webhook, an invalid one is refused by the validating webhook, and the
+    controller creates its Jobs and writes its status."""
+    custom = multicluster["worker-1"].custom
     template = {"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {
         "spec": {"restartPolicy": "Never",
                  "containers": [{"name": "node", "image": "busybox", "command": ["true"]}]}}}}
@@ -305,15 +309,31 @@ def test_jobset_defaults_replicas_and_has_a_status_subresource(
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
         "spec": {"replicatedJobs": [{"name": "node", "template": template}]},
     })
-
     stored = custom.get_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], "js")
-    assert stored["spec"]["replicatedJobs"] == [
-        {"name": "node", "replicas": 1, "template": template}]
+    # Defaults that only JobSet's own webhook sets.
+    assert stored["spec"]["successPolicy"] == {"operator": "All"}
+    assert stored["spec"]["network"]["enableDNSHostnames"] is True
 
-    jobs_status = [
-        {"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1, "suspended": 0}]
-    custom.patch_namespaced_custom_object_status(
-        *JOBSET[:2], namespace, JOBSET[2], "js", {"status": {"replicatedJobsStatus": jobs_status}},
-        _content_type=MERGE_PATCH)
-    stored = custom.get_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], "js")
-    assert stored["status"]["replicatedJobsStatus"] == jobs_status
+    eventually(lambda: custom.get_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2],
+                                                           "js").get("status") or {},
+               lambda status: [r["name"] for r in status.get("replicatedJobsStatus") or []]
+               == ["node"],
+               expected="the JobSet controller writing replicatedJobsStatus for js")
+    jobs = client.BatchV1Api(multicluster["worker-1"].api).list_namespaced_job(namespace).items
+    assert [j.metadata.name for j in jobs] == ["js-node-0"]
+
+    with pytest.raises(ApiException) as refused:
+        custom.create_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "twice"},
+            "spec": {"replicatedJobs": [{"name": "node", "template": template},
+                                        {"name": "node", "template": template}]},
+        })
+    assert refused.value.status in (400, 422)
+    assert "node" in json.loads(refused.value.body)["message"]
+
+
+def test_the_manager_has_no_jobsets(multicluster):
+    names = {crd.metadata.name for crd in client.ApiextensionsV1Api(
+        multicluster.manager.api).list_custom_resource_definition().items}
+    assert "jobsets.jobset.x-k8s.io" not in names

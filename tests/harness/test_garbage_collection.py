@@ -33,8 +33,15 @@ def test_deleting_a_trainjob_removes_the_jobset_it_owns(multicluster, namespace)
             "name": "owner", "uid": trainjob["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True,
         }]},
-        "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {}}}]},
+        "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "node", "image": "busybox"}]}}}}}]},
     })
+    # The real JobSet controller makes its Job; the collector takes that along too.
+    batch = client.BatchV1Api(worker.api)
+    eventually(lambda: [j.metadata.name for j in batch.list_namespaced_job(namespace).items],
+               lambda names: names == ["owner-node-0"],
+               expected="the JobSet controller to create Job owner-node-0")
     worker.custom.delete_namespaced_custom_object(
         *TRAINJOBS[:2], namespace, TRAINJOBS[2], "owner", propagation_policy="Background")
     eventually(
@@ -43,6 +50,8 @@ def test_deleting_a_trainjob_removes_the_jobset_it_owns(multicluster, namespace)
         lambda exists: not exists,
         expected="JobSet owner to be garbage-collected after its TrainJob was deleted",
     )
+    eventually(lambda: batch.list_namespaced_job(namespace).items, lambda jobs: not jobs,
+               expected="Job owner-node-0 garbage-collected after its JobSet")
 
 
 def test_foreground_deletion_waits_for_dependents(multicluster, namespace):

@@ -1,0 +1,208 @@
+"""The worker Nodes of the local harness: what a user asks for (flags or a small YAML file),
+validated before anything starts, and the kwok-managed Node objects made from it.
+
+kwok keeps every Node it manages Ready (status and Lease heartbeats), and the worker's
+node-lifecycle controller then lifts the ``node.kubernetes.io/not-ready`` taint the
+apiserver puts on a new Node, so the scheduler binds pods to them as to real Nodes.
+
+The file format (``python -m clusters up --nodes-file nodes.yaml``)::
+
+    default:                 # pools for every worker not named below
+      - count: 2
+        resources: {cpu: "8", memory: 32Gi}
+    workers:
+      worker-2:
+        - count: 1
+          resources: {cpu: "16", memory: 64Gi, nvidia.com/gpu: "4"}
+          labels: {pool: gpu}
+          taints: [{key: gpu, value: "true", effect: NoSchedule}]
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.quantity import parse_quantity
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# kwok manages exactly the Nodes carrying this annotation (its documented convention).
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_ANNOTATION_VALUE = "fake"
+KWOK_SELECTOR = f"{KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}"
+NODE_POOL_LABEL = "trainjob.local/node-pool"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+GPU = "nvidia.com/gpu"
+STANDARD_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage", GPU)
+
+
+class NodeSpecError(ValueError):
+    """A node specification the harness refuses; the message names the key."""
+
+
+class Taint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class NodePool(BaseModel):
+    """``count`` identical Nodes."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(default=2, ge=0, le=500)
+    resources: dict[str, str] = Field(default_factory=lambda: {"cpu": "8", "memory": "32Gi"})
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _quantities_as_text(cls, value):
+        # YAML reads `cpu: 8` as an int; a quantity is text.
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _known_and_well_formed(cls, resources: dict[str, str]) -> dict[str, str]:
+        for name, quantity in resources.items():
+            if name not in STANDARD_RESOURCES and "/" not in name:
+                raise ValueError(
+                    f"unknown resource name {name!r}: use one of {', '.join(STANDARD_RESOURCES)} "
+                    "or an extended resource with a domain (example.com/widget)")
+            try:
+                parsed = parse_quantity(quantity)
+            except ValueError:
+                raise ValueError(f"resources.{name}: {quantity!r} is not a quantity") from None
+            if parsed < 0:
+                raise ValueError(f"resources.{name}: {quantity!r} is negative")
+        return resources
+
+    def allocatable(self) -> dict[str, str]:
+        return {"pods": "110", **self.resources}
+
+
+class NodeLayout(BaseModel):
+    """Pools per worker: ``workers[name]`` where given, else ``default``."""
+
+    model_config = ConfigDict(extra="forbid")
+    default: list[NodePool] = Field(default_factory=lambda: [NodePool()])
+    workers: dict[str, list[NodePool]] = Field(default_factory=dict)
+
+    def pools_for(self, worker: str) -> list[NodePool]:
+        return self.workers.get(worker, self.default)
+
+    def check_workers(self, names: list[str]) -> None:
+        unknown = sorted(set(self.workers) - set(names))
+        if unknown:
+            raise NodeSpecError(
+                f"workers.{unknown[0]}: no such worker (workers here: {', '.join(names)})")
+
+
+def _describe(err: ValidationError, source: str) -> NodeSpecError:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return NodeSpecError(f"{source}: {where}: {message}")
+
+
+def layout_from_flags(count: int, cpu: str, memory: str, gpus: int) -> NodeLayout:
+    resources = {"cpu": cpu, "memory": memory}
+    if gpus:
+        resources[GPU] = str(gpus)
+    try:
+        return NodeLayout(default=[NodePool(count=count, resources=resources)])
+    except ValidationError as err:
+        raise _describe(err, "node flags (--nodes/--node-cpu/--node-memory/--node-gpus)") from None
+
+
+def layout_from_file(path: Path | str) -> NodeLayout:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise NodeSpecError(f"--nodes-file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise NodeSpecError(f"--nodes-file {path}: not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise NodeSpecError(f"--nodes-file {path}: expected a mapping with default/workers")
+    try:
+        return NodeLayout.model_validate(data)
+    except ValidationError as err:
+        raise _describe(err, f"--nodes-file {path}") from None
+
+
+def node_body(name: str, pool: NodePool, pool_name: str) -> dict:
+    """A Node as a kubelet would register it, for kwok to keep Ready."""
+    allocatable = pool.allocatable()
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "type": "kwok", NODE_POOL_LABEL: pool_name, **pool.labels},
+        },
+        "spec": {"taints": [t.model_dump() for t in pool.taints]},
+        # Registration carries the capacity, as a kubelet's does; kwok keeps it.
+        "status": {"capacity": allocatable, "allocatable": allocatable},
+    }
+
+
+def create_nodes(api: client.ApiClient, worker: str, pools: list[NodePool]) -> list[str]:
+    """Create the Nodes of ``pools`` on ``worker`` (existing ones are kept); their names."""
+    core = client.CoreV1Api(api)
+    names = []
+    for index, pool in enumerate(pools):
+        pool_name = f"pool-{index}"
+        for n in range(pool.count):
+            name = f"{worker}-{pool_name}-{n}"
+            try:
+                core.create_node(node_body(name, pool, pool_name))
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+            names.append(name)
+    return names
+
+
+def schedulable_problem(node: client.V1Node) -> str | None:
+    """Why the scheduler would not use ``node`` now (None when it would)."""
+    ready = next((c for c in (node.status.conditions or []) if c.type == "Ready"), None)
+    if ready is None or ready.status != "True":
+        return f"node {node.metadata.name} not Ready yet"
+    for taint in node.spec.taints or []:
+        if taint.key in (NOT_READY_TAINT, UNREACHABLE_TAINT):
+            return f"node {node.metadata.name} still has taint {taint.key}"
+    return None
+
+
+def wait_schedulable(api: client.ApiClient, names: list[str], timeout: float) -> None:
+    """Until every Node in ``names`` is Ready and free of the not-ready taint."""
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = []
+        for name in names:
+            try:
+                problem = schedulable_problem(core.read_node(name))
+            except ApiException as err:
+                problem = f"node {name}: {err.status} {err.reason}"
+            if problem:
+                problems.append(problem)
+        if not problems:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"{len(problems)} Node(s) not schedulable after {timeout:.0f}s (kwok marks them "
+                f"Ready, the node-lifecycle controller lifts the taint): {'; '.join(problems[:3])}")
+        time.sleep(0.2)

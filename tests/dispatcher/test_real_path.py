@@ -1,0 +1,191 @@
+"""Jobs from the manager through the real worker stack: the dispatcher places them, the
+operator builds JobSets, the upstream JobSet controller, job controller and scheduler make and
+bind pods to kwok Nodes, kwok runs them, and the manager shows the outcome. The test writes
+no status of any JobSet, Job, Pod or Node.
+
+Each test here selects Nodes of its own with a ``test-pool`` label, so the shared base Nodes
+of ``dispatch_env`` do not count for its jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from clusters import fixtures, worker_stack
+from clusters.testing import eventually
+from trainjob import constants as c
+from test_dispatch import condition, create, get, wait_placed  # noqa: E402 - this directory's helpers
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+GPU = "nvidia.com/gpu"
+
+
+def _trainer_only_runtime(name: str, namespace: str, pod_annotations: dict[str, str]) -> dict:
+    """A namespaced runtime with just the trainer job, each pod 1 cpu unless the TrainJob
+    says otherwise; ``pod_annotations`` tell kwok how long the pods run."""
+    return {
+        "apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAININGRUNTIME_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"mlPolicy": {"numNodes": 1},
+                 "template": {"spec": {"replicatedJobs": [{
+                     "name": c.NODE, "template": {
+                         "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
+                         "spec": {"backoffLimit": 0, "template": {
+                             "metadata": {"annotations": pod_annotations},
+                             "spec": {"restartPolicy": "Never", "containers": [{
+                                 "name": c.NODE, "image": "pytorch/pytorch:2.5.0",
+                                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}}]}}},
+    }
+
+
+def _job(name: str, runtime: str, pool: str, *, num_nodes: int, cpu: str, gpus: int = 0) -> dict:
+    resources: dict = {"requests": {"cpu": cpu, "memory": "1Gi"}}
+    override: dict = {"targetJobs": [{"name": c.NODE}], "nodeSelector": {"test-pool": pool}}
+    if gpus:
+        # Extended resources need limits equal to requests.
+        resources["requests"][GPU] = str(gpus)
+        resources["limits"] = {GPU: str(gpus)}
+        override["tolerations"] = [{"key": "gpu", "operator": "Equal", "value": "true",
+                                    "effect": "NoSchedule"}]
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+            "metadata": {"name": name},
+            "spec": {"managedBy": c.MANAGED_BY_MULTIKUEUE,
+                     "runtimeRef": {"name": runtime, "kind": c.TRAININGRUNTIME_KIND},
+                     "trainer": {"numNodes": num_nodes, "resourcesPerNode": resources},
+                     "podSpecOverrides": [override]}}
+
+
+@pytest.fixture
+def pool(dispatch_env, namespace):
+    """Adds kwok Nodes labelled ``test-pool=<namespace>``; removes them afterwards."""
+    added: list[tuple[object, str]] = []
+
+    def add(worker: str, name: str, resources: dict[str, str], taints: list[dict] | None = None):
+        api = dispatch_env.multicluster[worker].api
+        node = f"{namespace}-{name}"
+        fixtures.add_node(api, node, {"memory": "64Gi", **resources},
+                          labels={"test-pool": namespace}, taints=taints)
+        added.append((api, node))
+        return node
+
+    yield add
+    for api, node in added:
+        fixtures.remove_node(api, node)
+
+
+def _install_runtime(env, namespace: str, name: str, pod_annotations: dict[str, str]) -> None:
+    for worker in env.multicluster.workers:
+        fixtures.install_runtime(worker.api,
+                                 _trainer_only_runtime(name, namespace, pod_annotations))
+
+
+def _pods(worker, namespace: str, name: str) -> list[client.V1Pod]:
+    return worker.core.list_namespaced_pod(
+        namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+
+
+def _unschedulable(env, namespace: str) -> list[str]:
+    """Pods the scheduler could not place, from its FailedScheduling Events (they outlive
+    the pods, so a pod that was Pending for a moment is still counted)."""
+    found = []
+    for worker in env.multicluster.workers:
+        for event in worker.core.list_namespaced_event(
+                namespace, field_selector="reason=FailedScheduling").items:
+            found.append(f"{worker.name}: {event.involved_object.name}: {event.message}")
+    return found
+
+
+def test_a_job_from_the_manager_runs_on_kwok_nodes_to_complete(dispatch_env, namespace, pool):
+    env = dispatch_env
+    nodes = {w: pool(w, w, {"cpu": "4"}) for w in ("worker-1", "worker-2")}
+    _install_runtime(env, namespace, "quick", {worker_stack.RUN_FOR_ANNOTATION: "2s"})
+    create(env.manager, namespace, _job("real", "quick", namespace, num_nodes=2, cpu="1"))
+    worker_name, _ = wait_placed(env, namespace, "real")
+    worker = env.multicluster[worker_name]
+
+    done = eventually(lambda: get(env.manager, namespace, "real"),
+                      lambda obj: (condition(obj, "Complete") or {}).get("status") == "True",
+                      expected="the manager TrainJob Complete after its pods ran on kwok",
+                      timeout=90)
+    assert condition(done, "Complete")["reason"] == "AllJobsCompleted"
+    assert done["status"]["jobsStatus"] == [
+        {"name": c.NODE, "ready": 0, "succeeded": 1, "failed": 0, "active": 0,
+         "suspended": 0}]
+    pods = _pods(worker, namespace, "real")
+    assert len(pods) == 2 and {p.status.phase for p in pods} == {"Succeeded"}
+    assert {p.spec.node_name for p in pods} == {nodes[worker_name]}
+    assert _unschedulable(env, namespace) == []
+
+
+def test_a_burst_that_fits_in_aggregate_leaves_no_pod_unschedulable(dispatch_env, namespace,
+                                                                    pool):
+    """Fragmented Nodes, a tainted GPU Node, jobs of three shapes: every job fits somewhere,
+    but not everywhere, and not all at once. The dispatcher must only place a job where the
+    scheduler can bind all its pods; the rest wait on the manager until room frees up."""
+    env = dispatch_env
+    pool("worker-1", "a", {"cpu": "4"})
+    pool("worker-1", "b", {"cpu": "4"})
+    pool("worker-2", "c", {"cpu": "6"})
+    pool("worker-2", "gpu", {"cpu": "8", GPU: "4"},
+         taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+    _install_runtime(env, namespace, "burst", {worker_stack.RUN_FOR_ANNOTATION: "4s"})
+    jobs = {}
+    for i in range(3):
+        jobs[f"gpu-{i}"] = _job(f"gpu-{i}", "burst", namespace, num_nodes=1, cpu="2", gpus=2)
+        jobs[f"wide-{i}"] = _job(f"wide-{i}", "burst", namespace, num_nodes=2, cpu="3")
+        jobs[f"small-{i}"] = _job(f"small-{i}", "burst", namespace, num_nodes=1, cpu="1")
+    for body in jobs.values():
+        create(env.manager, namespace, body)
+
+    def outcome():
+        states = {}
+        for name in jobs:
+            obj = get(env.manager, namespace, name)
+            states[name] = next((t for t in ("Complete", "Failed")
+                                 if (condition(obj, t) or {}).get("status") == "True"), None)
+        return states
+
+    final = eventually(outcome, lambda states: all(states.values()),
+                       expected="every job of the burst Complete or Failed", timeout=180)
+    assert set(final.values()) == {"Complete"}, final
+    assert _unschedulable(env, namespace) == []
+    # GPU jobs could only run on worker-2's GPU Node.
+    for name in jobs:
+        if name.startswith("gpu-"):
+            placed = get(env.manager, namespace, name)["metadata"]["annotations"]
+            assert placed[c.PLACEMENT_ANNOTATION] == "worker-2", (name, placed)
+
+
+def test_a_node_removed_under_running_jobs_shows_on_the_manager(dispatch_env, namespace, pool):
+    """The pods of a deleted Node are removed by the pod garbage collector, the Job makes
+    replacements that have nowhere to go, and the manager sees the trainer job no longer
+    ready while it waits: neither Complete nor Failed."""
+    env = dispatch_env
+    node = pool("worker-1", "only", {"cpu": "4"})
+    _install_runtime(env, namespace, "forever",
+                     {worker_stack.OUTCOME_ANNOTATION: worker_stack.OUTCOME_NEVER})
+    create(env.manager, namespace, _job("stranded", "forever", namespace, num_nodes=2, cpu="1"))
+    worker_name, _ = wait_placed(env, namespace, "stranded")
+    assert worker_name == "worker-1"
+    worker = env.multicluster[worker_name]
+    eventually(lambda: get(env.manager, namespace, "stranded"),
+               lambda obj: [j.get("ready") for j in (obj.get("status") or {}).get("jobsStatus")
+                            or []] == [1],
+               expected="the manager showing the trainer job ready while its pods run",
+               timeout=60)
+
+    fixtures.remove_node(worker.api, node)
+    # The pod garbage collector waits 40 s before it removes pods of a missing Node.
+    eventually(lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                        for p in _pods(worker, namespace, "stranded")],
+               lambda pods: pods and all(node_name is None for _, _, node_name in pods),
+               expected="the pods on the removed Node replaced by pods that cannot be bound",
+               timeout=120)
+    stranded = eventually(
+        lambda: get(env.manager, namespace, "stranded"),
+        lambda obj: [(j.get("ready"), j.get("active"))
+                     for j in (obj.get("status") or {}).get("jobsStatus") or []] == [(0, 1)],
+        expected="the manager showing the trainer job active but not ready", timeout=60)
+    assert condition(stranded, "Complete") is None and condition(stranded, "Failed") is None
+    assert any("didn't match" in m or "node(s)" in m for m in _unschedulable(env, namespace))
