@@ -1,5 +1,5 @@
 # Every target sets up what it needs on a fresh machine: the virtualenv in .venv, the Python
-# packages, and the control-plane binaries (built once into ~/.cache/trainjob-dispatcher).
+# packages, and the binaries the clusters run (built once into ~/.cache/trainjob-dispatcher).
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +14,7 @@ help:
 	@echo "make test           run the test suite against real local control planes"
 	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
-	@echo "make binaries       build or find etcd, kube-apiserver, kube-controller-manager"
+	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue)"
 	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
 	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"

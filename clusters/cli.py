@@ -12,7 +12,7 @@ from pathlib import Path
 
 from clusters import binaries, nodes
 from clusters.controlplane import ControlPlaneError
-from clusters.local import ClusterInfo, LocalClusters
+from clusters.local import ClusterInfo, LocalClusters, cluster_names
 
 DESCRIPTION = """\
 Run one manager and N worker Kubernetes clusters on this machine.
@@ -33,7 +33,9 @@ environment:
   CLUSTERS_STATE_DIR        default for --state-dir (else ./.clusters)
   CLUSTERS_CACHE_DIR        where built binaries are cached (else ~/.cache/trainjob-dispatcher)
   KUBEBUILDER_ASSETS        a setup-envtest directory holding etcd and kube-apiserver
-  TEST_ASSET_ETCD, TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBE_CONTROLLER_MANAGER
+  TEST_ASSET_ETCD, TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBE_CONTROLLER_MANAGER,
+  TEST_ASSET_KUBE_SCHEDULER, TEST_ASSET_KUBECTL, TEST_ASSET_JOBSET, TEST_ASSET_KWOK,
+  TEST_ASSET_TRAINER, TEST_ASSET_KUEUE
                             explicit paths to existing binaries
 
 examples:
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             started = time.monotonic()
             if args.nodes_file:
-                layout = nodes.layout_from_file(args.nodes_file)
+                layout = nodes.layout_from_file(args.nodes_file,
+                                                workers=cluster_names(args.workers)[1:])
             else:
                 layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
                                                  args.node_gpus)

@@ -16,7 +16,7 @@ from clusters.crds import manifests_dir
 def kubectl(kubeconfig: Path | str | None, *args: str, stdin: str | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     """Run kubectl (``--kubeconfig`` when given); the caller checks ``returncode``."""
-    argv = [str(find_binaries(build=False).kubectl)]
+    argv = [str(find_binaries(build=False, names=("kubectl",)).kubectl)]
     if kubeconfig is not None:
         argv.append(f"--kubeconfig={kubeconfig}")
     return subprocess.run([*argv, *args], input=stdin, capture_output=True, text=True,

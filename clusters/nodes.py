@@ -123,7 +123,8 @@ def layout_from_flags(count: int, cpu: str, memory: str, gpus: int) -> NodeLayou
         raise _describe(err, "node flags (--nodes/--node-cpu/--node-memory/--node-gpus)") from None
 
 
-def layout_from_file(path: Path | str) -> NodeLayout:
+def layout_from_file(path: Path | str, workers: list[str] | None = None) -> NodeLayout:
+    """The layout in ``path``; with ``workers``, also refuse pools for workers not there."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -136,9 +137,15 @@ def layout_from_file(path: Path | str) -> NodeLayout:
     if not isinstance(data, dict):
         raise NodeSpecError(f"--nodes-file {path}: expected a mapping with default/workers")
     try:
-        return NodeLayout.model_validate(data)
+        layout = NodeLayout.model_validate(data)
     except ValidationError as err:
         raise _describe(err, f"--nodes-file {path}") from None
+    if workers is not None:
+        try:
+            layout.check_workers(workers)
+        except NodeSpecError as err:
+            raise NodeSpecError(f"--nodes-file {path}: {err}") from None
+    return layout
 
 
 def node_body(name: str, pool: NodePool, pool_name: str) -> dict:

@@ -127,6 +127,18 @@ def namespace_terminating(err: ApiException) -> bool:
     return err.status == 403 and "NamespaceTerminating" in (err.body or "")
 
 
+def refusal_summary(err: ApiException) -> str:
+    """``field: reason`` for each cause of a refusal, without the rejected value, which
+    for a JobSet can be its whole spec."""
+    try:
+        causes = (json.loads(err.body).get("details") or {}).get("causes") or []
+    except (TypeError, ValueError, AttributeError):
+        causes = []
+    parts = [f"{cause.get('field') or 'object'}: {(cause.get('message') or '').rsplit(': ', 1)[-1]}"
+             for cause in causes if cause.get("field") != "<nil>"]
+    return "; ".join(parts) or error_message(err)
+
+
 def error_message(err: ApiException) -> str:
     """The apiserver's own explanation from an error response."""
     try:

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from clusters import crds
 from clusters.controlplane import ControlPlaneError
 from clusters.local import ClusterInfo, cluster_names
@@ -35,6 +37,28 @@ def _run(*argv: str) -> str:
     if proc.returncode != 0:
         raise ControlPlaneError(f"`{' '.join(argv)}` failed: {proc.stderr.strip()[-2000:]}")
     return proc.stdout
+
+
+# kind workers have kubelets and a scheduler; what they lack is JobSet. Its release is
+# rendered from the JobSet module's own kustomization, with the published image.
+JOBSET_IMAGE = "registry.k8s.io/jobset/jobset"
+
+
+def _install_jobset_release(kubeconfig: Path) -> None:
+    from clusters import binaries, kustomize
+
+    version = binaries.COMPONENTS["jobset-controller"].version
+    source = binaries.module_dir("jobset-controller") / "config" / "default"
+    rendered = kustomize.kubectl(None, "kustomize", str(source))
+    if rendered.returncode != 0:
+        raise ControlPlaneError(f"kubectl kustomize {source} failed: {rendered.stderr.strip()}")
+    documents = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    for document in documents:
+        for container in (((document.get("spec") or {}).get("template") or {}).get("spec")
+                          or {}).get("containers") or []:
+            if container.get("image", "").endswith(f"/jobset:{version}"):
+                container["image"] = f"{JOBSET_IMAGE}:{version}"
+    kustomize.apply(kubeconfig, documents)
 
 
 class KindClusters:
@@ -66,6 +90,8 @@ class KindClusters:
             role = "manager" if name == "manager" else "worker"
             with api_client(self.kubeconfig(name)) as client:
                 crds.install_crds(client, crds.load_crds(crds.crd_dirs(role)), timeout)
+            if role == "worker":
+                _install_jobset_release(self.kubeconfig(name))
         return self.status()
 
     def status(self) -> list[ClusterInfo]:
@@ -75,8 +101,6 @@ class KindClusters:
                            f"{PREFIX}{name}-control-plane").strip() == "true"
             server = ""
             if self.kubeconfig(name).exists():
-                import yaml
-
                 config = yaml.safe_load(self.kubeconfig(name).read_text())
                 server = config["clusters"][0]["cluster"]["server"]
             infos.append(ClusterInfo(

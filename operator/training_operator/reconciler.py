@@ -18,7 +18,12 @@ from training_operator.metrics import OperatorMetrics
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
-from trainjob.kubeclient import APPLY_PATCH, apply_custom_object, namespace_terminating
+from trainjob.kubeclient import (
+    APPLY_PATCH,
+    apply_custom_object,
+    namespace_terminating,
+    refusal_summary,
+)
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.plugins import mpi as mpi_plugin
 
@@ -99,7 +104,7 @@ class TrainJobReconciler:
                 raise
             self.metrics.jobsets_created.inc()
         else:
-            jobset = self._update_jobset(job, jobset, desired, info.objects)
+            jobset = self._update_jobset(job, raw, jobset, desired, info.objects)
         # Level-based: whenever our JobSet exists, Created is True (also after a crash
         # between creating the JobSet and writing the status).
         self._write_status(job, raw, jobset, status_mod.Transition(
@@ -129,7 +134,7 @@ class TrainJobReconciler:
         self.caches.jobsets.observe(applied)
         return applied
 
-    def _update_jobset(self, job: TrainJob, jobset: dict, desired: dict,
+    def _update_jobset(self, job: TrainJob, raw: dict, jobset: dict, desired: dict,
                        objects: list[dict]) -> dict:
         running = not job.spec.suspend and not (jobset.get("spec") or {}).get("suspend")
         current_hash = (jobset["metadata"].get("annotations") or {}).get(
@@ -142,7 +147,18 @@ class TrainJobReconciler:
         if current_hash == wanted_hash and bool(jobset["spec"].get("suspend")) == job.spec.suspend:
             return jobset  # a resync: nothing changed
         self._apply_objects(job, objects)
-        return self._apply(desired)
+        try:
+            return self._apply(desired)
+        except ApiException as err:
+            if err.status not in (400, 403, 422):
+                raise
+            # JobSet's own webhook lets a suspended JobSet change only its pods' labels,
+            # annotations, nodeSelector, tolerations and scheduling gates. Anything else
+            # (an image, a command) cannot reach it: say so on the TrainJob, keep the JobSet.
+            self.recorder.event(raw, WARNING, "JobSetUpdateRefused",
+                                f"JobSet {job.metadata.namespace}/{job.metadata.name} refused "
+                                f"the change: {refusal_summary(err)}")
+            return jobset
 
     def _apply_objects(self, job: TrainJob, objects: list[dict]) -> None:
         """Plug-in objects (MPI's SSH Secret and hostfile ConfigMap), owned by the job."""

@@ -25,7 +25,8 @@ from clusters.testing import eventually
 from dispatcher.dashboard import display_amount
 from trainjob import constants as c
 
-from test_dispatch import complete_jobset, create, get, trainjob, wait_placed  # noqa: E402 - this directory's helpers
+from test_dispatch import (  # noqa: E402 - this directory's helpers
+    QUICK_RUNTIME, RUNTIME, complete_jobset, create, get, trainjob, wait_placed)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 INSTALL_HINT = ("install them with `make browser` (Debian/Ubuntu: "
@@ -105,14 +106,6 @@ def _wait_jobset(worker, namespace: str, name: str) -> None:
                expected=f"the operator on {worker.name} to create JobSet {namespace}/{name}")
 
 
-def _set_jobset_running(worker, namespace: str, name: str) -> None:
-    """Play the JobSet controller: one active trainer replica."""
-    worker.custom.patch_namespaced_custom_object_status(
-        *JOBSETS, namespace, c.JOBSETS, name, {"status": {"replicatedJobsStatus": [
-            {"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1,
-             "suspended": 0}]}}, _content_type="application/merge-patch+json")
-
-
 def _manager_state(env, namespace: str, name: str, wanted: str) -> None:
     def check(obj):
         conditions = {x["type"]: x for x in (obj or {}).get("status", {}).get("conditions") or []}
@@ -133,21 +126,20 @@ def jobs(dispatch_env, namespaces):
     env = dispatch_env
     team_a, team_b = namespaces
     create(env.manager, team_a, trainjob("pending", requests={"cpu": "1000"}))
+    # Running and Complete are real: pods on the workers' kwok Nodes that run on, or that
+    # succeed after a second. Failed, with one particular reason, is written by the test.
     plan = [(team_a, "running", "100m", "Running"), (team_b, "complete", "20", "Complete"),
             (team_b, "failed", "100m", "Failed"), (team_b, "live", "20", "Running")]
-    for namespace, name, cpu, _ in plan:
-        create(env.manager, namespace, trainjob(name, requests={"cpu": cpu}))
+    for namespace, name, cpu, state in plan:
+        runtime = QUICK_RUNTIME if state == "Complete" else RUNTIME
+        create(env.manager, namespace, trainjob(name, requests={"cpu": cpu}, runtime=runtime))
     placed = {(team_a, "pending"): ""}
     for namespace, name, _, state in plan:
         worker_name, _ = wait_placed(env, namespace, name)
         placed[(namespace, name)] = worker_name
         worker = env.multicluster[worker_name]
         _wait_jobset(worker, namespace, name)
-        if state == "Running":
-            _set_jobset_running(worker, namespace, name)
-        elif state == "Complete":
-            complete_jobset(worker, namespace, name)
-        else:
+        if state == "Failed":
             complete_jobset(worker, namespace, name, type_="Failed",
                             reason="BackoffLimitExceeded")
     for namespace, name, _, state in [(team_a, "pending", "", "Pending"), *plan]:
@@ -226,23 +218,28 @@ def test_clusters_and_jobs_in_several_states_are_rendered(dispatch_env, browser,
     assert "BackoffLimitExceeded" in rows[f"{team_b}/failed"]["conditions"]
     assert all(row["age"] for row in rows.values())
 
-    # Both workers, active, with capacity from their Nodes and the running 20-cpu job's
-    # reservation on worker-2.
+    # Both workers, active, with capacity from their Nodes, and the running 20-cpu job's
+    # footprint taken on worker-2 (used by its running pods, or reserved until they run).
     live = get(env.multicluster["worker-2"], team_b, "live")
-    reserved = display_amount("cpu", parse_quantity(
-        json.loads(live["metadata"]["annotations"][c.REQUESTS_ANNOTATION])["requests"]["cpu"]))
+    footprint = parse_quantity(
+        json.loads(live["metadata"]["annotations"][c.REQUESTS_ANNOTATION])["requests"]["cpu"])
     allocatable = {name: _allocatable_cpu(env.multicluster[name])
                    for name in ("worker-1", "worker-2")}
+
+    def taken(cpu_cell: str):
+        # "cpu\n<used> [+ <reserved>] / <allocatable>\n<free> free"
+        used_part = cpu_cell.splitlines()[1].split("/")[0]
+        return sum(parse_quantity(x.strip()) for x in used_part.split("+"))
 
     def clusters_right(found):
         return set(found) >= {"worker-1", "worker-2"} and all(
             found[name]["active"] == "True" and found[name]["reason"].startswith("Active")
             and f"/ {allocatable[name]}" in found[name]["cpu"] and "free" in found[name]["cpu"]
-            for name in allocatable) and f"+ {reserved} /" in found["worker-2"]["cpu"]
+            for name in allocatable) and taken(found["worker-2"]["cpu"]) >= footprint
 
     clusters = eventually(lambda: _rendered_clusters(browser), clusters_right,
                           expected=f"worker-1 and worker-2 active with cpu of {allocatable} "
-                          f"and {reserved} cpu reserved on worker-2", timeout=30)
+                          f"and at least {footprint} cpu taken on worker-2", timeout=30)
     assert clusters["worker-2"]["memory"].split()[0] == "memory", clusters["worker-2"]
     assert int(clusters["worker-2"]["jobs"]) >= 2, clusters["worker-2"]
     _screenshot(browser, tmp_path, "dashboard.png")

@@ -449,16 +449,14 @@ def test_api_writes_per_dispatched_job(dispatch_env, namespace):
                    lambda names: names == [], timeout=120,
                    expected=f"no namespace terminating on {cluster.name} before counting")
     before = {cl.name: apiserver_writes(cl, resources, verbs) for cl in env.multicluster}
-    create(env.manager, namespace, trainjob("counted"))
+    # Real pods that succeed a second after they start, so the copy's status goes through
+    # every state a job has.
+    create(env.manager, namespace, trainjob("counted", runtime=QUICK_RUNTIME))
     worker_name, _ = wait_placed(env, namespace, "counted")
-    worker = env.multicluster[worker_name]
-    eventually(lambda: get(env.manager, namespace, "counted"),
-               lambda obj: (condition(obj, "Created") or {}).get("status") == "True",
-               expected="Created mirrored")
-    complete_jobset(worker, namespace, "counted")
     eventually(lambda: (get(env.manager, namespace, "counted"), remotes(env, namespace, "counted")),
-               lambda seen: seen[1] == {} and not seen[0]["metadata"].get("finalizers"),
-               expected="completed, remote deleted, finalizer released")
+               lambda seen: seen[1] == {} and not seen[0]["metadata"].get("finalizers")
+               and (condition(seen[0], "Complete") or {}).get("status") == "True",
+               expected="completed, remote deleted, finalizer released", timeout=90)
     eventually(lambda: env.manager.core.list_namespaced_event(
         namespace, field_selector="involvedObject.name=counted").items,
         lambda items: any(e.reason == "Placed" for e in items), expected="the Placed Event")
@@ -467,11 +465,15 @@ def test_api_writes_per_dispatched_job(dispatch_env, namespace):
                     if v != before[name].get(k, 0)} for name in after}
     print(f"\nAPI writes for one dispatched job (creation to Complete): {delta}")
     manager = delta["manager"]
+    remote = delta[worker_name]
     assert manager.get(("trainjobs", "", "POST")) == 1  # the test's own create
     assert manager.get(("trainjobs", "", "PATCH")) == 2, manager  # placement, finalizer release
-    assert manager.get(("trainjobs", "status", "PUT")) == 2, manager  # Created, Complete
+    # At most one manager status write per status the copy went through (the operator
+    # writes each distinct status once; changes close together may arrive as one), and at
+    # least Created and Complete.
+    remote_statuses = remote.get(("trainjobs", "status", "PATCH"))
+    assert 2 <= manager.get(("trainjobs", "status", "PUT")) <= remote_statuses, (manager, remote)
     assert manager.get(("events", "", "POST")) == 1, manager  # Placed
-    remote = delta[worker_name]
     assert remote.get(("trainjobs", "", "POST")) == 1, remote  # the copy
     assert remote.get(("trainjobs", "", "DELETE")) == 1, remote  # removed after completion
 

@@ -158,9 +158,9 @@ def test_a_burst_that_fits_in_aggregate_leaves_no_pod_unschedulable(dispatch_env
 
 
 def test_a_node_removed_under_running_jobs_shows_on_the_manager(dispatch_env, namespace, pool):
-    """The pods of a deleted Node are removed by the pod garbage collector, the Job makes
-    replacements that have nowhere to go, and the manager sees the trainer job no longer
-    ready while it waits: neither Complete nor Failed."""
+    """The pods of a deleted Node are failed and removed by the pod garbage collector; the
+    Job (no retries in this runtime) fails, so does the JobSet, and the manager shows the job
+    Failed with the JobSet's reason, as if it had run there."""
     env = dispatch_env
     node = pool("worker-1", "only", {"cpu": "4"})
     _install_runtime(env, namespace, "forever",
@@ -174,18 +174,18 @@ def test_a_node_removed_under_running_jobs_shows_on_the_manager(dispatch_env, na
                             or []] == [1],
                expected="the manager showing the trainer job ready while its pods run",
                timeout=60)
+    assert {p.spec.node_name for p in _pods(worker, namespace, "stranded")} == {node}
 
     fixtures.remove_node(worker.api, node)
-    # The pod garbage collector waits 40 s before it removes pods of a missing Node.
-    eventually(lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                        for p in _pods(worker, namespace, "stranded")],
-               lambda pods: pods and all(node_name is None for _, _, node_name in pods),
-               expected="the pods on the removed Node replaced by pods that cannot be bound",
-               timeout=120)
+    # The pod garbage collector waits 40 s before it removes the pods of a missing Node.
     stranded = eventually(
         lambda: get(env.manager, namespace, "stranded"),
-        lambda obj: [(j.get("ready"), j.get("active"))
-                     for j in (obj.get("status") or {}).get("jobsStatus") or []] == [(0, 1)],
-        expected="the manager showing the trainer job active but not ready", timeout=60)
-    assert condition(stranded, "Complete") is None and condition(stranded, "Failed") is None
-    assert any("didn't match" in m or "node(s)" in m for m in _unschedulable(env, namespace))
+        lambda obj: (condition(obj, "Failed") or {}).get("status") == "True",
+        expected="the manager TrainJob Failed after its Node was removed", timeout=150)
+    jobset = env.multicluster[worker_name].custom.get_namespaced_custom_object(
+        c.JOBSET_GROUP, c.JOBSET_VERSION, namespace, c.JOBSETS, "stranded")
+    jobset_failed = condition(jobset, "Failed")
+    assert condition(stranded, "Failed")["reason"] == jobset_failed["reason"]
+    assert condition(stranded, "Failed")["message"] == jobset_failed["message"]
+    assert condition(stranded, "Complete") is None
+    assert all(p.spec.node_name != node for p in _pods(worker, namespace, "stranded"))

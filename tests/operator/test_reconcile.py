@@ -1,9 +1,14 @@
 """The training operator against a real kube-apiserver: ownership, the JobSet it builds,
 suspend/resume, status mirrored from the JobSet, and the Events it records (issue 3).
 
-No JobSet controller runs in the harness, so the tests play it: they write the JobSet's
-status through its status subresource and watch what the operator does with it. Waits use
-``eventually``; "nothing happens" is an observation window in which every read is checked.
+These tests play the JobSet controller: they write the JobSet's status through its status
+subresource and watch what the operator does with it. So that the worker's real JobSet
+controller does not overwrite what they write, their runtime's JobSet names another
+controller in ``spec.managedBy`` (``TEST_JOBSET_MANAGER``): JobSet's own delegation, the one
+MultiKueue uses, which makes the JobSet controller skip those JobSets. JobSet's webhooks
+still validate every write. ``test_real_path.py`` runs the real controller end to end.
+Waits use ``eventually``; "nothing happens" is an observation window in which every read is
+checked.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ FIELD_MANAGER = "training-operator"
 TOTAL_PODS = "trainer.kubeflow.org/total-pods"
 TOTAL_REQUESTS = "trainer.kubeflow.org/total-requests"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+TEST_JOBSET_MANAGER = "trainjob-dispatcher.io/test-writes-jobset-status"
 
 # What each runtime job's one container requests (the trainer's come from the TrainJob).
 DATASET_INIT_REQUESTS = {"cpu": "250m", "memory": "1Gi"}
@@ -67,7 +73,7 @@ def runtime_body(name: str) -> dict:
                     "labels": {"team": "from-runtime", "runtime-only": "kept"},
                     "annotations": {"owner": "from-runtime", "runtime-note": "kept"},
                 },
-                "spec": {"replicatedJobs": [
+                "spec": {"managedBy": TEST_JOBSET_MANAGER, "replicatedJobs": [
                     job("dataset-initializer", "dataset-initializer", {
                         "name": "dataset-initializer", "image": "ghcr.io/example/dataset-init:1",
                         "resources": {"requests": DATASET_INIT_REQUESTS}}),
@@ -375,7 +381,9 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
     assert node["image"] == trainer["image"], node
     assert node["command"] == trainer["command"], node
     assert node["args"] == trainer["args"], node
-    assert node.get("resources") == trainer["resourcesPerNode"], (
+    # JobSet's webhook stores every quantity as text, as the Kubernetes API does.
+    assert node.get("resources") == json.loads(json.dumps(trainer["resourcesPerNode"]),
+                                               parse_int=str), (
         f"expected node resources {trainer['resourcesPerNode']}, saw {node.get('resources')}")
     env = env_of(node)
     assert env.get("LEARNING_RATE") == {"name": "LEARNING_RATE", "value": "0.0003"}, env
@@ -493,17 +501,28 @@ def test_suspend_resume_and_which_spec_changes_reach_the_jobset(
     wait_equal(suspended_condition, ("True", "Suspended"),
                expected="TrainJob condition Suspended (status, reason)")
 
-    # While suspended, spec changes reach the JobSet.
+    # While suspended, what a suspended JobSet may change (its pods' scheduling: here the
+    # nodeSelector a queue injects) reaches the JobSet. An image change is refused by
+    # JobSet's own webhook: the operator says so in an Event and keeps the JobSet as it is.
     patch_trainjob(worker1, namespace, name, {"spec": {
         "trainer": {"image": v2},
         "podSpecOverrides": [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"}}],
     }})
-    wait_equal(jobset, (True, v2, {"pool": "b"}),
-               expected="JobSet (suspend, node image, nodeSelector) after changes while suspended")
+    refused = eventually(
+        lambda: [m for r, _, m in events_about(worker1, namespace, name)
+                 if r == "JobSetUpdateRefused"],
+        lambda messages: messages,
+        expected=f"a JobSetUpdateRefused Event about {name} after its image changed")
+    assert "replicatedJobs" in refused[0] and "immutable" in refused[0], refused
+    assert jobset() == (True, v1, {"pool": "a"})
+    patch_trainjob(worker1, namespace, name, {"spec": {"trainer": {"image": v1}}})
+    wait_equal(jobset, (True, v1, {"pool": "b"}),
+               expected="JobSet (suspend, node image, nodeSelector) after a nodeSelector "
+                        "change while suspended")
 
     # Resume: only the suspend flag flips.
     patch_trainjob(worker1, namespace, name, {"spec": {"suspend": False}})
-    wait_equal(jobset, (False, v2, {"pool": "b"}),
+    wait_equal(jobset, (False, v1, {"pool": "b"}),
                expected="JobSet (suspend, node image, nodeSelector) after resume")
     wait_equal(suspended_condition, ("False", "Resumed"),
                expected="TrainJob condition Suspended (status, reason) after resume")
@@ -523,22 +542,23 @@ def test_suspend_resume_and_which_spec_changes_reach_the_jobset(
                         jobs_status(get_trainjob(worker1, namespace, name))],
                [("node", 2)], expected=f"TrainJob {name} jobsStatus (name, active)")
     settled = running_view(worker1, namespace, name)
-    assert (settled["suspend"], settled["image"]) == (False, v2), (
-        f"expected the running JobSet to keep suspend false and image {v2} after the image "
+    assert (settled["suspend"], settled["image"]) == (False, v1), (
+        f"expected the running JobSet to keep suspend false and image {v1} after the image "
         f"was changed to {v3} while running; saw {settled}")
     holds_for(
         lambda: running_view(worker1, namespace, name),
         lambda view: view == settled,
         seconds=3,
-        expected=f"running JobSet left alone (image {v2}, not {v3}; no write): {settled}")
+        expected=f"running JobSet left alone (image {v1}, not {v3}; no write): {settled}")
 
-    # Suspend again: the JobSet follows and, suspended now, gets the current spec.
-    patch_trainjob(worker1, namespace, name, {"spec": {"suspend": True}})
-    wait_equal(lambda: (jobset() or (None,))[0], True,
-               expected="JobSet spec.suspend after suspending again")
+    # Suspend again, with a new nodeSelector and the image set back: the JobSet follows.
+    patch_trainjob(worker1, namespace, name, {"spec": {
+        "suspend": True, "trainer": {"image": v1},
+        "podSpecOverrides": [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "c"}}],
+    }})
     wait_equal(suspended_condition, ("True", "Suspended"),
                expected="TrainJob condition Suspended (status, reason) after suspending again")
-    wait_equal(jobset, (True, v3, {"pool": "b"}),
+    wait_equal(jobset, (True, v1, {"pool": "c"}),
                expected="JobSet (suspend, node image, nodeSelector) re-applied while suspended")
 
 
