@@ -12,8 +12,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from bench.load import RUNTIME
-from clusters import fixtures
+from clusters import fixtures, worker_stack
 from clusters.local import LocalClusters
+from clusters.nodes import NodeLayout
 from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
@@ -49,7 +50,8 @@ class BenchClusters:
                 raise RuntimeError(f"{self.harness.state_dir} holds {len(have)} workers; this "
                                    f"run needs {self.workers}")
         else:
-            self.harness.up(workers=self.workers, timeout=300)
+            # No default Nodes: the benchmark adds one Node of ample capacity per worker.
+            self.harness.up(workers=self.workers, timeout=300, node_layout=NodeLayout(default=[]))
         for name in self.names:
             self.apis[name] = api_client(self.kubeconfig(name))
         for name in self.worker_names:
@@ -87,11 +89,15 @@ class BenchClusters:
 
         groups: dict[str, list[int]] = {"manager apiserver+etcd": [],
                                         "workers apiserver+etcd": [],
-                                        "controller-managers": []}
+                                        "controller-managers": [],
+                                        "worker scheduler+jobset+kwok": []}
         for record in self.harness.load().clusters:
             for component, pid in record.pids.items():
                 if component == "kube-controller-manager":
                     groups["controller-managers"].append(pid)
+                elif component in worker_stack.WORKER_COMPONENTS:
+                    if record.name in workers:
+                        groups["worker scheduler+jobset+kwok"].append(pid)
                 elif record.name == "manager":
                     groups["manager apiserver+etcd"].append(pid)
                 elif record.name in workers:
