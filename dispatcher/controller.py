@@ -72,6 +72,7 @@ class DispatcherController:
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
         self._started = False
+        self._stopping = False
         self.lost_leadership = threading.Event()
         self.stop_requested = stop_requested
         self.elector = None
@@ -172,6 +173,10 @@ class DispatcherController:
             self._on_manager_trainjob("SYNC", None, job)
 
     def _stopped_leading(self) -> None:
+        if self._stopping:
+            # A requested shutdown ends the term on purpose; the Lease is released next.
+            log.info("leadership given up: stopping as asked")
+            return
         # Another replica may take over once the lease runs out: stop writing now and let
         # the process end (its supervisor restarts it as a standby).
         log.error("lost leadership: stopping")
@@ -214,6 +219,7 @@ class DispatcherController:
                                         self.metrics)
 
     def stop(self) -> None:
+        self._stopping = True
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self.queue.shutdown()

@@ -3,6 +3,7 @@ workers, and an orderly stop. Shared by the dispatcher and the operator commands
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import sys
@@ -77,6 +78,17 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
     return threads
 
 
+class ListenError(OSError):
+    """A server could not listen; the message names the address and the flag to change."""
+
+    def __init__(self, what: str, host: str, port: int, flag: str, err: OSError):
+        reason = err.strerror or str(err)
+        hint = (f"another process listens there; choose another port with {flag}"
+                if err.errno == errno.EADDRINUSE else f"check {flag}")
+        super().__init__(err.errno, f"cannot listen on {host}:{port} for {what}: {reason} "
+                                    f"({hint})")
+
+
 def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
           port: int, extra_servers: Callable[[], list[Server]] | None = None,
           stop: threading.Event | None = None,
@@ -91,13 +103,20 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
         signal.signal(sig, lambda *_: stop.set())
     servers: list[Server] = []
     try:
-        observability = ObservabilityServer(port, registry, controller.ready, host=host,
-                                            routes=routes).start()
+        try:
+            observability = ObservabilityServer(port, registry, controller.ready, host=host,
+                                                routes=routes).start()
+        except OSError as err:
+            raise ListenError("metrics and health" + (" and the dashboard" if routes else ""),
+                              host, port, "--metrics-port", err) from err
         servers.append(observability)
         controller.start()
         servers.extend(extra_servers() if extra_servers else [])
         log.info("%s running; metrics on http://%s:%d/metrics", name, host, observability.port)
         stop.wait()
+    except ListenError as err:
+        print(f"error: {err.strerror}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ import sys
 
 from trainjob import logs
 from trainjob.kubeclient import api_client
-from trainjob.service import serve
+from trainjob.service import ListenError, serve
 
 log = logging.getLogger("training_operator")
 
@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 
         server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
                                host=args.webhook_host, on_review=controller.observe_review)
-        server.start()
+        try:
+            server.start()
+        except OSError as err:
+            if isinstance(err, (FileNotFoundError, PermissionError)):
+                raise  # the certificate files, not the address
+            raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
+                              "--webhook-port", err) from err
         log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
         return [server]
 

@@ -45,3 +45,30 @@ def test_one_writer_and_a_standby_that_takes_over(dispatch_env, namespace):
         other = first if survivor is second else second
         other.stop()
         env.dispatcher = survivor
+
+
+def test_sigterm_is_an_orderly_stop_that_hands_the_lease_over(dispatch_env, namespace):
+    """A requested shutdown is not a failure: INFO lines, exit code 0, and the Lease given
+    up, so the standby leads without waiting for it to expire."""
+    env = dispatch_env
+    leader = env.dispatcher
+    eventually(lambda: leader.readyz(), lambda answer: answer == (200, "leader"),
+               expected="the module's dispatcher leading")
+    standby = ServiceProcess("dispatcher", env.manager.kubeconfig,
+                             env.log_dir / "dispatcher-sigterm-standby.log",
+                             leader.extra_args).start()
+    try:
+        eventually(lambda: standby.readyz()[1].split()[0], lambda role: role == "standby",
+                   expected="the second replica a standby")
+        logged_before = len(leader.log_file.read_text().splitlines())
+        leader.stop()  # SIGTERM
+        assert leader.proc.returncode == 0, leader.log_tail()
+        after = leader.log_file.read_text().splitlines()[logged_before:]
+        assert not [line for line in after if " ERROR " in line], after
+        assert any("leadership given up: stopping as asked" in line for line in after), after
+        eventually(lambda: standby.readyz(), lambda answer: answer == (200, "leader"),
+                   timeout=10, expected="the standby leading once the Lease was released")
+        create(env.manager, namespace, trainjob("after-sigterm"))
+        wait_placed(env, namespace, "after-sigterm")
+    finally:
+        env.dispatcher = standby if standby.proc.poll() is None else env.restart_dispatcher()

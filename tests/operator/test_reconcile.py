@@ -6,7 +6,7 @@ subresource and watch what the operator does with it. So that the worker's real 
 controller does not overwrite what they write, their runtime's JobSet names another
 controller in ``spec.managedBy`` (``TEST_JOBSET_MANAGER``): JobSet's own delegation, the one
 MultiKueue uses, which makes the JobSet controller skip those JobSets. JobSet's webhooks
-still validate every write. ``test_real_path.py`` runs the real controller end to end.
+still validate every write. ``test_pods_on_kwok.py`` runs the real controller end to end.
 Waits use ``eventually``; "nothing happens" is an observation window in which every read is
 checked.
 """

@@ -465,3 +465,27 @@ def test_a_review_round_trip_over_a_kept_alive_connection_takes_milliseconds(web
     p50 = statistics.median(samples) * 1000
     # Nagle's algorithm with the client's delayed ACK would add ~40 ms to every review.
     assert p50 < 20, f"median round trip {p50:.1f} ms"
+
+
+def test_a_taken_webhook_port_is_named_with_its_flag(multicluster, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    worker = multicluster["worker-1"]
+    multicluster.harness.issue_serving_certificate(worker.name, tmp_path)
+    with socket.socket() as holder, socket.socket() as free:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        free.bind(("127.0.0.1", 0))
+        taken, metrics_port = holder.getsockname()[1], free.getsockname()[1]
+        free.close()
+        result = subprocess.run(
+            [sys.executable, "-m", "training_operator", "run", "--kubeconfig",
+             str(worker.kubeconfig), "--namespace", "none-here", "--metrics-port",
+             str(metrics_port), "--webhook-cert-dir", str(tmp_path), "--webhook-port",
+             str(taken)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert (f"error: cannot listen on 127.0.0.1:{taken} for the admission webhook: Address "
+            "already in use (another process listens there; choose another port with "
+            "--webhook-port)") in result.stderr, result.stderr[-2000:]
