@@ -30,6 +30,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainjob.yaml_errors import yaml_error_position
+
 # kwok manages exactly the Nodes carrying this annotation (its documented convention).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
@@ -131,9 +133,7 @@ def layout_from_file(path: Path | str, workers: list[str] | None = None) -> Node
     except OSError as err:
         raise NodeSpecError(f"--nodes-file {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise NodeSpecError(f"--nodes-file {path}: not valid YAML{where}") from None
+        raise NodeSpecError(f"--nodes-file {path}: {yaml_error_position(err)}") from None
     if not isinstance(data, dict):
         raise NodeSpecError(f"--nodes-file {path}: expected a mapping with default/workers")
     try:

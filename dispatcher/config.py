@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from trainjob.constants import DEFAULT_ORIGIN
+from trainjob.yaml_errors import yaml_error_position
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
@@ -101,7 +102,7 @@ def load_config(path: Path | str | None = None,
         except OSError as err:
             raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
         except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+            raise ConfigError(f"config file {path}: {yaml_error_position(err)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: the top level must be a mapping")
         data = {str(k).replace("-", "_"): v for k, v in loaded.items()}

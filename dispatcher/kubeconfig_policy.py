@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from trainjob.yaml_errors import yaml_error_position
+
 BAD_KUBECONFIG = "BadKubeConfig"
 INSECURE_KUBECONFIG = "InsecureKubeConfig"
 
@@ -41,7 +43,7 @@ def check_kubeconfig(text: str | bytes) -> KubeconfigVerdict:
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        return _bad(f"not valid YAML: {err}")
+        return _bad(yaml_error_position(err))
     if not isinstance(config, dict):
         return _bad("not a kubeconfig: the document is not a mapping")
     contexts = {c.get("name"): c.get("context") or {} for c in config.get("contexts") or []

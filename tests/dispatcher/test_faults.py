@@ -4,6 +4,8 @@ worker registrations, jobs nothing can run, unusual but valid objects."""
 from __future__ import annotations
 
 import base64
+import json
+import secrets
 
 import yaml
 from kubernetes import client
@@ -138,3 +140,48 @@ def test_unusual_but_valid_jobs_are_mirrored_exactly(dispatch_env, namespace):
     assert remote["metadata"]["annotations"]["description"] == \
         created["metadata"]["annotations"]["description"]
     assert remote["spec"]["trainer"]["env"] == created["spec"]["trainer"]["env"]
+
+
+def test_a_broken_kubeconfig_never_echoes_its_content(dispatch_env, tmp_path):
+    """A token planted in a kubeconfig that is not valid YAML, in a Secret and in a Path
+    file, shows up in no status, Event, log line or dashboard field: the error says where
+    the YAML breaks, not what the line holds."""
+    env = dispatch_env
+    token = f"s3cr3t-{secrets.token_hex(8)}"
+    broken = (f"apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n"
+              f"    token: {token}: [unclosed\n").encode()
+    path = tmp_path / "worker.kubeconfig"
+    path.write_bytes(broken)
+    env.manager.core.create_namespaced_secret("kueue-system", client.V1Secret(
+        metadata=client.V1ObjectMeta(name="leaky-kubeconfig"),
+        data={"kubeconfig": base64.b64encode(broken).decode()}))
+    for name, source in (("leaky-secret", {"location": "leaky-kubeconfig"}),
+                         ("leaky-path", {"location": str(path), "locationType": "Path"})):
+        env.manager.custom.create_cluster_custom_object(*MK, {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+            "metadata": {"name": name}, "spec": {"clusterSource": {"kubeConfig": source}}})
+    fixtures.register_config(env.manager.api, CONFIG,
+                             ["worker-1", "worker-2", "leaky-secret", "leaky-path"])
+    try:
+        for name in ("leaky-secret", "leaky-path"):
+            seen = eventually(lambda n=name: active(env, n),
+                              lambda cond: cond.get("reason") == "BadKubeConfig", timeout=30,
+                              expected=f"{name} Active=False BadKubeConfig")
+            assert "not valid YAML at line 6, column" in seen["message"], seen
+        state = env.dispatcher.get("/api/state")[1]
+        assert "leaky-path" in state
+        places = {
+            "MultiKueueClusters": json.dumps(env.manager.custom.list_cluster_custom_object(
+                *MK)["items"]),
+            "Events": json.dumps([e.to_dict() for e in env.manager.core.list_event_for_all_namespaces(
+            ).items], default=str),
+            "dispatcher log": env.dispatcher.log_file.read_text(),
+            "dashboard /api/state": state,
+        }
+        leaked = [where for where, text in places.items() if token in text]
+        assert leaked == [], f"the planted token appears in {leaked}"
+    finally:
+        fixtures.register_config(env.manager.api, CONFIG, ["worker-1", "worker-2"])
+        for name in ("leaky-secret", "leaky-path"):
+            env.manager.custom.delete_cluster_custom_object(*MK, name)
+        env.manager.core.delete_namespaced_secret("leaky-kubeconfig", "kueue-system")
