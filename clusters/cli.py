@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from clusters import binaries, nodes
+from trainjob import command_line
 from clusters.controlplane import ControlPlaneError
 from clusters.local import ClusterInfo, LocalClusters, cluster_names
 
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: %(default)s)")
     up.add_argument("--timeout", type=float, default=180,
                     help="seconds to wait for readiness (default: %(default)s)")
+    up.add_argument("--max-workers", type=int, metavar="N",
+                    help="allow up to N workers (default: what this machine holds: 4 per "
+                    "core, about 700 MiB of available memory each)")
     nodes_group = up.add_argument_group("worker Nodes (kwok)")
     nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
                              help="Nodes per worker (default: %(default)s)")
@@ -172,6 +176,10 @@ def _provision(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return command_line.exit_quietly_on_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -193,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
                                                  args.node_gpus)
-            infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout)
+            infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout,
+                                max_workers=args.max_workers)
             _print_clusters(infos, args.json,
                             {"provider": args.provider,
                              "seconds": round(time.monotonic() - started, 2)})

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,6 +70,46 @@ class ClusterInfo(BaseModel):
     state: Literal["running", "stopped", "degraded", "down"]
     # What is wrong in a degraded cluster: each component not running or not healthy.
     problems: list[str] = Field(default_factory=list)
+
+
+# What one worker's processes take, measured idle on the local harness (apiserver, etcd,
+# controller-manager, scheduler, JobSet controller, kwok), and how many a core can start
+# and run without the load running away.
+WORKER_MEMORY_BYTES = 700 * 1024**2
+WORKERS_PER_CORE = 4
+
+
+def machine_worker_limit() -> tuple[int, str]:
+    """How many workers this machine can hold, and why: by cores, and by available memory
+    after the manager."""
+    cores = os.cpu_count() or 1
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        available = int(next(line.split()[1] for line in meminfo.splitlines()
+                             if line.startswith("MemAvailable:"))) * 1024
+    except (OSError, StopIteration, ValueError):
+        available = WORKER_MEMORY_BYTES * 64
+    by_memory = max(0, (available - WORKER_MEMORY_BYTES) // WORKER_MEMORY_BYTES)
+    by_cores = cores * WORKERS_PER_CORE
+    why = (f"{cores} cores at {WORKERS_PER_CORE} workers each; "
+           f"{available / 1024**3:.1f} GiB available at {WORKER_MEMORY_BYTES // 1024**2} MiB each")
+    return int(min(by_memory, by_cores)), why
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT ignored for the duration (only the main thread can set handlers)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cluster_names(workers: int) -> list[str]:
@@ -184,11 +225,18 @@ class LocalClusters:
     # --- commands -----------------------------------------------------------------
 
     def up(self, workers: int = 2, timeout: float = 120,
-           node_layout: nodes.NodeLayout | None = None) -> list[ClusterInfo]:
+           node_layout: nodes.NodeLayout | None = None,
+           max_workers: int | None = None) -> list[ClusterInfo]:
         """Bring up the manager and ``workers`` workers, each worker with the kwok Nodes of
-        ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up."""
+        ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up.
+        More workers than ``max_workers`` (default: what this machine holds) are refused."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
+        limit, why = machine_worker_limit()
+        if workers > (max_workers if max_workers is not None else limit):
+            raise ValueError(
+                f"--workers {workers}: this machine holds at most {limit} workers ({why}); "
+                f"pass --max-workers {workers} to start them anyway")
         node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
         node_layout.check_workers(cluster_names(workers)[1:])
         with self._locked():
@@ -215,14 +263,22 @@ class LocalClusters:
                 self._create_nodes(state, node_layout, deadline - time.monotonic())
             except BaseException:
                 # A failed or interrupted `up` takes back what it started; whatever ran
-                # before it keeps running.
-                for record in state.clusters:
-                    for component in reversed(components(record.role)):
-                        if (record.name, component) not in was_running:
-                            pid = record.pids.pop(component, None)
-                            if pid:
-                                processes.terminate(pid, self.state_dir)
-                self._save(state)
+                # before it keeps running. A second Ctrl-C must not cut this short.
+                with _interrupts_deferred():
+                    started = []
+                    for record in state.clusters:
+                        for component in components(record.role):
+                            if (record.name, component) not in was_running:
+                                pid = record.pids.pop(component, None)
+                                if pid:
+                                    started.append(pid)
+                    # Also any process spawned but not yet recorded when the interrupt came.
+                    before = {r.pids.get(c) for r in state.clusters for c in components(r.role)
+                              if (r.name, c) in was_running}
+                    started += [pid for pid in processes.harness_processes(self.state_dir)
+                                if pid not in before and pid not in started]
+                    processes.terminate_all(started, self.state_dir)
+                    self._save(state)
                 raise
             return self._info(state)
 
@@ -255,8 +311,7 @@ class LocalClusters:
             for record in state.clusters:
                 self._terminate(record)
             # Belt and braces: anything else still carrying our state dir on its command line.
-            for pid in processes.harness_processes(self.state_dir):
-                processes.terminate(pid, self.state_dir)
+            processes.terminate_all(processes.harness_processes(self.state_dir), self.state_dir)
             for child in list(self.state_dir.iterdir()) if self.state_dir.exists() else []:
                 if child.name != ".lock":
                     if child.is_dir():
@@ -291,11 +346,12 @@ class LocalClusters:
         raise ControlPlaneError(f"no cluster named {name!r}; clusters: {known}")
 
     def _terminate(self, record: ClusterRecord) -> None:
-        # Reverse start order: the controllers and apiserver go before their etcd.
-        for component in reversed(components(record.role)):
-            pid = record.pids.pop(component, None)
-            if pid:
-                processes.terminate(pid, self.state_dir)
+        # The controllers and the apiserver go before their etcd.
+        pids = [record.pids.pop(c, None) for c in components(record.role)]
+        etcd, rest = pids[0], [pid for pid in pids[1:] if pid]
+        processes.terminate_all(rest, self.state_dir)
+        if etcd:
+            processes.terminate(etcd, self.state_dir)
 
     def _spawn(self, record: ClusterRecord, plane: ControlPlane, component: str) -> None:
         if self._running(record, component):

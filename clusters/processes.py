@@ -118,6 +118,22 @@ def terminate(pid: int, marker: Path, grace: float = 10.0) -> None:
         child.poll()
 
 
+def terminate_all(pids: list[int], marker: Path, grace: float = 10.0) -> None:
+    """``terminate`` for many at once: every one is asked to stop before any is waited for,
+    so stopping a hundred processes takes one grace period, not a hundred."""
+    ours = [pid for pid in pids if is_harness_process(pid, marker)]
+    for pid in ours:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_alive(pid) for pid in ours):
+        time.sleep(0.05)
+    for pid in ours:
+        terminate(pid, marker, grace=0)  # SIGKILL what is left; reap
+
+
 def harness_processes(marker: Path) -> list[int]:
     """Every live process whose command line mentions ``marker``: for leak checks."""
     found = []

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from dispatcher.config import ConfigError, load_config
-from trainjob import logs
+from trainjob import command_line, logs
 from trainjob.kubeclient import api_client
 from trainjob.service import serve
 
@@ -43,29 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: multikueue)")
     run.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                      help="how to choose among workers that fit (default: best-fit)")
-    run.add_argument("--worker-lost-timeout", type=float, dest="worker_lost_timeout_seconds",
+    run.add_argument("--worker-lost-timeout", type=command_line.seconds, dest="worker_lost_timeout_seconds",
                      help="seconds a worker may be unreachable before its jobs are placed "
                      "again elsewhere (default: 900)")
-    run.add_argument("--gc-interval", type=float, dest="gc_interval_seconds",
+    run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "
                      "replica writes (default: on)")
-    run.add_argument("--lease-duration", type=float, dest="lease_duration_seconds",
+    run.add_argument("--lease-duration", type=command_line.seconds, dest="lease_duration_seconds",
                      help="seconds a standby waits after the leader's last renewal before "
                      "taking over (default: 15)")
-    run.add_argument("--renew-deadline", type=float, dest="renew_deadline_seconds",
+    run.add_argument("--renew-deadline", type=command_line.seconds, dest="renew_deadline_seconds",
                      help="seconds the leader keeps trying to renew before it stops "
                      "(default: 10; must be less than the lease duration)")
-    run.add_argument("--retry-period", type=float, dest="retry_period_seconds",
+    run.add_argument("--retry-period", type=command_line.seconds, dest="retry_period_seconds",
                      help="seconds between lease renewals and acquisition attempts (default: 2)")
     run.add_argument("--metrics-port", type=int,
                      help="port for /metrics, /healthz, /readyz and the read-only dashboard "
                      "at / (default: 8081; 0 = any)")
     run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1; "
                      "the dashboard shows every job and cluster, so keep it private)")
-    run.add_argument("--workers", type=int, default=8,
+    run.add_argument("--workers", type=command_line.at_least(1), default=8,
                      help="concurrent reconciles (default: %(default)s)")
     logs.add_arguments(run)
     status = sub.add_parser(
@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return command_line.exit_quietly_on_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status":
         return _status(args)

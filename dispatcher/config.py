@@ -25,7 +25,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # inf and nan are numbers to YAML; no duration or rate here may be either.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ClientLimits(_Strict):

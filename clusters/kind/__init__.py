@@ -72,7 +72,8 @@ class KindClusters:
         out = _run("kind", "get", "clusters")
         return sorted(n[len(PREFIX):] for n in out.split() if n.startswith(PREFIX))
 
-    def up(self, workers: int = 2, timeout: float = 300, node_layout=None) -> list[ClusterInfo]:
+    def up(self, workers: int = 2, timeout: float = 300, node_layout=None,
+           max_workers: int | None = None) -> list[ClusterInfo]:
         # kind workers have real kubelet Nodes; the kwok Node flags are the local provider's.
         del node_layout
         self.state_dir.mkdir(parents=True, exist_ok=True)

@@ -57,3 +57,28 @@ def test_owned_clusters_are_stopped_when_the_session_ends(tmp_path, ending):
         assert inner.returncode == 1 and "deliberate failure" in output, output
     eventually(lambda: harness_processes(basetemp), lambda pids: pids == [],
                expected=f"no process of {basetemp} left after a {ending} ending", timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_processes", [1, 8, 14])
+def test_ctrl_c_at_any_moment_of_up_leaves_nothing_behind(tmp_path, after_processes):
+    """`python -m clusters up` interrupted once some of its processes run (one, during the
+    apiservers, during the worker components): every one of them is stopped."""
+    state = tmp_path / "state"
+    up = subprocess.Popen([sys.executable, "-m", "clusters", "up", "--workers", "2",
+                           "--state-dir", str(state)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        eventually(lambda: len(harness_processes(state)),
+                   lambda count: count >= after_processes or up.poll() is not None,
+                   expected=f"at least {after_processes} harness processes started", timeout=120,
+                   interval=0.01)
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, err
+    assert "interrupted" in err
+    eventually(lambda: harness_processes(state), lambda pids: pids == [],
+               expected=f"no process of {state} left after Ctrl-C during up", timeout=30)

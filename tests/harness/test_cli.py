@@ -73,3 +73,12 @@ def test_help_explains_the_commands():
                             capture_output=True, text=True, check=True)
     for word in ("up", "status", "down", "stop", "start", "provision", "KUBEBUILDER_ASSETS"):
         assert word in result.stdout
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`python -m clusters status | head`: the reader has gone before the output comes."""
+    proc = subprocess.Popen([sys.executable, "-m", "clusters", "status", "--state-dir",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # long before the interpreter has started and prints
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()

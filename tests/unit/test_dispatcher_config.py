@@ -85,3 +85,25 @@ def test_lease_timings_must_let_a_leader_stop_before_a_standby_starts(tmp_path):
     path.write_text(yaml.safe_dump({"lease_duration_seconds": 5, "renew_deadline_seconds": 8}))
     with pytest.raises(ConfigError, match="renew_deadline_seconds must be less than"):
         load_config(path)
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--workers", "0", "argument --workers: must be at least 1, got 0"),
+    ("--workers", "-1", "argument --workers: must be at least 1, got -1"),
+    ("--gc-interval", "inf", "argument --gc-interval: must be a finite number of seconds"),
+    ("--worker-lost-timeout", "nan", "argument --worker-lost-timeout: must be a finite"),
+])
+def test_flags_out_of_range_are_refused_by_their_name(flag, value, says):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "dispatcher", "run", flag, value],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+
+
+def test_an_infinite_duration_in_the_file_is_refused_by_its_key(tmp_path):
+    path = tmp_path / "dispatcher.yaml"
+    path.write_text("gc_interval_seconds: .inf\n")
+    with pytest.raises(ConfigError, match="gc_interval_seconds.*finite"):
+        load_config(path, {})

@@ -1,0 +1,49 @@
+"""What the commands share on the command line: value types, with which argparse reports a
+refusal by the flag's name (``argument --workers: must be at least 1, got 0``), and a quiet
+end when the output's reader goes away."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """A whole number no smaller than ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds, 0 or more, got {text!r}")
+    return value
+
+
+def exit_quietly_on_broken_pipe(main: Callable[[], int]) -> int:
+    """Run ``main``; when the reader of our output went away (``status | head``), stop
+    without a traceback, as command-line tools do."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python would complain once more while flushing stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
