@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainjob.yaml_errors import yaml_error_position
+from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 # kwok manages exactly the Nodes carrying this annotation (its documented convention).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -129,13 +128,9 @@ def layout_from_file(path: Path | str, workers: list[str] | None = None) -> Node
     """The layout in ``path``; with ``workers``, also refuse pools for workers not there."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as err:
-        raise NodeSpecError(f"--nodes-file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise NodeSpecError(f"--nodes-file {path}: {yaml_error_position(err)}") from None
-    if not isinstance(data, dict):
-        raise NodeSpecError(f"--nodes-file {path}: expected a mapping with default/workers")
+        data = read_yaml_mapping(path)
+    except YamlFileError as err:
+        raise NodeSpecError(f"--nodes-file {path}: {err}") from None
     try:
         layout = NodeLayout.model_validate(data)
     except ValidationError as err:

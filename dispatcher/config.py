@@ -10,12 +10,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
 from trainjob.constants import DEFAULT_ORIGIN
-from trainjob.yaml_errors import yaml_error_position
+from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
@@ -99,13 +98,9 @@ def load_config(path: Path | str | None = None,
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path}: {yaml_error_position(err)}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping")
+            loaded = read_yaml_mapping(Path(path))
+        except YamlFileError as err:
+            raise ConfigError(f"config file {path}: {err}") from None
         data = {str(k).replace("-", "_"): v for k, v in loaded.items()}
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
