@@ -6,6 +6,7 @@ capacity on workers (kwok keeps them Ready, as kubelets would), and runtimes.
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,32 @@ def add_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
             raise
     if ready:
         nodes.wait_schedulable(api, [name], timeout)
+
+
+PROBE_PREFIX = "scheduler-probe-"
+
+
+def wait_scheduler_sees(api: client.ApiClient, namespace: str, node: str,
+                        timeout: float = 30) -> None:
+    """Until kube-scheduler binds a pod to ``node``: proof that its cache has the Node as
+    schedulable (the Ready Node in the API can be a moment ahead of it). The probe pod
+    requests nothing, tolerates everything, and is deleted once bound."""
+    core = client.CoreV1Api(api)
+    name = f"{PROBE_PREFIX}{node}"[:63]
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                 "tolerations": [{"operator": "Exists"}], "restartPolicy": "Never",
+                 "containers": [{"name": "probe", "image": "probe"}]}})
+    try:
+        deadline = time.monotonic() + timeout
+        while not core.read_namespaced_pod(name, namespace).spec.node_name:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"kube-scheduler did not bind probe pod {namespace}/{name} "
+                                   f"to Node {node} within {timeout:.0f}s")
+            time.sleep(0.05)
+    finally:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 def remove_node(api: client.ApiClient, name: str) -> None:
