@@ -394,7 +394,12 @@ class DispatchReconciler:
         if mirror.finished(remote):
             worker.capacity.release(key)
         remote_status = remote.get("status") or {}
-        if remote_status and remote_status != (manager.get("status") or {}):
+        manager_status = manager.get("status") or {}
+        # The worker answers (we are here): a WorkerReachable=False of ours goes at once,
+        # even when the copy has no status yet to replace it with.
+        unreachable_shown = any(x.get("type") == CONDITION_WORKER_REACHABLE
+                                for x in manager_status.get("conditions") or [])
+        if remote_status != manager_status and (remote_status or unreachable_shown):
             self._write_status(manager, remote_status, remote=remote)
             return
         # Already the same (e.g. written before a restart): nothing waits to be mirrored.

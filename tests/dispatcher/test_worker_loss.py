@@ -61,6 +61,38 @@ def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
     assert set(remotes(env, namespace, "steady")) <= {"worker-1"}, "a copy appeared elsewhere"
 
 
+def test_the_unreachable_condition_clears_when_the_worker_answers_again(dispatch_env,
+                                                                        namespace):
+    """A copy that has not reported any status yet (here: its worker's operator is down):
+    once the worker answers again, the manager loses WorkerReachable=False within seconds,
+    without waiting for the copy's status to change."""
+    env = dispatch_env
+    wait_active(env)
+    operator = env.operators["worker-1"]
+    operator.stop()
+    try:
+        create(env.manager, namespace, trainjob("quiet"))  # small: best fit puts it on worker-1
+        worker_name, remote = wait_placed(env, namespace, "quiet")
+        assert worker_name == "worker-1" and not remote.get("status"), remote
+        env.multicluster.stop("worker-1")
+        try:
+            eventually(lambda: get(env.manager, namespace, "quiet"),
+                       lambda obj: (condition(obj, "WorkerReachable") or {}).get("status")
+                       == "False", timeout=30,
+                       expected="WorkerReachable=False on the manager job")
+        finally:
+            env.multicluster.start("worker-1")
+        eventually(lambda: active(env, "worker-1"), lambda cond: cond.get("status") == "True",
+                   timeout=30, expected="worker-1 Active=True again")
+        cleared = eventually(lambda: get(env.manager, namespace, "quiet"),
+                             lambda obj: condition(obj, "WorkerReachable") is None, timeout=10,
+                             expected="WorkerReachable gone from the manager job within "
+                                      "seconds of worker-1 answering")
+        assert placement(cleared) == "worker-1"
+    finally:
+        env.operators["worker-1"] = operator.start()
+
+
 def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispatch_env,
                                                                            namespace):
     env = dispatch_env
