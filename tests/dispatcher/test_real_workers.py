@@ -102,10 +102,16 @@ def _unschedulable(env, namespace: str) -> list[str]:
 def test_a_job_from_the_manager_runs_on_kwok_nodes_to_complete(dispatch_env, namespace, pool):
     env = dispatch_env
     nodes = {w: pool(w, w, {"cpu": "4"}) for w in ("worker-1", "worker-2")}
-    _install_runtime(env, namespace, "quick", {worker_stack.RUN_FOR_ANNOTATION: "2s"})
+    _install_runtime(env, namespace, "quick", {worker_stack.RUN_FOR_ANNOTATION: "5s"})
     create(env.manager, namespace, _job("real", "quick", namespace, num_nodes=2, cpu="1"))
     worker_name, _ = wait_placed(env, namespace, "real")
     worker = env.multicluster[worker_name]
+    # Both pods bound to that worker's Node by its scheduler (they, the copy and its JobSet
+    # go once the manager has the final status).
+    pods = eventually(lambda: _pods(worker, namespace, "real"),
+                      lambda pods: len(pods) == 2 and all(p.spec.node_name for p in pods),
+                      expected=f"two pods of real bound on {worker_name}", timeout=60)
+    assert {p.spec.node_name for p in pods} == {nodes[worker_name]}
 
     done = eventually(lambda: get(env.manager, namespace, "real"),
                       lambda obj: (condition(obj, "Complete") or {}).get("status") == "True",
@@ -115,9 +121,6 @@ def test_a_job_from_the_manager_runs_on_kwok_nodes_to_complete(dispatch_env, nam
     assert done["status"]["jobsStatus"] == [
         {"name": c.NODE, "ready": 0, "succeeded": 1, "failed": 0, "active": 0,
          "suspended": 0}]
-    pods = _pods(worker, namespace, "real")
-    assert len(pods) == 2 and {p.status.phase for p in pods} == {"Succeeded"}
-    assert {p.spec.node_name for p in pods} == {nodes[worker_name]}
     assert _unschedulable(env, namespace) == []
 
 

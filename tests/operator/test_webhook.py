@@ -84,11 +84,13 @@ class Webhook:
 
     def jobset(self, namespace: str, name: str, active: dict[str, int]) -> None:
         """A JobSet named like the TrainJob, with replicatedJobsStatus as a JobSet controller
-        would write it (``active`` Jobs per replicated job)."""
+        would write it (``active`` Jobs per replicated job). Its ``spec.managedBy`` names
+        another controller, so the worker's real JobSet controller leaves it to the test."""
         self.custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", {
             "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": name},
-            "spec": {"replicatedJobs": [replicated_job(n) for n in active]},
+            "spec": {"managedBy": "trainjob-dispatcher.io/test-writes-jobset-status",
+                     "replicatedJobs": [replicated_job(n) for n in active]},
         })
         self.custom.patch_namespaced_custom_object_status(
             *JOBSET, namespace, "jobsets", name,
