@@ -151,6 +151,37 @@ class WorkerCapacity:
                                                tolerations)]
             return self._free(nodes)
 
+    def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
+                          tolerations: list[dict] | None = None) -> str | None:
+        """Which Nodes of this worker cannot take the job's pods at all, by rule and count
+        ("Nodes excluded: 2 without label pool=gpu (nodeSelector), 1 with taint
+        gpu=true:NoSchedule (not tolerated)"), or None when every Node admits them."""
+        rules: dict[str, int] = {}
+
+        def count(rule: str) -> None:
+            rules[rule] = rules.get(rule, 0) + 1
+
+        with self._lock:
+            for node in self._nodes.values():
+                if not node.usable:
+                    count("not Ready or cordoned")
+                    continue
+                missing = [f"{k}={v}" for k, v in (node_selector or {}).items()
+                           if node.labels.get(k) != v]
+                if missing:
+                    count(f"without label {missing[0]} (nodeSelector)")
+                    continue
+                for taint in node.taints:
+                    if taint.get("effect") in _BLOCKING_EFFECTS and not any(
+                            tolerates(t, taint) for t in tolerations or []):
+                        value = f"={taint['value']}" if taint.get("value") else ""
+                        count(f"with taint {taint.get('key')}{value}:{taint.get('effect')} "
+                              "(not tolerated)")
+                        break
+        if not rules:
+            return None
+        return "Nodes excluded: " + ", ".join(f"{n} {rule}" for rule, n in sorted(rules.items()))
+
     def _free(self, node_names: list[str]) -> Resources:
         total: Resources = {}
         for name in node_names:

@@ -228,8 +228,14 @@ class DispatchReconciler:
                                     [candidate], self.policy)
             if result.cluster:
                 fitting[candidate.name] = candidate
-            else:
-                reasons.update(result.reasons)
+                continue
+            reasons.update(result.reasons)
+            worker = self.registry.get(candidate.name)
+            if need is not None and candidate.problem is None and worker is not None:
+                # Say which rule keeps Nodes out, not only what the rest lack.
+                rules = worker.capacity.excluded_by_rules(need.node_selector, need.tolerations)
+                if rules:
+                    reasons[candidate.name] += f" ({rules})"
         if not fitting:
             return describe_reasons(reasons)
         log.debug("TrainJob %s/%s candidates: %s", job.metadata.namespace, job.metadata.name,

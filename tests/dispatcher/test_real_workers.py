@@ -196,3 +196,19 @@ def test_a_node_removed_under_running_jobs_shows_on_the_manager(dispatch_env, na
                       "(first failed job: stranded-node-0)"), failed
     assert condition(stranded, "Complete") is None
     assert all(p.spec.node_name != node for p in _pods(worker, namespace, "stranded"))
+
+
+def test_a_job_no_node_admits_waits_with_the_rule_named(dispatch_env, namespace, pool):
+    """Room in cpu is not the only reason: the pending message names the nodeSelector and
+    the taint that keep every Node out."""
+    env = dispatch_env
+    pool("worker-2", "tainted", {"cpu": "8"},
+         taints=[{"key": "reserved", "value": "ops", "effect": "NoSchedule"}])
+    _install_runtime(env, namespace, "idle", {})
+    create(env.manager, namespace, _job("unplaceable", "idle", namespace, num_nodes=1, cpu="1"))
+    obj = eventually(lambda: get(env.manager, namespace, "unplaceable"),
+                     lambda o: (condition(o, "Placed") or {}).get("reason") == "NoWorkerFits",
+                     expected="unplaceable pending with reasons", timeout=30)
+    message = condition(obj, "Placed")["message"]
+    assert f"without label test-pool={namespace} (nodeSelector)" in message, message
+    assert "with taint reserved=ops:NoSchedule (not tolerated)" in message, message

@@ -409,3 +409,22 @@ def test_running_reservation_total_equals_a_full_recount_under_random_events():
                 if left > 0:
                     expected[resource] = expected.get(resource, D(0)) + left
         assert capacity._counted_reservations() == expected, f"step {step}"
+
+
+def test_nodes_kept_out_by_a_rule_are_named_with_the_rule():
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity,
+              node("plain-1", cpu=64), node("plain-2", cpu=64),
+              node("gpu", cpu=8, labels={"pool": "gpu"},
+                   taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]),
+              node("down", cpu=8, ready=False))
+    said = capacity.excluded_by_rules({"pool": "gpu"}, [])
+    assert said == ("Nodes excluded: 1 not Ready or cordoned, 1 with taint "
+                    "gpu=true:NoSchedule (not tolerated), 2 without label pool=gpu "
+                    "(nodeSelector)")
+    tolerated = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert capacity.excluded_by_rules({"pool": "gpu"}, tolerated) == (
+        "Nodes excluded: 1 not Ready or cordoned, 2 without label pool=gpu (nodeSelector)")
+    assert capacity.excluded_by_rules(None, None) == (
+        "Nodes excluded: 1 not Ready or cordoned, 1 with taint gpu=true:NoSchedule "
+        "(not tolerated)")
