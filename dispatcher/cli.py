@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=command_line.at_least(1), default=8,
                      help="concurrent reconciles (default: %(default)s)")
     logs.add_arguments(run)
+    # Config key -> the flag that sets it, so a refused value is named as it was typed
+    # (argparse keeps its actions in a private list; there is no public way).
+    parser.run_flags = {action.dest: action.option_strings[0] for action in run._actions  # noqa: SLF001
+                        if action.option_strings and action.dest != "help"}
     status = sub.add_parser(
         "status", help="show clusters and multicluster TrainJobs (no dispatcher needed)",
         description="Clusters (MultiKueueCluster and their Active condition) and TrainJobs "
@@ -90,7 +94,7 @@ def _main(argv: list[str] | None) -> int:
         return _status(args)
     logs.configure(args.log_level, args.log_format)
     try:
-        config = load_config(args.config, {
+        overrides = {
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
@@ -100,7 +104,8 @@ def _main(argv: list[str] | None) -> int:
             "lease_duration_seconds": args.lease_duration_seconds,
             "renew_deadline_seconds": args.renew_deadline_seconds,
             "retry_period_seconds": args.retry_period_seconds,
-        })
+        }
+        config = load_config(args.config, overrides, build_parser().run_flags)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -83,18 +83,26 @@ class DispatcherConfig(_Strict):
         return value
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(err: ValidationError, flags: dict[str, str]) -> str:
+    """Each problem named as the user gave it: the flag where a flag set the key, the
+    config key otherwise."""
     problems = []
     for item in err.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        problems.append(f"config key '{key}': {item['msg']}")
+        key = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        for field, flag in flags.items():  # a rule across keys names them in its message
+            message = re.sub(rf"\b{field}\b", flag, message)
+        where = f"{flags[key]}" if key in flags else (f"config key '{key}'" if key else "")
+        problems.append(f"{where}: {message}" if where else message)
     return "; ".join(problems)
 
 
 def load_config(path: Path | str | None = None,
-                overrides: dict[str, Any] | None = None) -> DispatcherConfig:
+                overrides: dict[str, Any] | None = None,
+                flag_names: dict[str, str] | None = None) -> DispatcherConfig:
     """The configuration from ``path`` (YAML; keys as in the model, dashes or underscores),
-    with ``overrides`` (flags that were given) on top."""
+    with ``overrides`` (flags that were given) on top. ``flag_names`` maps a key to the
+    flag that sets it, so a refusal of a value given as a flag names the flag."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -102,8 +110,10 @@ def load_config(path: Path | str | None = None,
         except YamlFileError as err:
             raise ConfigError(f"config file {path}: {err}") from None
         data = {str(k).replace("-", "_"): v for k, v in loaded.items()}
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(given)
     try:
         return DispatcherConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
+        flags = {k: f for k, f in (flag_names or {}).items() if k in given}
+        raise ConfigError(_describe(err, flags)) from None

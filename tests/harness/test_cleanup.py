@@ -11,6 +11,13 @@ import pytest
 from clusters.processes import harness_processes
 from clusters.testing import eventually
 
+def _default_sigint() -> None:
+    # A shell that starts a job in the background leaves SIGINT ignored, and Python keeps
+    # an ignored SIGINT ignored; the child here must be interruptible wherever the suite
+    # itself runs.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 INNER_TEST = textwrap.dedent('''
     import os
     import pathlib
@@ -39,6 +46,7 @@ def test_owned_clusters_are_stopped_when_the_session_ends(tmp_path, ending):
         [sys.executable, "-m", "pytest", "-q", "-p", "clusters.pytest_plugin",
          "-p", "no:cacheprovider", f"--basetemp={basetemp}", "test_inner.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_default_sigint,
     )
     try:
         eventually(lambda: ready.exists() or inner.poll() is not None, bool,
@@ -67,7 +75,8 @@ def test_ctrl_c_at_any_moment_of_up_leaves_nothing_behind(tmp_path, after_proces
     state = tmp_path / "state"
     up = subprocess.Popen([sys.executable, "-m", "clusters", "up", "--workers", "2",
                            "--state-dir", str(state)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_default_sigint)
     try:
         eventually(lambda: len(harness_processes(state)),
                    lambda count: count >= after_processes or up.poll() is not None,

@@ -107,3 +107,20 @@ def test_an_infinite_duration_in_the_file_is_refused_by_its_key(tmp_path):
     path.write_text("gc_interval_seconds: .inf\n")
     with pytest.raises(ConfigError, match="gc_interval_seconds.*finite"):
         load_config(path, {})
+
+
+def test_a_refused_flag_is_named_as_typed_and_a_file_key_as_written(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "dispatcher", "run", *args],
+                              capture_output=True, text=True, timeout=60).stderr
+
+    said = run("--lease-duration", "1", "--renew-deadline", "5")
+    assert "--renew-deadline must be less than --lease-duration" in said, said
+    assert "renew_deadline_seconds" not in said, said
+    assert "error: --origin: must be a valid label value" in run("--origin", "bad value!")
+    path = tmp_path / "dispatcher.yaml"
+    path.write_text("origin: 'bad value!'\n")
+    assert "error: config key 'origin': must be a valid label" in run("--config", str(path))
