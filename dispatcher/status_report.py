@@ -47,7 +47,13 @@ def job_state(job: dict) -> str:
     if any(j.get("active") for j in jobs):
         return "Running"
     annotations = job["metadata"].get("annotations") or {}
-    return "Dispatched" if annotations.get(c.PLACEMENT_ANNOTATION) else "Waiting"
+    if not annotations.get(c.PLACEMENT_ANNOTATION):
+        return "Waiting"
+    # Only a status from the copy proves it exists (e.g. while a worker's webhook refuses
+    # or times out every create, the job is placed but has no copy).
+    from_worker = [x for x in (job.get("status") or {}).get("conditions") or []
+                   if x.get("type") not in ("Placed", "WorkerReachable")]
+    return "Dispatched" if from_worker else "Placed (no copy reported yet)"
 
 
 def job_summary(job: dict) -> dict[str, Any]:

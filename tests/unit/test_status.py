@@ -47,3 +47,16 @@ def test_recomputing_the_same_world_changes_nothing():
     assert transitions == []
     assert status.same_status(first, again)
     assert again["conditions"] == first["conditions"]  # timestamps kept
+
+
+def test_the_status_command_says_dispatched_only_once_the_copy_reported():
+    from dispatcher.status_report import job_state
+    from trainjob import constants as c
+
+    placed = {"metadata": {"annotations": {c.PLACEMENT_ANNOTATION: "worker-1"}},
+              "spec": {}, "status": {}}
+    assert job_state(placed) == "Placed (no copy reported yet)"
+    reported = {**placed, "status": {"conditions": [
+        {"type": "Created", "status": "True", "reason": "JobSetCreated"}]}}
+    assert job_state(reported) == "Dispatched"
+    assert job_state({"metadata": {}, "spec": {}}) == "Waiting"
