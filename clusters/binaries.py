@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -250,6 +251,7 @@ def _module_version_in(path: Path, module: str) -> str:
     return "unknown"
 
 
+@functools.cache
 def module_dir(name: str) -> Path:
     """The source of an upstream component's module in the Go module cache (downloaded if
     missing), where its CRDs and configuration files are read from."""

@@ -27,11 +27,12 @@ from clusters.binaries import ControlPlaneBinaries
 from clusters.pki import ClusterPKI
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+_EVERY_CLUSTER_CONTROLLERS = "garbage-collector-controller,namespace-controller"
 KCM_CONTROLLERS = {
-    "manager": "garbage-collector-controller,namespace-controller",
-    "worker": "garbage-collector-controller,namespace-controller,job-controller,"
-              "node-lifecycle-controller,taint-eviction-controller,"
-              "pod-garbage-collector-controller",
+    "manager": _EVERY_CLUSTER_CONTROLLERS,
+    "worker": _EVERY_CLUSTER_CONTROLLERS + ",job-controller,node-lifecycle-controller,"
+                                           "taint-eviction-controller,"
+                                           "pod-garbage-collector-controller",
 }
 # Ports a worker's extra components listen on (kept in the harness state per cluster).
 WORKER_PORTS = ("kube-scheduler", "jobset-webhook", "jobset-health", "kwok")
@@ -285,10 +286,8 @@ class ControlPlane:
             "etcd": self.etcd_client_port,
             "kube-apiserver": self.apiserver_port,
             "kube-controller-manager": self.controller_manager_port,
-            "kube-scheduler": self.port("kube-scheduler") if self.ports else 0,
-            "jobset-controller": self.port("jobset-webhook") if self.ports else 0,
-            "kwok": self.port("kwok") if self.ports else 0,
-        }[component]
+        }.get(component) or self.port(
+            "jobset-webhook" if component == "jobset-controller" else component)
 
     def _probe(self, path: str, port: int) -> bool:
         try:

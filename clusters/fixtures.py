@@ -6,7 +6,6 @@ capacity on workers (kwok keeps them Ready, as kubelets would), and runtimes.
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import nodes
+from clusters.controlplane import wait_until
 from trainjob import constants as c
 from trainjob.kubeclient import apply_custom_object
 
@@ -65,17 +65,7 @@ def add_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
     """A kwok Node with ``allocatable`` capacity, registered as a kubelet would register it;
     waits until kwok has made it Ready and the node-lifecycle controller has lifted the
     not-ready taint. ``ready=False`` makes a Node no kwok manages: it never turns Ready."""
-    body = nodes.node_body(name, nodes.NodePool.model_construct(
-        count=1, resources=allocatable, labels=labels or {},
-        taints=[nodes.Taint(**t) for t in taints or []]), "test")
-    body["metadata"]["labels"].pop(nodes.NODE_POOL_LABEL)
-    if not ready:
-        body["metadata"]["annotations"] = {}
-    try:
-        client.CoreV1Api(api).create_node(body)
-    except ApiException as err:
-        if err.status != 409:
-            raise
+    nodes.register_node(api, name, allocatable, labels, taints, managed=ready)
     if ready:
         nodes.wait_schedulable(api, [name], timeout)
 
@@ -96,12 +86,9 @@ def wait_scheduler_sees(api: client.ApiClient, namespace: str, node: str,
                  "tolerations": [{"operator": "Exists"}], "restartPolicy": "Never",
                  "containers": [{"name": "probe", "image": "probe"}]}})
     try:
-        deadline = time.monotonic() + timeout
-        while not core.read_namespaced_pod(name, namespace).spec.node_name:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"kube-scheduler did not bind probe pod {namespace}/{name} "
-                                   f"to Node {node} within {timeout:.0f}s")
-            time.sleep(0.05)
+        wait_until(f"kube-scheduler binding probe pod {namespace}/{name} to Node {node}",
+                   lambda: bool(core.read_namespaced_pod(name, namespace).spec.node_name),
+                   timeout)
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 

@@ -14,6 +14,8 @@ import fcntl
 import functools
 import logging
 import os
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,9 +101,6 @@ def machine_worker_limit() -> tuple[int, str]:
 @contextlib.contextmanager
 def _interrupts_deferred():
     """SIGINT ignored for the duration (only the main thread can set handlers)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -265,19 +264,15 @@ class LocalClusters:
                 # A failed or interrupted `up` takes back what it started; whatever ran
                 # before it keeps running. A second Ctrl-C must not cut this short.
                 with _interrupts_deferred():
-                    started = []
+                    kept = {r.pids.get(c) for r in state.clusters for c in components(r.role)
+                            if (r.name, c) in was_running}
                     for record in state.clusters:
-                        for component in components(record.role):
-                            if (record.name, component) not in was_running:
-                                pid = record.pids.pop(component, None)
-                                if pid:
-                                    started.append(pid)
-                    # Also any process spawned but not yet recorded when the interrupt came.
-                    before = {r.pids.get(c) for r in state.clusters for c in components(r.role)
-                              if (r.name, c) in was_running}
-                    started += [pid for pid in processes.harness_processes(self.state_dir)
-                                if pid not in before and pid not in started]
-                    processes.terminate_all(started, self.state_dir)
+                        record.pids = {c: pid for c, pid in record.pids.items() if pid in kept}
+                    # Every process of this state directory but those: recorded or not yet
+                    # (spawned just as the interrupt came).
+                    processes.terminate_all(
+                        [pid for pid in processes.harness_processes(self.state_dir)
+                         if pid not in kept], self.state_dir)
                     self._save(state)
                 raise
             return self._info(state)

@@ -143,36 +143,40 @@ def layout_from_file(path: Path | str, workers: list[str] | None = None) -> Node
     return layout
 
 
-def node_body(name: str, pool: NodePool, pool_name: str) -> dict:
-    """A Node as a kubelet would register it, for kwok to keep Ready."""
-    allocatable = pool.allocatable()
-    return {
+def register_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
+                  labels: dict[str, str] | None = None, taints: list[dict] | None = None,
+                  managed: bool = True) -> None:
+    """A Node as a kubelet registers it (an existing one is kept); with ``managed``, kwok
+    keeps it Ready, without, it never turns Ready."""
+    body = {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE} if managed else {},
             "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "type": "kwok", NODE_POOL_LABEL: pool_name, **pool.labels},
+                       "type": "kwok", **(labels or {})},
         },
-        "spec": {"taints": [t.model_dump() for t in pool.taints]},
+        "spec": {"taints": taints or []},
         # Registration carries the capacity, as a kubelet's does; kwok keeps it.
         "status": {"capacity": allocatable, "allocatable": allocatable},
     }
+    try:
+        client.CoreV1Api(api).create_node(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
 
 
 def create_nodes(api: client.ApiClient, worker: str, pools: list[NodePool]) -> list[str]:
     """Create the Nodes of ``pools`` on ``worker`` (existing ones are kept); their names."""
-    core = client.CoreV1Api(api)
     names = []
     for index, pool in enumerate(pools):
         pool_name = f"pool-{index}"
         for n in range(pool.count):
             name = f"{worker}-{pool_name}-{n}"
-            try:
-                core.create_node(node_body(name, pool, pool_name))
-            except ApiException as err:
-                if err.status != 409:
-                    raise
+            register_node(api, name, pool.allocatable(),
+                          {NODE_POOL_LABEL: pool_name, **pool.labels},
+                          [t.model_dump() for t in pool.taints])
             names.append(name)
     return names
 

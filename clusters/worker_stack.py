@@ -26,7 +26,6 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from clusters import binaries as provisioning
 from clusters.nodes import KWOK_SELECTOR
@@ -39,6 +38,9 @@ OUTCOME_ANNOTATION = "trainjob-dispatcher.io/kwok-outcome"
 OUTCOME_FAIL = "fail"
 OUTCOME_NEVER = "never"
 DEFAULT_RUN_FOR_MS = 3000
+# A JobSet naming this in spec.managedBy is skipped by the real JobSet controller (JobSet's
+# own delegation, the one MultiKueue uses): for tests that play the controller themselves.
+JOBSET_MANAGED_BY_TEST = "trainjob-dispatcher.io/test-writes-jobset-status"
 
 # Paths inside the upstream modules.
 JOBSET_CRD = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
@@ -242,10 +244,3 @@ def _write_yaml(path: Path, document: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(document, sort_keys=False))
 
-
-def delete_if_present(call, *args) -> None:
-    try:
-        call(*args)
-    except ApiException as err:
-        if err.status != 404:
-            raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -156,28 +157,13 @@ class WorkerCapacity:
         """Which Nodes of this worker cannot take the job's pods at all, by rule and count
         ("Nodes excluded: 2 without label pool=gpu (nodeSelector), 1 with taint
         gpu=true:NoSchedule (not tolerated)"), or None when every Node admits them."""
-        rules: dict[str, int] = {}
-
-        def count(rule: str) -> None:
-            rules[rule] = rules.get(rule, 0) + 1
-
+        rules: Counter[str] = Counter()
         with self._lock:
             for node in self._nodes.values():
-                if not node.usable:
-                    count("not Ready or cordoned")
-                    continue
-                missing = [f"{k}={v}" for k, v in (node_selector or {}).items()
-                           if node.labels.get(k) != v]
-                if missing:
-                    count(f"without label {missing[0]} (nodeSelector)")
-                    continue
-                for taint in node.taints:
-                    if taint.get("effect") in _BLOCKING_EFFECTS and not any(
-                            tolerates(t, taint) for t in tolerations or []):
-                        value = f"={taint['value']}" if taint.get("value") else ""
-                        count(f"with taint {taint.get('key')}{value}:{taint.get('effect')} "
-                              "(not tolerated)")
-                        break
+                rule = ("not Ready or cordoned" if not node.usable else
+                        exclusion(node.labels, node.taints, node_selector, tolerations))
+                if rule:
+                    rules[rule] += 1
         if not rules:
             return None
         return "Nodes excluded: " + ", ".join(f"{n} {rule}" for rule, n in sorted(rules.items()))
@@ -235,13 +221,26 @@ def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
     return False
 
 
+def exclusion(labels: dict[str, str], taints: list[dict[str, Any]],
+              node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> str | None:
+    """Why a pod with this nodeSelector and these tolerations may not land on the node
+    ("without label pool=gpu (nodeSelector)", "with taint gpu=true:NoSchedule (not
+    tolerated)"), or None when it may."""
+    for key, value in (node_selector or {}).items():
+        if labels.get(key) != value:
+            return f"without label {key}={value} (nodeSelector)"
+    for taint in taints:
+        if taint.get("effect") in _BLOCKING_EFFECTS and not any(
+                tolerates(t, taint) for t in tolerations or []):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"with taint {taint.get('key')}{value}:{taint.get('effect')} (not tolerated)"
+    return None
+
+
 def admits(labels: dict[str, str], taints: list[dict[str, Any]],
            node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> bool:
     """Whether a pod with this nodeSelector and these tolerations may land on the node."""
-    if any(labels.get(key) != value for key, value in (node_selector or {}).items()):
-        return False
-    return all(any(tolerates(t, taint) for t in tolerations or [])
-               for taint in taints if taint.get("effect") in _BLOCKING_EFFECTS)
+    return exclusion(labels, taints, node_selector, tolerations) is None
 
 
 def pod_requests(pod: dict[str, Any]) -> Resources:

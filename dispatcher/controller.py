@@ -44,9 +44,8 @@ def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
     it has just finished (a finished pod holds no resources)."""
     if kind == "DELETED":
         return True
-    finished = ("Succeeded", "Failed")
-    phase = lambda pod: ((pod or {}).get("status") or {}).get("phase")  # noqa: E731
-    return phase(new) in finished and phase(old) not in finished
+    old_phase, new_phase = (((pod or {}).get("status") or {}).get("phase") for pod in (old, new))
+    return new_phase in ("Succeeded", "Failed") and old_phase not in ("Succeeded", "Failed")
 
 
 class DispatcherController:

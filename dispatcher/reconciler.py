@@ -210,7 +210,8 @@ class DispatchReconciler:
     def _decide(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
         """The worker to place on and the job's needs there, or why nothing fits."""
         candidates, needs = [], {}
-        for worker in self.registry.snapshot():
+        workers = {worker.name: worker for worker in self.registry.snapshot()}
+        for worker in workers.values():
             problem, need = self._eligibility(job, worker)
             if need is not None:
                 needs[worker.name] = need
@@ -230,10 +231,10 @@ class DispatchReconciler:
                 fitting[candidate.name] = candidate
                 continue
             reasons.update(result.reasons)
-            worker = self.registry.get(candidate.name)
-            if need is not None and candidate.problem is None and worker is not None:
+            if need is not None and candidate.problem is None:
                 # Say which rule keeps Nodes out, not only what the rest lack.
-                rules = worker.capacity.excluded_by_rules(need.node_selector, need.tolerations)
+                rules = workers[candidate.name].capacity.excluded_by_rules(
+                    need.node_selector, need.tolerations)
                 if rules:
                     reasons[candidate.name] += f" ({rules})"
         if not fitting:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from clusters import crds
+from clusters import binaries, crds, kustomize
 from clusters.controlplane import ControlPlaneError
 from clusters.local import ClusterInfo, cluster_names
 from trainjob.kubeclient import api_client
@@ -45,8 +45,6 @@ JOBSET_IMAGE = "registry.k8s.io/jobset/jobset"
 
 
 def _install_jobset_release(kubeconfig: Path) -> None:
-    from clusters import binaries, kustomize
-
     version = binaries.COMPONENTS["jobset-controller"].version
     source = binaries.module_dir("jobset-controller") / "config" / "default"
     rendered = kustomize.kubectl(None, "kustomize", str(source))

@@ -7,7 +7,7 @@ import logging
 import socket
 import sys
 
-from trainjob import command_line as flags, logs
+from trainjob import command_line, logs
 from trainjob.kubeclient import api_client
 from trainjob.service import ListenError, serve
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
     run.add_argument("--metrics-host", default="127.0.0.1",
                      help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
-    run.add_argument("--workers", type=flags.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
+    run.add_argument("--workers", type=command_line.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
     run.add_argument("--cluster-name", default=None,
                      help="name of this cluster, added to every log line as cluster=NAME "
                      "(e.g. the MultiKueueCluster name the manager knows it by)")

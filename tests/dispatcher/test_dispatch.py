@@ -79,6 +79,16 @@ def wait_placed(env, namespace: str, name: str, timeout: float = 60) -> tuple[st
     return worker, copies[worker]
 
 
+def wait_no_namespace_terminating(env) -> None:
+    """Until earlier tests' namespaces (and their pods) are gone on every cluster, so what a
+    test counts or expects to stay quiet is its own."""
+    for cluster in env.multicluster:
+        eventually(lambda cl=cluster: [n.metadata.name for n in cl.core.list_namespace().items
+                                       if n.status.phase == "Terminating"],
+                   lambda names: names == [], timeout=120,
+                   expected=f"no namespace terminating on {cluster.name}")
+
+
 def complete_jobset(worker_cluster, namespace: str, name: str,
                     type_: str = "Completed", reason: str = "AllJobsCompleted") -> None:
     worker_cluster.custom.patch_namespaced_custom_object_status(
@@ -438,11 +448,7 @@ def test_api_writes_per_dispatched_job(dispatch_env, namespace):
     env = dispatch_env
     resources = {(c.TRAINER_GROUP, c.TRAINJOBS), ("", "events")}
     verbs = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
-    for cluster in env.multicluster:
-        eventually(lambda cl=cluster: [n.metadata.name for n in cl.core.list_namespace().items
-                                       if n.status.phase == "Terminating"],
-                   lambda names: names == [], timeout=120,
-                   expected=f"no namespace terminating on {cluster.name} before counting")
+    wait_no_namespace_terminating(env)
     before = {cl.name: apiserver_writes(cl, resources, verbs) for cl in env.multicluster}
     # Real pods that succeed a second after they start, so the copy's status goes through
     # every state a job has.

@@ -14,7 +14,7 @@ from clusters import fixtures
 from clusters.testing import eventually, holds_for
 
 from test_dispatch import condition, create, get, placement, remotes, trainjob, \
-    wait_placed  # noqa: E402 - shared helpers of this directory's tests
+    wait_no_namespace_terminating, wait_placed  # noqa: E402 - this directory's helpers
 
 MK = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
 CONFIG = "e2e"
@@ -107,11 +107,7 @@ def test_a_job_nothing_can_run_waits_quietly(dispatch_env, namespace):
     env = dispatch_env
     # Pods of earlier tests going away change the free capacity that a pending job's
     # message quotes; "nothing changes" needs them gone first.
-    for cluster in env.multicluster:
-        eventually(lambda cl=cluster: [n.metadata.name for n in cl.core.list_namespace().items
-                                       if n.status.phase == "Terminating"],
-                   lambda names: names == [], timeout=120,
-                   expected=f"no namespace terminating on {cluster.name}")
+    wait_no_namespace_terminating(env)
     create(env.manager, namespace, trainjob("nowhere", runtime="no-such-runtime"))
     create(env.manager, namespace, trainjob("too-big", requests={"cpu": "1000"}))
     for name, words in (("nowhere", "ClusterTrainingRuntime no-such-runtime not found"),

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from clusters import fixtures
+from clusters import fixtures, worker_stack
 
 from clusters.testing import apiserver_writes, eventually, holds_for
 from trainjob import constants as c
@@ -52,10 +52,6 @@ def _replicated_job(name: str) -> dict[str, Any]:
     }
 
 
-# A JobSet that names this in spec.managedBy is left alone by the real JobSet controller
-# (JobSet's own delegation): for tests about the operator alone, whose JobSets must not
-# change under them.
-TEST_JOBSET_MANAGER = "trainjob-dispatcher.io/test-writes-jobset-status"
 
 
 def runtime_body(kind: str, name: str, namespace: str | None = None,
@@ -308,7 +304,7 @@ def _snapshot(worker, namespace: str, names: list[str]) -> dict[str, Any]:
 def test_restart_after_sigkill_creates_nothing_twice_and_rewrites_no_status(
         worker, namespace, make_runtime, run_operator):
     # Only the operator acts on these JobSets: nothing else may change them during the test.
-    runtime = make_runtime(jobset_manager=TEST_JOBSET_MANAGER)
+    runtime = make_runtime(jobset_manager=worker_stack.JOBSET_MANAGED_BY_TEST)
     first = run_operator(worker, "--namespace", namespace)
     names = [f"restart-{i}" for i in range(5)]
     created = {name: create_trainjob(worker, namespace, name, runtime) for name in names}

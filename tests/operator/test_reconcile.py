@@ -4,9 +4,9 @@ suspend/resume, status mirrored from the JobSet, and the Events it records (issu
 These tests play the JobSet controller: they write the JobSet's status through its status
 subresource and watch what the operator does with it. So that the worker's real JobSet
 controller does not overwrite what they write, their runtime's JobSet names another
-controller in ``spec.managedBy`` (``TEST_JOBSET_MANAGER``): JobSet's own delegation, the one
-MultiKueue uses, which makes the JobSet controller skip those JobSets. JobSet's webhooks
-still validate every write. ``test_pods_on_kwok.py`` runs the real controller end to end.
+controller in ``spec.managedBy`` (``worker_stack.JOBSET_MANAGED_BY_TEST``): JobSet's own
+delegation, the one MultiKueue uses, which makes the JobSet controller skip those JobSets.
+JobSet's webhooks still validate every write. ``test_pods_on_kwok.py`` runs the real controller end to end.
 Waits use ``eventually``; "nothing happens" is an observation window in which every read is
 checked.
 """
@@ -23,6 +23,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 
+from clusters import worker_stack
 from clusters.testing import eventually, holds_for
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info, totals
@@ -40,7 +41,6 @@ FIELD_MANAGER = "training-operator"
 TOTAL_PODS = "trainer.kubeflow.org/total-pods"
 TOTAL_REQUESTS = "trainer.kubeflow.org/total-requests"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-TEST_JOBSET_MANAGER = "trainjob-dispatcher.io/test-writes-jobset-status"
 
 # What each runtime job's one container requests (the trainer's come from the TrainJob).
 DATASET_INIT_REQUESTS = {"cpu": "250m", "memory": "1Gi"}
@@ -73,7 +73,7 @@ def runtime_body(name: str) -> dict:
                     "labels": {"team": "from-runtime", "runtime-only": "kept"},
                     "annotations": {"owner": "from-runtime", "runtime-note": "kept"},
                 },
-                "spec": {"managedBy": TEST_JOBSET_MANAGER, "replicatedJobs": [
+                "spec": {"managedBy": worker_stack.JOBSET_MANAGED_BY_TEST, "replicatedJobs": [
                     job("dataset-initializer", "dataset-initializer", {
                         "name": "dataset-initializer", "image": "ghcr.io/example/dataset-init:1",
                         "resources": {"requests": DATASET_INIT_REQUESTS}}),

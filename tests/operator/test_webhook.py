@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clusters import worker_stack
 from clusters.testing import eventually
 from training_operator.webhook import ApiLookups
 from training_operator.webhook_server import VALIDATE_PATH, WebhookServer
@@ -89,7 +90,7 @@ class Webhook:
         self.custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", {
             "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": name},
-            "spec": {"managedBy": "trainjob-dispatcher.io/test-writes-jobset-status",
+            "spec": {"managedBy": worker_stack.JOBSET_MANAGED_BY_TEST,
                      "replicatedJobs": [replicated_job(n) for n in active]},
         })
         self.custom.patch_namespaced_custom_object_status(
