@@ -86,9 +86,6 @@ class NodePool(BaseModel):
                 raise ValueError(f"resources.{name}: {quantity!r} is negative")
         return resources
 
-    def allocatable(self) -> dict[str, str]:
-        return {"pods": "110", **self.resources}
-
 
 class NodeLayout(BaseModel):
     """Pools per worker: ``workers[name]`` where given, else ``default``."""
@@ -146,8 +143,10 @@ def layout_from_file(path: Path | str, workers: list[str] | None = None) -> Node
 def register_node(api: client.ApiClient, name: str, allocatable: dict[str, str],
                   labels: dict[str, str] | None = None, taints: list[dict] | None = None,
                   managed: bool = True) -> None:
-    """A Node as a kubelet registers it (an existing one is kept); with ``managed``, kwok
-    keeps it Ready, without, it never turns Ready."""
+    """A Node as a kubelet registers it (an existing one is kept; 110 pod slots unless
+    ``allocatable`` says otherwise, a kubelet's default); with ``managed``, kwok keeps it
+    Ready, without, it never turns Ready."""
+    allocatable = {"pods": "110", **allocatable}
     body = {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
@@ -174,7 +173,7 @@ def create_nodes(api: client.ApiClient, worker: str, pools: list[NodePool]) -> l
         pool_name = f"pool-{index}"
         for n in range(pool.count):
             name = f"{worker}-{pool_name}-{n}"
-            register_node(api, name, pool.allocatable(),
+            register_node(api, name, pool.resources,
                           {NODE_POOL_LABEL: pool_name, **pool.labels},
                           [t.model_dump() for t in pool.taints])
             names.append(name)

@@ -61,7 +61,7 @@ def test_a_node_file_gives_each_worker_its_pools(tmp_path):
     layout = layout_from_file(spec)
     assert [p.count for p in layout.pools_for("worker-1")] == [2]
     gpu_pool = layout.pools_for("worker-2")[0]
-    assert gpu_pool.allocatable()[GPU] == "8" and gpu_pool.labels == {"pool": "gpu"}
+    assert gpu_pool.resources[GPU] == "8" and gpu_pool.labels == {"pool": "gpu"}
     assert gpu_pool.taints[0].effect == "NoSchedule"
     with pytest.raises(NodeSpecError, match="no such worker"):
         layout.check_workers(["worker-1"])
