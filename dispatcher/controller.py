@@ -61,10 +61,11 @@ class DispatcherController:
             custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS))
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.metrics.count_jobs(self.trainjobs.list)
+        self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
                                        self._on_worker_state, may_write=lambda: self.leading,
-                                       observer=self.metrics.observer)
-        self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
+                                       observer=self.metrics.observer,
+                                       in_use=self._workers_in_use, recorder=self.recorder)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
                                              self.recorder, self.metrics)
         self._workers = workers
@@ -133,6 +134,14 @@ class DispatcherController:
         return self.reconciler.last_sync_lag.get(key), (
             time.monotonic() - waiting_since if waiting_since is not None else None)
 
+    def _workers_in_use(self) -> set[str]:
+        """Workers that jobs are placed on and may still have copies on: our finalizer
+        stays on a job until its copy is gone."""
+        return {(job["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
+                for job in self.trainjobs.list()
+                if self._ours(job) and c.DISPATCH_FINALIZER in (
+                    job["metadata"].get("finalizers") or [])} - {None, ""}
+
     def _on_worker_state(self, worker: WorkerCluster) -> None:
         self.metrics.cluster_active.labels(cluster=worker.name).set(1 if worker.active else 0)
         for job in self.trainjobs.list():
@@ -185,10 +194,12 @@ class DispatcherController:
             self.stop_requested.set()
 
     def start(self, sync_timeout: float = 60) -> DispatcherController:
-        self.registry.start(sync_timeout)
+        # The jobs first: the registry keeps a worker that left it while jobs are placed
+        # there (to drain it), so it needs to know where jobs are placed.
         self.trainjobs.start()
         if not self.trainjobs.wait_synced(sync_timeout):
             raise TimeoutError("manager TrainJob cache not synced")
+        self.registry.start(sync_timeout)
         # Placement decisions need the workers' caches; give connected workers a moment
         # to sync so the first decisions are not made against empty pictures.
         deadline = time.monotonic() + sync_timeout

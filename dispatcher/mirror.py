@@ -39,9 +39,13 @@ def build_remote(manager: dict[str, Any], origin: str, requests: dict[str, str],
 
 
 def is_ours(remote: dict[str, Any], origin: str) -> bool:
-    """Carries our origin label: the only remote objects the dispatcher may change."""
-    labels = (remote.get("metadata") or {}).get("labels") or {}
-    return labels.get(c.MULTIKUEUE_ORIGIN_LABEL) == origin
+    """A copy this dispatcher made: our origin label *and* the manager-UID annotation it
+    writes. The only remote objects it may adopt, change or delete. The label alone is no
+    proof: Kueue's MultiKueue puts the same label (default origin ``multikueue``) on the
+    copies it makes."""
+    meta = remote.get("metadata") or {}
+    return (meta.get("labels") or {}).get(c.MULTIKUEUE_ORIGIN_LABEL) == origin and \
+        bool((meta.get("annotations") or {}).get(c.MANAGER_UID_ANNOTATION))
 
 
 def mirrors(remote: dict[str, Any], manager: dict[str, Any]) -> bool:

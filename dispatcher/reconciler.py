@@ -1,4 +1,5 @@
-"""The dispatcher's reconciler for one manager TrainJob.
+"""The dispatcher's reconciler for one manager TrainJob: it performs what
+``decisions.decide`` chose.
 
 Level-triggered: every call reads the manager object and the remote copy from caches and
 moves one step towards the desired state. The order of writes makes it crash-safe:
@@ -6,8 +7,8 @@ moves one step towards the desired state. The order of writes makes it crash-saf
 1. placement: the chosen worker and our finalizer go onto the manager object in one
    request, guarded by its resourceVersion (a second dispatcher or a stale cache loses
    with 409 instead of placing twice);
-2. the remote copy is created (POST; 409 means it exists: adopted when it carries our
-   origin and the manager's UID);
+2. the remote copy is created (POST; 409 means it exists: adopted when it is our copy of
+   this very manager object);
 3. remote status changes are copied onto the manager (the whole ``.status``, PUT with the
    resourceVersion; on 409 re-read and retry, never overwrite blindly);
 4. teardown (deletion, suspension, finish) deletes the remote first and releases the
@@ -16,7 +17,6 @@ moves one step towards the desired state. The order of writes makes it crash-saf
 
 from __future__ import annotations
 
-import calendar
 import copy
 import logging
 import re
@@ -27,7 +27,7 @@ from decimal import Decimal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import mirror
+from dispatcher import decisions, remote
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placement import POLICIES, Candidate, describe_reasons, place_trainjob
@@ -37,24 +37,18 @@ from trainjob import logs
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
-from trainjob.kubeclient import error_message, namespace_terminating
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.podsets import format_quantity
 from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "trainjob-dispatcher"
+FIELD_MANAGER = remote.FIELD_MANAGER
 
-CONDITION_PLACED = "Placed"
-REASON_NO_WORKER = "NoWorkerFits"
-REASON_REMOTE_DELETED = "RemoteDeleted"
-CONDITION_WORKER_REACHABLE = "WorkerReachable"
-REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
-REASON_WORKER_LOST = "WorkerLost"
-# A worker's answers to a create that mean "not this spec, not here": bad request,
-# forbidden (an admission webhook's default denial, or RBAC), invalid.
-REFUSALS = (400, 403, 422)
+CONDITION_PLACED = decisions.CONDITION_PLACED
+CONDITION_WORKER_REACHABLE = decisions.CONDITION_WORKER_REACHABLE
+REASON_NO_WORKER = decisions.REASON_NO_WORKER
+REASON_WORKER_UNREACHABLE = decisions.REASON_WORKER_UNREACHABLE
 
 
 @dataclass
@@ -76,6 +70,9 @@ class DispatchReconciler:
         self.recorder = recorder
         self.metrics = metrics
         self.policy = POLICIES[config.placement_policy]
+        self.settings = decisions.Settings(origin=config.origin,
+                                           worker_lost_timeout=config.worker_lost_timeout_seconds,
+                                           retention=config.retention_seconds)
         # Workers that are not candidates for a job, and why: a same-named TrainJob without
         # our origin label is there (never touched; for good), or the worker's apiserver
         # refused the copy (until the job's spec changes: generation).
@@ -92,84 +89,105 @@ class DispatchReconciler:
     def reconcile(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         raw = self.trainjobs.get(namespace, name)
-        if raw is None:
-            for per_job in (self.eligible_since, self.excluded, self.remote_changed_at,
-                            self.last_sync_lag):
-                per_job.pop(key, None)
-            return  # remote copies of deleted jobs are the garbage collector's business
-        spec = raw.get("spec") or {}
-        if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
-            return  # never ours: not written, annotated or finalized
-        meta = raw["metadata"]
-        placed = (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
+        placed = decisions.placement(raw) if raw is not None else None
         logs.bind(cluster=placed)
         worker = self.registry.get(placed) if placed else None
-        if meta.get("deletionTimestamp"):
-            self._teardown(raw, worker, release_placement=False)
-            return
-        if spec.get("suspend"):
-            if placed:
-                self._teardown(raw, worker, release_placement=True)
-            return
+        action = decisions.decide(raw, self._worker_state(placed, worker, key), time.time(),
+                                  self.settings)
+        if action.release and worker is not None:
+            worker.capacity.release(key)
+        log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
+        self._perform(action, key, raw, worker)
+
+    def _worker_state(self, placed: str | None, worker: WorkerCluster | None,
+                      key: tuple[str, str]) -> decisions.WorkerState | None:
         if not placed:
-            if not mirror.finished(raw):
-                self._place(raw)
-            return
+            return None
         if worker is None:
-            if not mirror.finished(raw):
-                self._move_away(raw, placed, f"worker {placed} was removed from the registry")
-            return
-        if not worker.active:
-            self._worker_unreachable(raw, worker)
-            return
-        self._sync(raw, worker)
+            return decisions.WorkerState(placed, known=False, active=False)
+        return decisions.WorkerState(
+            placed, draining=worker.draining, active=worker.active,
+            inactive_since=worker.since, message=worker.message,
+            remote=worker.cache(c.TRAINJOBS).get(*key) if worker.active else None)
 
-    # --- a worker that stopped answering ----------------------------------------------
+    def _perform(self, action: decisions.Action, key: tuple[str, str], raw: dict | None,
+                 worker: WorkerCluster | None) -> None:
+        match action:
+            case decisions.Forget():
+                for per_job in (self.eligible_since, self.excluded, self.remote_changed_at,
+                                self.last_sync_lag):
+                    per_job.pop(key, None)
+            case decisions.Ignore():
+                return
+            case decisions.InSync():
+                # Nothing waits to be mirrored (e.g. written before a restart).
+                self.remote_changed_at.pop(key, None)
+            case decisions.Place():
+                self._place(raw)
+            case decisions.CreateRemote():
+                job = TrainJob.model_validate(raw)
+                problem, need = self._eligibility(job, worker)
+                if need is None:
+                    raise Requeue(1.0, f"cannot create the remote copy on {worker.name}: "
+                                       f"{problem}")
+                self._create_remote(raw, worker, need)
+            case decisions.DeleteRemote(remote=remote_copy, why=why, retry=retry):
+                log.info("TrainJob %s/%s: deleting its copy on %s (%s)", *key, worker.name,
+                         why)
+                self._copies(worker).delete(remote_copy)
+                if retry is not None:
+                    raise Requeue(retry, why)
+            case decisions.CopyStatus(status=status):
+                self._write_status(raw, status, mirrored=True)
+            case decisions.RemoveFinalizer():
+                self._remove_finalizer(raw)
+            case decisions.Unplace():
+                self._clear_placement(raw)
+            case decisions.Replace(reason=reason, message=message):
+                self._replace(raw, reason, message)
+            case decisions.MarkUnreachable(message=message, since=since, wait=wait):
+                self._set_condition(raw, {
+                    "type": CONDITION_WORKER_REACHABLE, "status": "False",
+                    "reason": REASON_WORKER_UNREACHABLE, "message": message,
+                    "lastTransitionTime": decisions.format_time(since)})
+                self.recorder.event(raw, WARNING, REASON_WORKER_UNREACHABLE, message)
+                raise Requeue(wait, "waiting for the worker-lost timeout")
+            case decisions.MarkRemoved(message=message):
+                log.warning("TrainJob %s/%s: %s", *key, message)
+                self._set_condition(raw, {
+                    "type": CONDITION_WORKER_REACHABLE, "status": "False",
+                    "reason": decisions.REASON_WORKER_REMOVED, "message": message,
+                    "lastTransitionTime": _now()})
+                self.recorder.event(raw, WARNING, decisions.REASON_WORKER_REMOVED, message)
+            case decisions.Exclude(reason=reason, why=why):
+                self._exclude(raw, worker, None, why, reason)
+            case decisions.Wait(seconds=seconds, why=why):
+                raise Requeue(seconds, why)
+            case _:
+                raise TypeError(f"no way to perform {action!r}")
 
-    def _worker_unreachable(self, raw: dict, worker: WorkerCluster) -> None:
-        """Keep the last status and say so; after the worker-lost timeout, place the job
-        again elsewhere. A copy left on the lost worker is removed by the garbage
-        collector once it answers again (if it was only partitioned, that copy may have
-        kept running until then)."""
-        if mirror.finished(raw):
-            return
-        lost_for = time.time() - worker.since
-        timeout = self.config.worker_lost_timeout_seconds
-        if lost_for >= timeout:
-            worker.capacity.release((raw["metadata"]["namespace"], raw["metadata"]["name"]))
-            self._move_away(raw, worker.name, f"worker {worker.name} unreachable for "
-                            f"{lost_for:.0f}s (worker-lost timeout {timeout:.0f}s)")
-            return
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(worker.since))
-        message = f"worker {worker.name} unreachable since {since}: {worker.message}"
-        current = next((x for x in (raw.get("status") or {}).get("conditions") or []
-                        if x.get("type") == CONDITION_WORKER_REACHABLE), None)
-        if current is None or current.get("status") != "False":
-            conditions = [x for x in (raw.get("status") or {}).get("conditions") or []
-                          if x.get("type") != CONDITION_WORKER_REACHABLE]
-            conditions.append({"type": CONDITION_WORKER_REACHABLE, "status": "False",
-                               "reason": REASON_WORKER_UNREACHABLE, "message": message,
-                               "lastTransitionTime": since})
-            self._write_status(raw, {**(raw.get("status") or {}), "conditions": conditions})
-            self.recorder.event(raw, WARNING, REASON_WORKER_UNREACHABLE, message)
-        raise Requeue(timeout - lost_for, "waiting for the worker-lost timeout")
+    @staticmethod
+    def _key(raw: dict) -> tuple[str, str]:
+        return raw["metadata"]["namespace"], raw["metadata"]["name"]
 
-    def _move_away(self, raw: dict, worker_name: str, why: str) -> None:
-        self._replace(raw, REASON_WORKER_LOST, why)
+    def _set_condition(self, raw: dict, condition: dict) -> None:
+        """Write ``condition`` over the one of its type, keeping the rest of the status."""
+        status = raw.get("status") or {}
+        conditions = [x for x in status.get("conditions") or []
+                      if x.get("type") != condition["type"]] + [condition]
+        self._write_status(raw, {**status, "conditions": conditions})
 
     def _replace(self, raw: dict, reason: str, why: str) -> None:
         """Forget the placement so the job is placed again (on any eligible worker). The
         status the old copy reported goes too: it described a run that is over, and the
         new copy's status replaces it as soon as there is one."""
         message = f"{why}; placing the job again"
-        log.warning("TrainJob %s/%s: %s", raw["metadata"]["namespace"],
-                    raw["metadata"]["name"], message)
+        log.warning("TrainJob %s/%s: %s", *self._key(raw), message)
         self._write_status(raw, {"conditions": [{
             "type": CONDITION_PLACED, "status": "False", "reason": reason,
             "message": message, "lastTransitionTime": _now()}]})
         self.recorder.event(raw, WARNING, reason, message)
-        key = (raw["metadata"]["namespace"], raw["metadata"]["name"])
-        self._clear_placement(self.trainjobs.get(*key) or raw)
+        self._clear_placement(self.trainjobs.get(*self._key(raw)) or raw)
 
     # --- placement --------------------------------------------------------------------
 
@@ -300,48 +318,35 @@ class DispatchReconciler:
     # --- the remote copy --------------------------------------------------------------
 
     def _create_remote(self, manager: dict, worker: WorkerCluster, need: Need) -> None:
-        meta = manager["metadata"]
-        key = (meta["namespace"], meta["name"])
-        body = mirror.build_remote(manager, self.config.origin,
-                                   {k: format_quantity(v) for k, v in need.requests.items()},
-                                   need.pods)
-        remote_api = client.CustomObjectsApi(worker.api)
-        try:
-            created = remote_api.create_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body,
-                field_manager=FIELD_MANAGER)
-            worker.cache(c.TRAINJOBS).observe(created)
-            self.metrics.worker_writes.labels(cluster=worker.name, kind="create").inc()
-        except ApiException as err:
-            if namespace_terminating(err):
-                # Not a verdict on the spec: the namespace is going away there. Placement
-                # sees that in the worker's namespace cache next round.
-                raise Requeue(1.0, f"namespace {meta['namespace']} is being deleted on "
-                                   f"{worker.name}") from None
-            if err.status in REFUSALS:
-                # The worker will not take this spec (its admission webhook or schema):
-                # retrying the same spec there cannot help. Say why and place elsewhere.
-                why = f"refused the copy: {error_message(err)}"
-                self._exclude(manager, worker, meta.get("generation"), why, "RemoteRejected")
+        key = self._key(manager)
+        outcome = self._copies(worker).create(
+            manager, {k: format_quantity(v) for k, v in need.requests.items()}, need.pods)
+        match outcome:
+            case remote.Created(copy=created):
+                worker.cache(c.TRAINJOBS).observe(created)
+            case remote.NamespaceGoing():
+                # Placement sees that in the worker's namespace cache next round.
+                raise Requeue(1.0, f"namespace {key[0]} is being deleted on {worker.name}")
+            case remote.Refused(message=message):
+                # Retrying the same spec there cannot help: place elsewhere, until the
+                # spec changes (a new generation).
+                self._exclude(manager, worker, manager["metadata"].get("generation"),
+                              f"refused the copy: {message}", "RemoteRejected")
                 return
-            if err.status != 409:
-                raise
-            existing = remote_api.get_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, meta["name"])
-            if not mirror.is_ours(existing, self.config.origin):
-                # Someone else's object: never touched; this job goes elsewhere.
+            case remote.NameTaken():
                 self._exclude(manager, worker, None,
-                              f"TrainJob {key[0]}/{key[1]} exists there without our origin "
-                              "label", "NameTaken")
+                              f"TrainJob {key[0]}/{key[1]} exists there and is not a copy "
+                              "made by this dispatcher", decisions.REASON_NAME_TAKEN)
                 return
-            if not mirror.mirrors(existing, manager):
-                # A copy of an earlier same-named job: ours to remove; recreate next round.
-                self._delete_remote(worker, existing)
-                raise Requeue(0.2, "stale remote copy of an earlier job being deleted")
-            worker.cache(c.TRAINJOBS).observe(existing)  # adopted
+            case remote.Stale():
+                raise Requeue(decisions.STALE_COPY_RETRY,
+                              "stale remote copy of an earlier job being deleted")
         started = self.eligible_since.pop(key, None)
         if started is not None:
             self.metrics.dispatch_latency.observe(time.monotonic() - started)
+
+    def _copies(self, worker: WorkerCluster) -> remote.RemoteCopies:
+        return remote.RemoteCopies(worker.api, worker.name, self.config.origin, self.metrics)
 
     def _exclude(self, manager: dict, worker: WorkerCluster, generation: int | None,
                  why: str, reason: str) -> None:
@@ -356,70 +361,7 @@ class DispatchReconciler:
         worker.capacity.release(key)
         self._clear_placement(manager)
 
-    def _delete_remote(self, worker: WorkerCluster, remote: dict) -> None:
-        meta = remote["metadata"]
-        try:
-            client.CustomObjectsApi(worker.api).delete_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], propagation_policy="Background",
-                # Only this very object: a same-named one created meanwhile is not touched.
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(
-                    uid=meta["uid"])))
-            self.metrics.worker_writes.labels(cluster=worker.name, kind="delete").inc()
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise
-
-    # --- steady state -----------------------------------------------------------------
-
-    def _sync(self, manager: dict, worker: WorkerCluster) -> None:
-        meta = manager["metadata"]
-        key = (meta["namespace"], meta["name"])
-        remote = worker.cache(c.TRAINJOBS).get(*key)
-        if remote is not None and not mirror.mirrors(remote, manager):
-            self._delete_remote(worker, remote)
-            remote = None
-            raise Requeue(0.2, "stale remote copy of an earlier job being deleted")
-        if remote is None:
-            if mirror.finished(manager):
-                worker.capacity.release(key)
-                if c.DISPATCH_FINALIZER in (meta.get("finalizers") or []):
-                    self._remove_finalizer(manager)
-                return
-            if (manager.get("status") or {}).get("conditions") and not _only_ours(manager):
-                # It had reported status, so it existed: someone deleted it while running.
-                worker.capacity.release(key)
-                self._replace(manager, REASON_REMOTE_DELETED,
-                              f"the copy on {worker.name} was deleted by someone else")
-                return
-            job = TrainJob.model_validate(manager)
-            problem, need = self._eligibility(job, worker)
-            if need is None:
-                raise Requeue(1.0, f"cannot create the remote copy on {worker.name}: {problem}")
-            self._create_remote(manager, worker, need)
-            return
-        if mirror.finished(remote):
-            worker.capacity.release(key)
-        remote_status = remote.get("status") or {}
-        manager_status = manager.get("status") or {}
-        # The worker answers (we are here): a WorkerReachable=False of ours goes at once,
-        # even when the copy has no status yet to replace it with.
-        unreachable_shown = any(x.get("type") == CONDITION_WORKER_REACHABLE
-                                for x in manager_status.get("conditions") or [])
-        if remote_status != manager_status and (remote_status or unreachable_shown):
-            self._write_status(manager, remote_status, remote=remote)
-            return
-        # Already the same (e.g. written before a restart): nothing waits to be mirrored.
-        self.remote_changed_at.pop(key, None)
-        if mirror.finished(remote) and mirror.finished(manager):
-            retention = self.config.retention_seconds
-            finished_at = _finished_at(remote)
-            wait = retention - (time.time() - finished_at) if finished_at else 0
-            if wait > 0:
-                raise Requeue(wait, "keeping the finished remote for the retention period")
-            self._delete_remote(worker, remote)
-
-    def _write_status(self, manager: dict, status: dict, remote: dict | None = None) -> None:
+    def _write_status(self, manager: dict, status: dict, mirrored: bool = False) -> None:
         """Replace the manager's whole status; on a conflict re-read and try again."""
         meta = manager["metadata"]
         body = copy.deepcopy(manager)
@@ -432,7 +374,7 @@ class DispatchReconciler:
                 self.trainjobs.observe(written)
                 self.metrics.manager_writes.labels(kind="status").inc()
                 changed_at = self.remote_changed_at.pop((meta["namespace"], meta["name"]), None)
-                if remote is not None and changed_at is not None:
+                if mirrored and changed_at is not None:
                     lag = time.monotonic() - changed_at
                     self.metrics.sync_lag.observe(lag)
                     self.last_sync_lag[(meta["namespace"], meta["name"])] = lag
@@ -447,30 +389,7 @@ class DispatchReconciler:
                     return  # a different object now: its own reconcile will handle it
         raise Requeue(0.5, "status write kept conflicting")
 
-    # --- teardown ---------------------------------------------------------------------
-
-    def _teardown(self, manager: dict, worker: WorkerCluster | None,
-                  release_placement: bool) -> None:
-        meta = manager["metadata"]
-        key = (meta["namespace"], meta["name"])
-        if worker is not None:
-            if not worker.active:
-                lost_for = time.time() - worker.since
-                if lost_for < self.config.worker_lost_timeout_seconds:
-                    raise Requeue(min(5.0, self.config.worker_lost_timeout_seconds - lost_for),
-                                  f"worker {worker.name} unreachable; remote not deleted yet")
-                # Past the worker-lost timeout: let go; the garbage collector removes the
-                # copy when the worker returns.
-            else:
-                remote = worker.cache(c.TRAINJOBS).get(*key)
-                if remote is not None and mirror.is_ours(remote, self.config.origin):
-                    self._delete_remote(worker, remote)
-                    return  # the remote's DELETED event brings us back here
-            worker.capacity.release(key)
-        if release_placement:
-            self._clear_placement(manager)
-        elif c.DISPATCH_FINALIZER in (meta.get("finalizers") or []):
-            self._remove_finalizer(manager)
+    # --- writes to the manager object ----------------------------------------------
 
     def _clear_placement(self, manager: dict) -> None:
         meta = manager["metadata"]
@@ -506,25 +425,6 @@ def _largest(requests_list) -> dict[str, Decimal]:
         for resource, amount in requests.items():
             merged[resource] = max(merged.get(resource, Decimal(0)), amount)
     return merged
-
-
-def _only_ours(manager: dict) -> bool:
-    """The manager status holds only the dispatcher's own conditions."""
-    conditions = (manager.get("status") or {}).get("conditions") or []
-    return all(x.get("type") in (CONDITION_PLACED, CONDITION_WORKER_REACHABLE)
-               for x in conditions)
-
-
-def _finished_at(remote: dict) -> float | None:
-    for condition in (remote.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
-                condition.get("status") == "True" and condition.get("lastTransitionTime"):
-            try:
-                return calendar.timegm(time.strptime(condition["lastTransitionTime"],
-                                                     "%Y-%m-%dT%H:%M:%SZ"))
-            except ValueError:
-                return None
-    return None
 
 
 def _shape(message: str) -> str:

@@ -9,6 +9,18 @@ worker whose kubeconfig did not change keeps its connection and caches.
 
 Connection state is probed every ``probe_interval`` seconds per worker, each worker on its
 own thread, and reported as the ``Active`` condition on its MultiKueueCluster.
+
+A worker has one identity: the UID of its ``kube-system`` namespace, which names the
+apiserver's storage whatever URL or credentials reach it. Two registrations of one cluster
+(say, a second Secret made from the same kubeconfig) would each treat the other's copies as
+strays; only the oldest registration is used, the others are reported ``Active=False``
+with reason ``DuplicateRegistration`` naming it.
+
+A worker that leaves the registry (its MultiKueueCluster deleted, the MultiKueueConfig
+narrowed) while manager jobs are placed on it is kept as a *draining* connection: never a
+candidate for placement, but reachable, so the reconciler can delete those jobs' copies
+there and confirm they are gone before placing them elsewhere. It is dropped once no job
+is placed on it any more.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
 from trainjob import constants as c
 from trainjob import logs
+from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
 
@@ -40,7 +53,10 @@ log = logging.getLogger(__name__)
 ACTIVE = "Active"
 REASON_ACTIVE = "Active"
 REASON_CONNECTION_FAILED = "ClientConnectionFailed"
+REASON_DUPLICATE = "DuplicateRegistration"
 KUBECONFIG_KEY = "kubeconfig"
+# Created by every apiserver at start and never deleted: its UID identifies the cluster.
+IDENTITY_NAMESPACE = "kube-system"
 
 WorkerEvent = Callable[[str, str, str, dict | None, dict | None], None]
 
@@ -60,6 +76,15 @@ class WorkerCluster:
     message: str = "not probed yet"
     since: float = field(default_factory=time.time)  # wall clock of the last state change
     from_object: bool = True  # a MultiKueueCluster (not the static list) describes it
+    # When its MultiKueueCluster was created ("" for the static list): the oldest of two
+    # registrations of one cluster is the one used.
+    created: str = ""
+    identity: str = ""  # the cluster's kube-system namespace UID, once its caches know it
+    draining: bool = False  # left the registry; kept only to remove the copies placed there
+
+    @property
+    def precedence(self) -> tuple[str, int, str]:
+        return (self.created or "~", self.order, self.name)
 
     @property
     def connected(self) -> bool:
@@ -75,12 +100,27 @@ class WorkerCluster:
             self.api.close()
 
 
+@dataclass
+class _Registration:
+    """One worker the manager's objects (or the static list) describe."""
+
+    name: str
+    order: int
+    kubeconfig: str | None  # None when it cannot be had: reason and message say why
+    reason: str = ""
+    message: str = ""
+    from_object: bool = True
+    created: str = ""
+
+
 class WorkerRegistry:
     def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
                  on_worker_event: WorkerEvent, on_state_change: Callable[[WorkerCluster], None],
                  probe_interval: float = 2.0, probe_timeout: float = 2.0,
                  may_write: Callable[[], bool] = lambda: True,
-                 observer: Callable[[str], Callable[[str, str], None]] | None = None):
+                 observer: Callable[[str], Callable[[str, str], None]] | None = None,
+                 in_use: Callable[[], set[str]] = set,
+                 recorder: EventRecorder | None = None):
         self.manager = manager
         self.config = config
         self.on_worker_event = on_worker_event
@@ -90,7 +130,13 @@ class WorkerRegistry:
         # Only the leader writes conditions; a standby keeps the same picture silently.
         self.may_write = may_write
         self.observer = observer  # cluster name -> request observer for its client
+        # Names of workers that manager jobs are placed on (and may have copies on).
+        self.in_use = in_use
+        self.recorder = recorder
         self.workers: dict[str, WorkerCluster] = {}
+        # Last known identity per worker name, kept across reconnects: the garbage
+        # collector asks whether two names are one cluster even while one is down.
+        self.identities: dict[str, str] = {}
         self._lock = threading.RLock()
         custom = client.CustomObjectsApi(manager)
         self.clusters = Informer("multikueueclusters", functools.partial(
@@ -135,19 +181,27 @@ class WorkerRegistry:
                 worker.stop()
             self.workers.clear()
 
-    def snapshot(self) -> list[WorkerCluster]:
+    def snapshot(self, draining: bool = False) -> list[WorkerCluster]:
+        """The registered workers in configuration order (with ``draining``, also those
+        kept only to remove copies)."""
         with self._lock:
-            return sorted(self.workers.values(), key=lambda w: w.order)
+            return sorted((w for w in self.workers.values() if draining or not w.draining),
+                          key=lambda w: w.order)
 
     def get(self, name: str) -> WorkerCluster | None:
+        """A registered or draining worker."""
         with self._lock:
             return self.workers.get(name)
 
+    def same_cluster(self, first: str, second: str) -> bool:
+        """Whether two worker names reach one cluster (as far as is known)."""
+        with self._lock:
+            identity = self.identities.get(first)
+            return first == second or (bool(identity) and identity == self.identities.get(second))
+
     # --- deriving the set of workers ---------------------------------------------------
 
-    def _desired(self) -> list[tuple[str, int, str | None, str, str, bool]]:
-        """(name, order, kubeconfig text or None, problem reason, problem message,
-        described by a MultiKueueCluster)."""
+    def _desired(self) -> list[_Registration]:
         if self.config.multikueue_config:
             mk_config = self.configs.get("", self.config.multikueue_config)
             names = list(((mk_config or {}).get("spec") or {}).get("clusters") or [])
@@ -163,16 +217,22 @@ class WorkerRegistry:
                 log.warning("MultiKueueConfig lists %s, but no MultiKueueCluster has that name",
                             name)
                 continue
-            text, reason, message = self._kubeconfig_of(obj)
-            desired.append((name, order, text, reason, message, True))
+            desired.append(self._registration(obj, order))
         for offset, static in enumerate(self.config.workers):
             try:
-                text, reason, message = Path(static.kubeconfig).read_text(), "", ""
+                desired.append(_Registration(static.name, len(names) + offset,
+                                             Path(static.kubeconfig).read_text(),
+                                             from_object=False))
             except OSError as err:
-                text, reason, message = None, BAD_KUBECONFIG, (
-                    f"cannot read {static.kubeconfig}: {err.strerror}")
-            desired.append((static.name, len(names) + offset, text, reason, message, False))
+                desired.append(_Registration(
+                    static.name, len(names) + offset, None, BAD_KUBECONFIG,
+                    f"cannot read {static.kubeconfig}: {err.strerror}", from_object=False))
         return desired
+
+    def _registration(self, obj: dict, order: int) -> _Registration:
+        text, reason, message = self._kubeconfig_of(obj)
+        return _Registration(obj["metadata"]["name"], order, text, reason, message,
+                             created=obj["metadata"].get("creationTimestamp") or "")
 
     def _kubeconfig_of(self, obj: dict) -> tuple[str | None, str, str]:
         source = (((obj.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {})
@@ -197,42 +257,91 @@ class WorkerRegistry:
                 f"Secret {self.config.namespace}/{location} key {KUBECONFIG_KEY!r} is not text")
 
     def sync(self) -> None:
-        """Re-derive the workers from the manager's objects; connect, reconnect, drop."""
+        """Re-derive the workers from the manager's objects; connect, reconnect, drain,
+        drop."""
         if not self._started:
             return
         changed: list[WorkerCluster] = []
+        left: list[WorkerCluster] = []
+        in_use = self.in_use()
         with self._lock:
             desired = self._desired()
-            wanted = {name for name, *_ in desired}
-            for name in list(self.workers):
-                if name not in wanted:
-                    log.info("worker %s removed from the registry", name)
-                    self.workers.pop(name).stop()
-            for name, order, text, reason, message, from_object in desired:
-                fingerprint = hashlib.sha256((text or reason + message).encode()).hexdigest()
-                current = self.workers.get(name)
-                if current is not None and current.fingerprint == fingerprint:
-                    current.order = order
+            wanted = {registration.name for registration in desired}
+            for name, worker in list(self.workers.items()):
+                if name in wanted:
                     continue
-                if current is not None:
-                    log.info("worker %s: kubeconfig changed; reconnecting", name)
-                    current.stop()
-                worker = WorkerCluster(name=name, order=order, fingerprint=fingerprint,
-                                       from_object=from_object)
-                self.workers[name] = worker
-                if text is not None:
-                    verdict = check_kubeconfig(text)
-                    if verdict.ok:
-                        self._connect(worker, verdict.config)
-                    else:
-                        reason, message = verdict.reason, verdict.message
-                if not worker.connected:
-                    self._set_state(worker, False, reason, message)
-                changed.append(worker)
+                if name in in_use and worker.connected:
+                    if not worker.draining:
+                        log.warning("worker %s left the registry while jobs are placed on "
+                                    "it: draining (their copies there are deleted before "
+                                    "they are placed elsewhere)", name)
+                        worker.draining = True
+                        left.append(worker)
+                    continue
+                log.info("worker %s removed from the registry", name)
+                self.workers.pop(name).stop()
+                left.append(worker)
+            # A worker in use that is registered nowhere any more (say, a narrower
+            # MultiKueueConfig at start): reach it through its MultiKueueCluster, if that
+            # still exists, to drain it.
+            for name in sorted(in_use - wanted - set(self.workers)):
+                obj = self.clusters.get("", name)
+                if obj is not None:
+                    desired.append(self._registration(obj, len(desired)))
+            for registration in desired:
+                worker = self._refresh(registration, draining=registration.name not in wanted)
+                if worker is not None:
+                    changed.append(worker)
+        for worker in left:
+            self.on_state_change(worker)
         for worker in changed:
             self._publish(worker)
             if worker.connected:
                 self._probes.submit(self._probe, worker)
+
+    def _refresh(self, registration: _Registration, draining: bool) -> WorkerCluster | None:
+        """Bring one worker in line with its registration; the worker when it is new or
+        reconnected (None when nothing changed)."""
+        name = registration.name
+        text = registration.kubeconfig
+        fingerprint = hashlib.sha256(
+            (text or registration.reason + registration.message).encode()).hexdigest()
+        current = self.workers.get(name)
+        if current is not None and current.fingerprint == fingerprint:
+            current.order, current.created = registration.order, registration.created
+            if current.draining and not draining:
+                log.info("worker %s is registered again: no longer draining", name)
+            current.draining = draining
+            return None
+        if current is not None:
+            log.info("worker %s: kubeconfig changed; reconnecting", name)
+            current.stop()
+        worker = WorkerCluster(name=name, order=registration.order, fingerprint=fingerprint,
+                               from_object=registration.from_object,
+                               created=registration.created, draining=draining)
+        self.workers[name] = worker
+        reason, message = registration.reason, registration.message
+        if text is not None:
+            verdict = check_kubeconfig(text)
+            if verdict.ok:
+                self._connect(worker, verdict.config)
+            else:
+                reason, message = verdict.reason, verdict.message
+        if not worker.connected:
+            self._set_state(worker, False, reason, message)
+        return worker
+
+    def release_drained(self) -> None:
+        """Drop draining workers no job is placed on any more and that hold no copy of
+        ours (the copy a job left behind when it moved after the worker-lost timeout goes
+        with the garbage collector's next sweep, once the worker answers)."""
+        with self._lock:
+            in_use = self.in_use()
+            done = [w for w in self.workers.values() if w.draining and (
+                not w.connected or (w.name not in in_use and not w.cache(c.TRAINJOBS).keys()))]
+            for worker in done:
+                log.info("worker %s drained: removed from the registry", worker.name)
+                self.workers.pop(worker.name).stop()
 
     def _connect(self, worker: WorkerCluster, kubeconfig: dict) -> None:
         worker.api = api_client(kubeconfig, qps=self.config.client.qps,
@@ -273,7 +382,8 @@ class WorkerRegistry:
     # --- probing and reporting ------------------------------------------------------
 
     def probe_all(self) -> None:
-        for worker in self.snapshot():
+        self.release_drained()
+        for worker in self.snapshot(draining=True):
             if worker.connected and worker.name not in self._probing:
                 self._probing.add(worker.name)
                 self._probes.submit(self._probe, worker)
@@ -302,13 +412,62 @@ class WorkerRegistry:
             with self._lock:
                 if self.workers.get(worker.name) is not worker:
                     return  # replaced or removed meanwhile
-                changed = self._set_state(worker, ok, REASON_ACTIVE if ok else
-                                          REASON_CONNECTION_FAILED, message)
-            if changed:
-                self._publish(worker)
-                self.on_state_change(worker)
+                changed, older = [], None
+                if ok:
+                    self._identify(worker)
+                    # This worker may have been the older registration of a cluster another
+                    # name already uses: that one stops now, not at its next probe.
+                    for other in self._same_cluster_as(worker):
+                        oldest = self._duplicate_of(other)
+                        if other is not worker and other.active and oldest is not None:
+                            self._refuse_duplicate(other, oldest)
+                            changed.append(other)
+                    older = self._duplicate_of(worker)
+                if ok and older is not None:
+                    if self._refuse_duplicate(worker, older):
+                        changed.append(worker)
+                elif self._set_state(worker, ok, REASON_ACTIVE if ok else
+                                     REASON_CONNECTION_FAILED, message):
+                    changed.append(worker)
+            for each in changed:
+                self._publish(each)
+                self.on_state_change(each)
         finally:
             self._probing.discard(worker.name)
+
+    def _identify(self, worker: WorkerCluster) -> None:
+        namespace = worker.cache("namespaces").get("", IDENTITY_NAMESPACE)
+        worker.identity = ((namespace or {}).get("metadata") or {}).get("uid") or (
+            worker.api.configuration.host)  # an apiserver without kube-system: its URL
+        self.identities[worker.name] = worker.identity
+
+    def _same_cluster_as(self, worker: WorkerCluster) -> list[WorkerCluster]:
+        """The registered (not draining) workers that share ``worker``'s identity."""
+        if not worker.identity:
+            return []
+        return [w for w in self.workers.values()
+                if w.identity == worker.identity and not w.draining]
+
+    def _duplicate_of(self, worker: WorkerCluster) -> WorkerCluster | None:
+        """The oldest other registration of ``worker``'s cluster, when it is older."""
+        oldest = min(self._same_cluster_as(worker), key=lambda w: w.precedence, default=worker)
+        return None if oldest is worker or worker.draining else oldest
+
+    def _refuse_duplicate(self, worker: WorkerCluster, older: WorkerCluster) -> bool:
+        """Report ``worker`` as a second registration of ``older``'s cluster; True when
+        that changed its state."""
+        message = (f"the same cluster as worker {older.name} ({IDENTITY_NAMESPACE} namespace "
+                   f"UID {worker.identity}): only {older.name} is used; delete one of the two "
+                   "registrations")
+        first = worker.reason != REASON_DUPLICATE
+        changed = self._set_state(worker, False, REASON_DUPLICATE, message)
+        if first:
+            log.warning("worker %s is refused: %s", worker.name, message)
+            if self.recorder is not None and worker.from_object and self.may_write():
+                obj = self.clusters.get("", worker.name)
+                if obj is not None:
+                    self.recorder.event(obj, "Warning", REASON_DUPLICATE, message)
+        return changed
 
     def _set_state(self, worker: WorkerCluster, active: bool, reason: str, message: str) -> bool:
         if (worker.active, worker.reason) == (active, reason) and (active or worker.message == message):
@@ -328,8 +487,8 @@ class WorkerRegistry:
 
     def _publish(self, worker: WorkerCluster) -> None:
         """Write the Active condition on the worker's MultiKueueCluster when it changed."""
-        if not worker.from_object or not self.may_write():
-            return
+        if not worker.from_object or worker.draining or not self.may_write():
+            return  # a draining worker is no registration of ours to report on
         obj = self.clusters.get("", worker.name)
         if obj is None:
             return

@@ -41,8 +41,10 @@ def job_state(job: dict) -> str:
     placed = _condition(job, "Placed")
     if placed.get("status") == "False":
         return f"Pending ({placed.get('reason')})"
-    if _condition(job, "WorkerReachable").get("status") == "False":
-        return "WorkerUnreachable"
+    reachable = _condition(job, "WorkerReachable")
+    if reachable.get("status") == "False":
+        # WorkerUnreachable, or WorkerRemoved: its worker left the registry and is drained
+        return reachable.get("reason") or "WorkerUnreachable"
     jobs = (job.get("status") or {}).get("jobsStatus") or []
     if any(j.get("active") for j in jobs):
         return "Running"

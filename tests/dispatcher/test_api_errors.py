@@ -16,9 +16,9 @@ from clusters.admission_faults import AdmissionFaults
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from test_faults import active  # noqa: E402 - shared helpers of this directory's tests
-from test_dispatch import complete_jobset, condition, create, get, placement, remotes, \
-    trainjob, wait_placed  # noqa: E402 - shared helpers of this directory's tests
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    trainjob, create, get, placement, condition, remotes, wait_placed, complete_jobset, active)
+
 
 def faults(env, cluster, tmp_path, namespace: str, resource: str, operations: tuple[str, ...],
            code: int, count: int) -> AdmissionFaults:

@@ -20,13 +20,13 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from clusters import fixtures
 from clusters.testing import eventually
 from dispatcher.dashboard import display_amount
 from trainjob import constants as c
 
-from test_dispatch import (  # noqa: E402 - this directory's helpers
-    QUICK_RUNTIME, RUNTIME, complete_jobset, create, get, trainjob, wait_placed)
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    RUNTIME, QUICK_RUNTIME, trainjob, create, get, wait_placed, complete_jobset)
+
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 INSTALL_HINT = ("install them with `make browser` (Debian/Ubuntu: "

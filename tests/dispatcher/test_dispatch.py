@@ -8,99 +8,14 @@ import time
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-RUNTIME = "torch-e2e"  # the runtime dispatch_env installs on both workers (conftest.RUNTIME)
-QUICK_RUNTIME = "torch-e2e-quick"  # its pods succeed a second after they start
-TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
-
-
-def trainjob(name: str, *, managed_by: str | None = c.MANAGED_BY_MULTIKUEUE,
-             runtime: str = RUNTIME, num_nodes: int = 1, requests: dict | None = None,
-             suspend: bool = False) -> dict:
-    spec = {"runtimeRef": {"name": runtime}, "suspend": suspend,
-            "trainer": {"numNodes": num_nodes,
-                        "resourcesPerNode": {"requests": requests or {"cpu": "100m"}}}}
-    if managed_by is not None:
-        spec["managedBy"] = managed_by
-    return {"apiVersion": c.TRAINER_API_VERSION, "kind": "TrainJob",
-            "metadata": {"name": name}, "spec": spec}
-
-
-def create(cluster, namespace: str, body: dict) -> dict:
-    return cluster.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
-
-
-def get(cluster, namespace: str, name: str, plural: str = c.TRAINJOBS,
-        group_version=TRAINER) -> dict | None:
-    try:
-        return cluster.custom.get_namespaced_custom_object(*group_version, namespace, plural, name)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def placement(obj: dict | None) -> str | None:
-    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(c.PLACEMENT_ANNOTATION)
-
-
-def condition(obj: dict | None, type_: str) -> dict | None:
-    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == type_:
-            return item
-    return None
-
-
-def remotes(env, namespace: str, name: str) -> dict[str, dict]:
-    """Every worker's copy of namespace/name."""
-    found = {}
-    for worker in env.multicluster.workers:
-        obj = get(worker, namespace, name)
-        if obj is not None:
-            found[worker.name] = obj
-    return found
-
-
-def wait_placed(env, namespace: str, name: str, timeout: float = 60) -> tuple[str, dict]:
-    """Until the manager job is placed and exactly that worker holds its remote copy."""
-    def observe():
-        manager_obj = get(env.manager, namespace, name)
-        return placement(manager_obj), remotes(env, namespace, name)
-
-    worker, copies = eventually(
-        observe, lambda seen: seen[0] is not None and list(seen[1]) == [seen[0]],
-        expected=f"{namespace}/{name} placed and its only remote copy on that worker",
-        timeout=timeout)
-    return worker, copies[worker]
-
-
-def wait_no_namespace_terminating(env) -> None:
-    """Until earlier tests' namespaces (and their pods) are gone on every cluster, so what a
-    test counts or expects to stay quiet is its own."""
-    for cluster in env.multicluster:
-        eventually(lambda cl=cluster: [n.metadata.name for n in cl.core.list_namespace().items
-                                       if n.status.phase == "Terminating"],
-                   lambda names: names == [], timeout=120,
-                   expected=f"no namespace terminating on {cluster.name}")
-
-
-def complete_jobset(worker_cluster, namespace: str, name: str,
-                    type_: str = "Completed", reason: str = "AllJobsCompleted") -> None:
-    worker_cluster.custom.patch_namespaced_custom_object_status(
-        c.JOBSET_GROUP, c.JOBSET_VERSION, namespace, c.JOBSETS, name, {"status": {
-            "conditions": [{"type": type_, "status": "True", "reason": reason,
-                            "message": f"jobset {type_.lower()} (written by the test)",
-                            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                time.gmtime())}],
-            "replicatedJobsStatus": [{"name": "node", "ready": 0, "succeeded": 2,
-                                      "failed": 0, "active": 0, "suspended": 0}],
-        }}, _content_type="application/merge-patch+json")
-
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
+    remotes, trainjob, wait_no_namespace_terminating, wait_placed)
 
 def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
     env = dispatch_env
@@ -558,10 +473,13 @@ def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
             "location": str(env.multicluster["worker-2"].kubeconfig), "locationType": "Path"}}}})
     fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
     try:
-        eventually(lambda: env.manager.custom.get_cluster_custom_object(*mk, name),
-                   lambda obj: any(x["type"] == "Active" and x["status"] == "True"
-                                   for x in (obj.get("status") or {}).get("conditions") or []),
-                   expected=f"{name} (kubeconfig from a file path) Active=True")
+        # It reaches worker-2 (a cluster already registered): only a connection through
+        # the file could tell it is the same cluster, so the refusal proves the file used.
+        refused = eventually(
+            lambda: active(env, name), lambda cond: cond.get("reason") == "DuplicateRegistration",
+            expected=f"{name} (kubeconfig from a file path) connected and refused as a second "
+                     "registration of worker-2")
+        assert refused["status"] == "False" and "worker-2" in refused["message"], refused
     finally:
         fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
         env.manager.custom.delete_cluster_custom_object(*mk, name)

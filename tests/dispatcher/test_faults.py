@@ -13,17 +13,8 @@ from kubernetes import client
 from clusters import fixtures
 from clusters.testing import eventually, holds_for
 
-from test_dispatch import condition, create, get, placement, remotes, trainjob, \
-    wait_no_namespace_terminating, wait_placed  # noqa: E402 - this directory's helpers
-
-MK = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
-CONFIG = "e2e"
-
-
-def active(env, name: str) -> dict:
-    obj = env.manager.custom.get_cluster_custom_object(*MK, name)
-    return next((x for x in (obj.get("status") or {}).get("conditions") or []
-                 if x["type"] == "Active"), {})
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    trainjob, create, get, placement, condition, remotes, wait_placed, wait_no_namespace_terminating, MK, CONFIG, active)
 
 
 def test_the_manager_apiserver_restarting(dispatch_env, namespace):

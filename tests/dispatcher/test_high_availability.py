@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from clusters.testing import ServiceProcess, eventually
 
-from test_dispatch import create, trainjob, wait_placed  # noqa: E402 - this directory's helpers
+from dispatch_helpers import trainjob, create, wait_placed  # noqa: E402 - this directory's helpers
+
 
 
 def writes(process: ServiceProcess) -> float:

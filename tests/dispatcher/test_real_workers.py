@@ -15,7 +15,9 @@ from kubernetes import client
 from clusters import fixtures, worker_stack
 from clusters.testing import eventually
 from trainjob import constants as c
-from test_dispatch import condition, create, get, wait_placed  # noqa: E402 - this directory's helpers
+
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    create, get, condition, wait_placed)
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 GPU = "nvidia.com/gpu"

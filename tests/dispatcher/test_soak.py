@@ -11,7 +11,9 @@ import pytest
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from test_dispatch import QUICK_RUNTIME, create, trainjob  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    QUICK_RUNTIME, trainjob, create, get, wait_placed, complete_jobset)
+
 
 JOBS = 200
 KILLS = 5
@@ -82,7 +84,6 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(dispatch_env, na
 
 def test_a_conflict_storm_loses_no_status_and_no_user_change(dispatch_env, namespace):
     """Users relabel manager jobs as fast as they can while statuses are being synced."""
-    from test_dispatch import complete_jobset, get, wait_placed
 
     env = dispatch_env
     names = [f"storm{i}" for i in range(10)]

@@ -10,9 +10,9 @@ import time
 
 from clusters.testing import eventually
 
-from test_faults import active  # noqa: E402 - shared helpers of this directory's tests
-from test_dispatch import complete_jobset, condition, create, get, placement, remotes, \
-    trainjob, wait_placed  # noqa: E402 - shared helpers of this directory's tests
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    trainjob, create, get, placement, condition, remotes, wait_placed, complete_jobset, active)
+
 
 def wait_active(env, worker: str = "worker-1") -> None:
     """A previous test may have just restarted the worker: start from a connected one."""
