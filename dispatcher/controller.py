@@ -20,11 +20,12 @@ import uuid
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
-from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher import garbage_collection, mirror
+from dispatcher import garbage_collection
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.job_timing import JobTimings
+from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
@@ -66,8 +67,11 @@ class DispatcherController:
                                        self._on_worker_state, may_write=lambda: self.leading,
                                        observer=self.metrics.observer,
                                        in_use=self._workers_in_use, recorder=self.recorder)
-        self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry, config,
-                                             self.recorder, self.metrics)
+        self.placer = Placer(self.registry, config.placement_policy)
+        self.timings = JobTimings(self.metrics)
+        self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
+                                             self.placer, self.timings, config, self.recorder,
+                                             self.metrics)
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -103,36 +107,17 @@ class DispatcherController:
             obj = new or old
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             if new is not None and (old or {}).get("status") != new.get("status"):
-                self.reconciler.remote_changed_at.setdefault(key, time.monotonic())
-            released = self._track_reservation(worker_name, key, kind, new)
+                self.timings.remote_changed(key)
+            released = self.placer.follow_copy(worker_name, key, kind, new)
             self.queue.add(key)
             if released:
                 self._requeue_pending()
         elif resource in _CAPACITY_RESOURCES or (resource == "pods" and _frees_room(kind, old, new)):
             self._requeue_pending()
 
-    def _track_reservation(self, worker_name: str, key: tuple[str, str], kind: str,
-                           remote: dict | None) -> bool:
-        """Reservations follow remote copies, so they survive a restart of the dispatcher.
-        True when that dropped a reservation (its room is free for waiting jobs)."""
-        worker = self.registry.get(worker_name)
-        if worker is None:
-            return False
-        recorded = mirror.footprint(remote) if remote is not None else None
-        if kind == "DELETED" or remote is None or mirror.finished(remote) or recorded is None:
-            return worker.capacity.release(key)
-        requests, pods = recorded
-        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
-        return False
-
     def sync_lag(self, namespace: str, name: str) -> tuple[float | None, float | None]:
-        """(seconds the last mirrored status change took to reach the manager, seconds a
-        worker status change has been waiting to be written there); None when not known
-        or nothing waits. The same measurements as the sync-lag histogram."""
-        key = (namespace, name)
-        waiting_since = self.reconciler.remote_changed_at.get(key)
-        return self.reconciler.last_sync_lag.get(key), (
-            time.monotonic() - waiting_since if waiting_since is not None else None)
+        """For the dashboard: see ``JobTimings.sync_lag``."""
+        return self.timings.sync_lag(namespace, name)
 
     def _workers_in_use(self) -> set[str]:
         """Workers that jobs are placed on and may still have copies on: our finalizer

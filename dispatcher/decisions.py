@@ -13,13 +13,13 @@ the job's capacity reservation there before performing them.
 
 from __future__ import annotations
 
-import calendar
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from dispatcher import mirror
+from trainjob import conditions
 from trainjob import constants as c
+from trainjob.conditions import find, format_time, parse_time
 
 CONDITION_PLACED = "Placed"
 CONDITION_WORKER_REACHABLE = "WorkerReachable"
@@ -171,7 +171,7 @@ def decide(manager: Obj | None, worker: WorkerState | None, now: float,
         return _teardown(manager, worker, now, settings, unplace=True) if placed else \
             Ignore(why="suspended")
     if not placed:
-        return Ignore(why="finished") if mirror.finished(manager) else Place()
+        return Ignore(why="finished") if conditions.finished(manager) else Place()
     if worker is None or not worker.known or worker.draining:
         return _drain(manager, worker or WorkerState(placed, known=False, active=False),
                       now, settings)
@@ -208,7 +208,7 @@ def _drain(manager: Obj, worker: WorkerState, now: float, settings: Settings) ->
     holds it), so it never runs on two workers. A worker that cannot be reached (or is not
     known at all) cannot confirm: the job waits for the worker-lost timeout, counted from
     the condition that says so, then moves as from a lost worker."""
-    finished = mirror.finished(manager)
+    finished = conditions.finished(manager)
     reachable = worker.known and worker.active
     remote = worker.remote if reachable else None
     noted = find(manager, CONDITION_WORKER_REACHABLE) or {}
@@ -247,7 +247,7 @@ def _unreachable(manager: Obj, worker: WorkerState, now: float, settings: Settin
     """Keep the last status and say so; after the worker-lost timeout, place the job
     elsewhere. A copy left on the lost worker is removed by the garbage collector once it
     answers again (if it was only partitioned, that copy may have kept running)."""
-    if mirror.finished(manager):
+    if conditions.finished(manager):
         return Ignore(why="finished")
     lost_for = now - worker.inactive_since
     timeout = settings.worker_lost_timeout
@@ -276,7 +276,7 @@ def _sync(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
         return DeleteRemote(remote=remote, why="a copy of an earlier job of the same name",
                             retry=STALE_COPY_RETRY)
     if remote is None:
-        if mirror.finished(manager):
+        if conditions.finished(manager):
             if c.DISPATCH_FINALIZER in (manager["metadata"].get("finalizers") or []):
                 return RemoveFinalizer(release=True)
             return Ignore(release=True, why="finished; its copy is gone")
@@ -285,7 +285,7 @@ def _sync(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
             return Replace(release=True, reason=REASON_REMOTE_DELETED,
                            message=f"the copy on {worker.name} was deleted by someone else")
         return CreateRemote()
-    done = mirror.finished(remote)
+    done = conditions.finished(remote)
     remote_status = remote.get("status") or {}
     manager_status = manager.get("status") or {}
     # The worker answers (we are here): a WorkerReachable=False of ours goes at once, even
@@ -293,8 +293,8 @@ def _sync(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
     unreachable_shown = find(manager, CONDITION_WORKER_REACHABLE) is not None
     if remote_status != manager_status and (remote_status or unreachable_shown):
         return CopyStatus(release=done, status=remote_status)
-    if done and mirror.finished(manager):
-        finished_at = finished_time(remote)
+    if done and conditions.finished(manager):
+        finished_at = conditions.finished_time(remote)
         wait = settings.retention - (now - finished_at) if finished_at else 0
         if wait > 0:
             return Wait(release=True, seconds=wait,
@@ -309,34 +309,9 @@ def placement(manager: Obj) -> str | None:
     return (manager["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION) or None
 
 
-def find(obj: Obj, type_: str) -> dict | None:
-    return next((x for x in (obj.get("status") or {}).get("conditions") or []
-                 if x.get("type") == type_), None)
-
-
 def only_own_conditions(manager: Obj) -> bool:
     """The manager status holds only the dispatcher's own conditions."""
-    return all(x.get("type") in OWN_CONDITIONS
-               for x in (manager.get("status") or {}).get("conditions") or [])
-
-
-def finished_time(obj: Obj) -> float | None:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
-                condition.get("status") == "True" and condition.get("lastTransitionTime"):
-            return parse_time(condition["lastTransitionTime"])
-    return None
-
-
-def format_time(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def parse_time(stamp: str | None) -> float | None:
-    try:
-        return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else None
-    except ValueError:
-        return None
+    return all(x.get("type") in OWN_CONDITIONS for x in conditions.conditions(manager))
 
 
 def _key(manager: Obj) -> str:

@@ -62,11 +62,3 @@ def footprint(remote: dict[str, Any]) -> tuple[dict[str, str], int] | None:
         return (dict(data["requests"]), int(data["pods"])) if data else None
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def finished(obj: dict[str, Any] | None) -> bool:
-    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
-                condition.get("status") == "True":
-            return True
-    return False

@@ -44,6 +44,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
 from trainjob import constants as c
 from trainjob import logs
+from trainjob.conditions import format_time
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
@@ -498,7 +499,7 @@ class WorkerRegistry:
         if current and (current.get("status"), current.get("reason"), current.get("message")) == (
                 status, worker.reason, worker.message):
             return
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(worker.since))
+        stamp = format_time(worker.since)
         conditions = [x for x in conditions if x.get("type") != ACTIVE] + [{
             "type": ACTIVE, "status": status, "reason": worker.reason,
             "message": worker.message,

@@ -1,0 +1,172 @@
+"""Where a TrainJob can run and how much room it holds there: eligibility, needs and
+capacity reservations, in one place and with one writer.
+
+A reservation keeps a placed job's footprint counted on its worker until its pods show
+up (``WorkerCapacity`` then counts the pods instead). Reservations are made when a job is
+placed, re-made from the footprint recorded on each copy (so they survive a restart of
+the dispatcher), and dropped when the job no longer needs the room. Nothing else writes
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kubernetes.utils.quantity import parse_quantity
+
+from dispatcher import mirror
+from dispatcher.placement import POLICIES, Candidate, describe_reasons, place_trainjob
+from dispatcher.registry import WorkerCluster, WorkerRegistry
+from trainjob import conditions
+from trainjob import constants as c
+from trainjob.api import TrainingRuntime, TrainJob
+from trainjob.runtime import build_runtime_info
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+
+
+@dataclass
+class Need:
+    """What a job asks of a worker (from that worker's copy of its runtime)."""
+
+    requests: dict[str, Decimal]
+    pods: int
+    node_selector: dict[str, str] | None
+    tolerations: list[dict] | None
+
+
+class Placer:
+    def __init__(self, registry: WorkerRegistry, policy: str):
+        self.registry = registry
+        self.policy = POLICIES[policy]
+        # Workers that are not candidates for a job, and why: a same-named TrainJob that is
+        # not our copy is there (never touched; for good: generation None), or the worker's
+        # apiserver refused the copy (until the job's spec changes: its generation).
+        self.excluded: dict[JobKey, dict[str, tuple[int | None, str]]] = {}
+        # Choose and reserve under one lock: concurrent placements must each see the
+        # reservations of the others, or a burst piles onto the same worker.
+        self._lock = threading.Lock()
+
+    # --- choosing ----------------------------------------------------------------------
+
+    def place(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
+        """Choose a worker and reserve the job's room there; or say why nothing fits."""
+        key = (job.metadata.namespace or "", job.metadata.name)
+        with self._lock:
+            decision = self._choose(job)
+            if not isinstance(decision, str):
+                worker, need = decision
+                worker.capacity.reserve(key, need.requests, need.pods)
+        return decision
+
+    def _choose(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
+        candidates, needs = [], {}
+        workers = {worker.name: worker for worker in self.registry.snapshot()}
+        for worker in workers.values():
+            problem, need = self.need_on(job, worker)
+            if need is not None:
+                needs[worker.name] = need
+            free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
+            candidates.append(Candidate(worker.name, worker.order, free, problem))
+        if not candidates:
+            return "no worker cluster is registered"
+        # Needs can differ per worker (each has its own copy of the runtime); evaluate
+        # each candidate against its own.
+        fitting: dict[str, Candidate] = {}
+        reasons: dict[str, str] = {}
+        for candidate in candidates:
+            need = needs.get(candidate.name)
+            result = place_trainjob(need.requests if need else {}, need.pods if need else 0,
+                                    [candidate], self.policy)
+            if result.cluster:
+                fitting[candidate.name] = candidate
+                continue
+            reasons.update(result.reasons)
+            if need is not None and candidate.problem is None:
+                # Say which rule keeps Nodes out, not only what the rest lack.
+                rules = workers[candidate.name].capacity.excluded_by_rules(
+                    need.node_selector, need.tolerations)
+                if rules:
+                    reasons[candidate.name] += f" ({rules})"
+        if not fitting:
+            return describe_reasons(reasons)
+        log.debug("TrainJob %s/%s candidates: %s", job.metadata.namespace, job.metadata.name,
+                  {cand.name: cand.problem or {k: str(v) for k, v in cand.free.items()}
+                   for cand in candidates})
+        # Needs differ between workers only when their runtimes differ; rank by the largest.
+        chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
+                                    list(fitting.values())) or next(iter(fitting))
+        return workers[chosen], needs[chosen]
+
+    def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
+        """(None, what the job needs there) when ``worker`` is eligible, else (why not,
+        None)."""
+        if not worker.active:
+            return f"not connected ({worker.reason}: {worker.message})", None
+        namespace, name = job.metadata.namespace or "", job.metadata.name
+        generation, why = self.excluded.get((namespace, name), {}).get(worker.name, (0, ""))
+        if why and generation in (None, job.metadata.generation):
+            return why, None
+        worker_namespace = worker.cache("namespaces").get("", namespace)
+        if worker_namespace is None:
+            return f"namespace {namespace} not found", None
+        if worker_namespace["metadata"].get("deletionTimestamp"):
+            return f"namespace {namespace} is being deleted", None
+        ref = job.spec.runtime_ref
+        if ref.kind == c.TRAININGRUNTIME_KIND:
+            runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
+        else:
+            runtime = worker.cache(c.CLUSTERTRAININGRUNTIMES).get("", ref.name)
+        if runtime is None:
+            return f"{ref.kind} {ref.name} not found", None
+        try:
+            info = build_runtime_info(job, TrainingRuntime.model_validate(runtime))
+        except Exception as err:  # noqa: BLE001 - a broken runtime excludes this worker only
+            return f"runtime {ref.name} unusable: {err}", None
+        trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
+        pod_spec = trainers[0].pod_spec if trainers else {}
+        totals = info.totals
+        return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
+                          pod_spec.get("tolerations"))
+
+    # --- reservations --------------------------------------------------------------------
+
+    def release(self, worker: WorkerCluster | None, key: JobKey) -> bool:
+        """The job no longer needs room on ``worker``; True when a reservation went."""
+        return worker.capacity.release(key) if worker is not None else False
+
+    def exclude(self, key: JobKey, worker: WorkerCluster, generation: int | None,
+                why: str) -> None:
+        """Take ``worker`` out of the job's candidates (``generation`` None: for good)."""
+        self.excluded.setdefault(key, {})[worker.name] = (generation, why)
+        self.release(worker, key)
+
+    def follow_copy(self, worker_name: str, key: JobKey, kind: str,
+                    copy: dict | None) -> bool:
+        """Reservations follow the copies (the footprint recorded on each), so they
+        survive a restart. True when this dropped one (room freed for waiting jobs)."""
+        worker = self.registry.get(worker_name)
+        if worker is None:
+            return False
+        recorded = mirror.footprint(copy) if copy is not None else None
+        if kind == "DELETED" or copy is None or conditions.finished(copy) or recorded is None:
+            return self.release(worker, key)
+        requests, pods = recorded
+        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
+        return False
+
+    def forget(self, key: JobKey) -> None:
+        self.excluded.pop(key, None)
+
+
+def _largest(requests_list) -> dict[str, Decimal]:
+    merged: dict[str, Decimal] = {}
+    for requests in requests_list:
+        for resource, amount in requests.items():
+            merged[resource] = max(merged.get(resource, Decimal(0)), amount)
+    return merged

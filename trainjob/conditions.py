@@ -1,0 +1,65 @@
+"""Conditions on API objects as plain dicts: find, upsert, the timestamp format the API
+uses, and whether a TrainJob is finished. One module, so both sides write them alike."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from typing import Any
+
+from trainjob import constants as c
+
+# metav1.Time in JSON: RFC 3339 in UTC, whole seconds.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+Obj = dict[str, Any]
+
+
+def format_time(seconds: float | None = None) -> str:
+    """``seconds`` since the epoch (default: now) as the API writes times."""
+    return time.strftime(TIME_FORMAT, time.gmtime(seconds))
+
+
+def parse_time(stamp: str | None) -> float | None:
+    """An API time as seconds since the epoch; None when absent or not in that form."""
+    try:
+        return calendar.timegm(time.strptime(stamp, TIME_FORMAT)) if stamp else None
+    except ValueError:
+        return None
+
+
+def conditions(obj: Obj | None) -> list[dict]:
+    return ((obj or {}).get("status") or {}).get("conditions") or []
+
+
+def find(obj: Obj | None, type_: str) -> dict | None:
+    return next((x for x in conditions(obj) if x.get("type") == type_), None)
+
+
+def is_true(obj: Obj | None, type_: str) -> bool:
+    return (find(obj, type_) or {}).get("status") == "True"
+
+
+def upsert(existing: list[dict], condition: dict) -> list[dict]:
+    """``existing`` with ``condition`` in place of the one of its type (appended when
+    new). The transition time is kept when the status did not change, as the API's own
+    conventions ask."""
+    current = next((x for x in existing if x.get("type") == condition["type"]), None)
+    if current is not None and current.get("status") == condition.get("status") and \
+            current.get("lastTransitionTime"):
+        condition = {**condition, "lastTransitionTime": current["lastTransitionTime"]}
+    return [x for x in existing if x.get("type") != condition["type"]] + [condition]
+
+
+def finished(obj: Obj | None) -> bool:
+    """A TrainJob (or its copy) that is Complete or Failed."""
+    return is_true(obj, c.CONDITION_COMPLETE) or is_true(obj, c.CONDITION_FAILED)
+
+
+def finished_time(obj: Obj | None) -> float | None:
+    """When it finished (the transition time of its Complete or Failed condition)."""
+    for condition in conditions(obj):
+        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
+                condition.get("status") == "True":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
