@@ -266,6 +266,32 @@ def test_a_name_that_is_not_a_dns1035_label_is_refused(webhook, namespace, name)
     assert_not_created(webhook, namespace, name)
 
 
+def test_a_name_without_room_for_the_jobset_children_is_refused(webhook, namespace):
+    # On the torch runtime the tightest child is the dataset initializer's one pod, whose
+    # hostname is <name>-dataset-initializer-0-0 (24 characters after the name): 39 fit.
+    fits, too_long = "a" * 39, "b" * 40
+    message = assert_refused_by_webhook(
+        refusal(webhook.create, namespace, too_long), 422,
+        f"TrainJob {namespace}/{too_long}: metadata.name", "has 40 characters",
+        f"on ClusterTrainingRuntime {webhook.torch} at most 39 fit",
+        f"pod hostname {too_long}-dataset-initializer-0-0", "at most 63 characters")
+    assert "DNS-1035" not in message, message
+    assert_not_created(webhook, namespace, too_long)
+    webhook.create(namespace, fits)
+    assert webhook.get(namespace, fits)["metadata"]["name"] == fits
+
+
+def test_the_name_room_follows_the_node_count(webhook, namespace):
+    # The plain runtime has only "node": with 1000 nodes its last pod is
+    # <name>-node-0-999-xxxxx (17 characters after the name), so 46 fit.
+    name = "c" * 47
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, name, runtime=webhook.plain,
+                trainer={"numNodes": 1000}), 422,
+        "metadata.name", "at most 46 fit", f"pod {name}-node-0-999-xxxxx")
+    webhook.create(namespace, name[:46], runtime=webhook.plain, trainer={"numNodes": 1000})
+
+
 def test_a_missing_cluster_runtime_is_refused(webhook, namespace):
     assert_refused_by_webhook(refusal(webhook.create, namespace, "orphan", runtime="no-such"),
                               422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
