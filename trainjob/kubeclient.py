@@ -145,3 +145,22 @@ def error_message(err: ApiException) -> str:
         return json.loads(err.body).get("message") or str(err.reason)
     except (TypeError, ValueError, AttributeError):
         return f"{err.status} {err.reason}"
+
+
+def describe_error(err: BaseException) -> str:
+    """Any error as one line for a log, Event or condition. An ApiException's ``str()``
+    spans lines and carries the HTTP response headers; this keeps its status code, the
+    Status reason and the apiserver's message."""
+    if isinstance(err, ApiException):
+        reason = err.reason
+        try:
+            reason = json.loads(err.body).get("reason") or reason
+        except (TypeError, ValueError, AttributeError):
+            pass
+        line = f"HTTP {err.status} {reason}"
+        message = error_message(err) if err.body else ""
+        if message and message != reason:
+            line += f": {message}"
+    else:
+        line = f"{type(err).__name__}: {err}"
+    return " ".join(line.split())
