@@ -72,3 +72,26 @@ def test_a_failing_worker_logs_its_state_changes_not_every_retry(
     assert "Retrying (Retry(" not in log, log
     assert "HTTP response headers" not in log, log
     assert all(len(line) < 1000 for line in log.splitlines()), log
+
+
+@pytest.mark.parametrize("module, command", [("dispatcher", "status"), ("dispatcher", "run"),
+                                             ("training_operator", "run")])
+@pytest.mark.parametrize("content, words", [
+    (None, "cannot read it: No such file or directory"),
+    ("", "not a kubeconfig (it lists no clusters or contexts)"),
+    ("just some text\n", "the top level must be a mapping"),
+    ("clusters: [\n", "not valid YAML at line 2, column 1"),
+], ids=["missing", "empty", "text", "broken-yaml"])
+def test_a_bad_kubeconfig_file_is_named_with_what_is_wrong(tmp_path, module, command,
+                                                           content, words):
+    import subprocess
+    import sys
+
+    path = tmp_path / "manager.kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run([sys.executable, "-m", module, command, "--kubeconfig", str(path),
+                           "--metrics-port", "0"][:None if command == "run" else -2],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.strip() == f"error: --kubeconfig {path}: {words}", done.stderr
