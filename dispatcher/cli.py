@@ -10,7 +10,7 @@ import threading
 
 from dispatcher.config import ConfigError, load_config
 from trainjob import command_line, logs
-from trainjob.kubeclient import api_client
+from trainjob.kubeclient import KubeconfigError, api_client
 from trainjob.service import serve
 
 log = logging.getLogger("dispatcher")
@@ -111,6 +111,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     try:
         manager = api_client(args.kubeconfig)
+    except KubeconfigError as err:
+        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
@@ -138,6 +141,9 @@ def _status(args) -> int:
     try:
         manager = api_client(args.kubeconfig)
         print(render(collect(manager), args.output))
+    except KubeconfigError as err:
+        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - a status command reports, it does not crash
         print(f"error: cannot read the manager cluster: {err}", file=sys.stderr)
         return 1

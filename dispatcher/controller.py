@@ -31,6 +31,7 @@ from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
+from trainjob.kubeclient import describe_error
 from trainjob.leader import LeaderElector
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
@@ -227,9 +228,10 @@ class DispatcherController:
 
     def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
         self.metrics.reconcile_errors.inc()
+        why = describe_error(err)
         log.warning("TrainJob %s/%s: dispatch failed (%s); retry in %.2fs",
-                    key[0], key[1], err, delay)
+                    key[0], key[1], why, delay)
         job = self.trainjobs.get(*key)
         if first and job is not None:
             self.recorder.event(job, "Warning", "DispatchError",
-                                f"dispatch failed, retrying with backoff: {err}")
+                                f"dispatch failed, retrying with backoff: {why}")

@@ -17,12 +17,15 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,10 @@ Handler = Callable[[str, dict | None, dict | None], None]
 ListFn = Callable[..., Any]
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+# While a cluster keeps failing, one line says so, then one summary per interval: a retry
+# every few seconds would otherwise bury every other line (and other clusters' news).
+SUMMARY_INTERVAL = 60.0
 
 
 def without_managed_fields(obj: dict) -> dict:
@@ -89,6 +96,10 @@ class Informer:
         # The last list/watch failure, cleared by the next success: lets an owner tell a
         # cluster that stopped answering from one that is merely quiet.
         self.last_error: str | None = None
+        self.summary_interval = SUMMARY_INTERVAL
+        self._failing_since: float | None = None
+        self._failures = 0
+        self._summarised_at = 0.0
 
     # --- reading --------------------------------------------------------------------
 
@@ -164,9 +175,7 @@ class Informer:
             except Exception as err:  # noqa: BLE001 - keep the cache alive whatever happens
                 if self._stop.is_set():
                     break
-                self.last_error = _describe(err)
-                log.warning("%s: list failed (%s); retrying in %.1fs", self.name,
-                            self.last_error, backoff)
+                self._failed("list", err, backoff)
                 self._backoff(backoff)
                 backoff = min(backoff * 2, self._backoff_max)
 
@@ -191,7 +200,7 @@ class Informer:
             self._store = items
             self.resource_version = resource_version
             self.relists += 1
-            self.last_error = None
+        self._answering()
         for key, obj in items.items():
             previous = old.get(key)
             if previous is None:
@@ -217,7 +226,7 @@ class Informer:
                     _preload_content=False,
                     _request_timeout=(10, self._silence_timeout),
                 )
-                self.last_error = None
+                self._answering()
                 for line in iter_resp_lines(self._response):
                     if not line:
                         continue
@@ -242,10 +251,36 @@ class Informer:
     def _pause(self, err: Exception, delay: float) -> None:
         if self._stop.is_set():
             return
-        self.last_error = _describe(err)
-        log.info("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name,
-                 _describe(err), self.resource_version, delay)
+        self._failed("watch", err, delay)
         self._backoff(delay)
+
+    def _failed(self, what: str, err: Exception, delay: float) -> None:
+        """Record a failed list or watch; log it only when the informer starts failing,
+        then as a summary once per ``summary_interval`` (every attempt at debug level)."""
+        self.last_error = describe_error(err)
+        now = time.monotonic()
+        self._failures += 1
+        if self._failing_since is None:
+            self._failing_since = self._summarised_at = now
+            log.warning("%s: %s failed (%s); retrying with backoff up to %.0fs, a summary "
+                        "every %.0fs until it answers", self.name, what, self.last_error,
+                        self._backoff_max, self.summary_interval)
+        elif now - self._summarised_at >= self.summary_interval:
+            self._summarised_at = now
+            log.warning("%s: still failing: %d attempts in %.0fs, the last %s: %s",
+                        self.name, self._failures, now - self._failing_since, what,
+                        self.last_error)
+        else:
+            log.debug("%s: %s failed (%s); retrying in %.1fs", self.name, what,
+                      self.last_error, delay)
+
+    def _answering(self) -> None:
+        """A list or watch went through: clear the failure, saying so once if there was one."""
+        self.last_error = None
+        if self._failing_since is not None:
+            log.info("%s: answering again after %d failed attempts in %.0fs", self.name,
+                     self._failures, time.monotonic() - self._failing_since)
+        self._failing_since, self._failures = None, 0
 
     def _handle(self, event: dict) -> None:
         kind = event.get("type")
@@ -287,9 +322,3 @@ def _newer(a: dict, b: dict) -> bool:
         return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
     except (KeyError, TypeError, ValueError):
         return False
-
-
-def _describe(err: Exception) -> str:
-    if isinstance(err, ApiException):
-        return f"HTTP {err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"

@@ -12,6 +12,8 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
+
 # Threads share one client per cluster; urllib3's default pool (5 x CPUs) would make
 # them queue for connections.
 POOL_SIZE = 32
@@ -94,11 +96,33 @@ def api_client(kubeconfig: str | Path | dict | None = None, context: str | None 
                                           client_configuration=configuration,
                                           persist_config=False)
     else:
-        config.load_kube_config(config_file=str(kubeconfig), context=context,
-                                client_configuration=configuration, persist_config=False)
+        _load_kubeconfig_file(Path(kubeconfig), context, configuration)
     configuration.connection_pool_maxsize = POOL_SIZE
     limiter = TokenBucket(qps, burst or max(1, int(qps))) if qps else None
     return RateLimitedApiClient(configuration, limiter, observer, request_timeout)
+
+
+class KubeconfigError(ValueError):
+    """A kubeconfig file that cannot be used; the message names the file and what is wrong
+    with it, never its content."""
+
+
+def _load_kubeconfig_file(path: Path, context: str | None,
+                          configuration: client.Configuration) -> None:
+    # The client's own messages name neither the file nor the problem ("Invalid kube-config
+    # file. No configuration found.", "'str' object does not support item assignment").
+    try:
+        loaded = read_yaml_mapping(path)
+    except YamlFileError as err:
+        raise KubeconfigError(f"{path}: {err}") from None
+    if not loaded.get("clusters") or not loaded.get("contexts"):
+        raise KubeconfigError(f"{path}: not a kubeconfig (it lists no clusters or contexts)")
+    try:
+        config.load_kube_config(config_file=str(path), context=context,
+                                client_configuration=configuration, persist_config=False)
+    except Exception as err:  # noqa: BLE001 - say which file, whatever the client says
+        raise KubeconfigError(f"{path}: {' '.join(str(err).split())}") from None
+
 
 APPLY_PATCH = "application/apply-patch+yaml"
 
@@ -145,3 +169,22 @@ def error_message(err: ApiException) -> str:
         return json.loads(err.body).get("message") or str(err.reason)
     except (TypeError, ValueError, AttributeError):
         return f"{err.status} {err.reason}"
+
+
+def describe_error(err: BaseException) -> str:
+    """Any error as one line for a log, Event or condition. An ApiException's ``str()``
+    spans lines and carries the HTTP response headers; this keeps its status code, the
+    Status reason and the apiserver's message."""
+    if isinstance(err, ApiException):
+        reason = err.reason
+        try:
+            reason = json.loads(err.body).get("reason") or reason
+        except (TypeError, ValueError, AttributeError):
+            pass
+        line = f"HTTP {err.status} {reason}"
+        message = error_message(err) if err.body else ""
+        if message and message != reason:
+            line += f": {message}"
+    else:
+        line = f"{type(err).__name__}: {err}"
+    return " ".join(line.split())

@@ -91,8 +91,11 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # The client's own urllib3 retries are noise at info level.
+    # The client's own urllib3 retries are noise at info level, and its "Retrying ...
+    # connection refused" warnings repeat what the informers and reconcilers report once
+    # per state change: a worker on a closed port would log several a second.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 

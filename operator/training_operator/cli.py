@@ -8,7 +8,7 @@ import socket
 import sys
 
 from trainjob import command_line, logs
-from trainjob.kubeclient import api_client
+from trainjob.kubeclient import KubeconfigError, api_client
 from trainjob.service import ListenError, serve
 
 log = logging.getLogger("training_operator")
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         api = api_client(args.kubeconfig)
+    except KubeconfigError as err:
+        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2

@@ -129,13 +129,14 @@ class OperatorController:
 
     def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
         self.metrics.reconcile_errors.inc()
+        why = describe_error(err)
         log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
-                    key[0], key[1], err, delay)
+                    key[0], key[1], why, delay)
         job = self.trainjobs.get(*key)
         if first and job is not None:
             # Once per streak of failures: people see it; retries do not spam.
             self.recorder.event(job, "Warning", "ReconcileError",
-                                f"reconcile failed, retrying with backoff: {err}")
+                                f"reconcile failed, retrying with backoff: {why}")
 
 class CacheLookups:
     """Webhook lookups from the informer caches; for a namespace outside ``--namespace``

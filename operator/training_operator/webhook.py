@@ -367,7 +367,33 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     # A plug-in may refuse a field the core already refused (numProcPerNode): say it once.
     problems += [p for p in check_policies(job, runtime, described, bool(refused))
                  if p.field not in refused]
+    if "metadata.name" not in refused:
+        problems += check_name_room(job, runtime, described)
     return problems
+
+
+def check_name_room(job: dict, runtime: dict, described: str) -> list[Problem]:
+    """The name leaves room for every child the JobSet controller names after it."""
+    from trainjob.api import TrainingRuntime, TrainJob
+    from trainjob.runtime import build_runtime_info
+    from trainjob.runtime.child_names import name_room
+
+    name = job["metadata"].get("name")
+    if not isinstance(name, str) or not name:
+        return []  # generateName: the apiserver picks a name that is not ours to judge
+    try:
+        info = build_runtime_info(TrainJob.model_validate(job),
+                                  TrainingRuntime.model_validate(runtime))
+    except Exception:  # noqa: BLE001 - check_policies reports a runtime that cannot apply
+        return []
+    tightest = name_room(info)
+    if tightest is None or len(name) <= tightest.room:
+        return []
+    example = tightest.pattern.replace("{name}", name)
+    return [Problem("metadata.name", f"{_show(name)} has {len(name)} characters; on "
+                                     f"{described} at most {tightest.room} fit: the JobSet "
+                                     f"controller names a {tightest.kind} {example}, which "
+                                     f"must be at most 63 characters")]
 
 
 def _replicated_jobs(runtime: Any) -> dict[str, dict]:

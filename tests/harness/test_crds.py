@@ -195,6 +195,120 @@ def test_other_spec_fields_stay_mutable(multicluster, namespace, cluster_name, m
     assert now["metadata"]["generation"] == created["metadata"]["generation"] + 1
 
 
+# --- TrainJob and runtimes: quantities, counts, overrides of a running job -------------------
+
+INT32_MAX = 2**31 - 1
+QUANTITY = "must be a non-negative quantity"
+
+
+def assert_unchanged_or_absent(cluster, namespace: str, name: str) -> None:
+    with pytest.raises(ApiException) as info:
+        get(cluster, namespace, name)
+    assert info.value.status == 404, f"expected no TrainJob {name}, got HTTP {info.value.status}"
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("kind", ["requests", "limits"])
+@pytest.mark.parametrize("resource, value", [
+    ("cpu", "-1"), ("memory", "-1Ti"), ("cpu", -4), ("cpu", "abc"), ("memory", "1.5.0Gi")])
+def test_negative_or_unparseable_quantities_are_refused(
+        multicluster, namespace, cluster_name, kind, resource, value):
+    cluster = multicluster[cluster_name]
+    body = trainjob("bad-quantity", trainer={"resourcesPerNode": {kind: {resource: value}}})
+    status = rejected(create, cluster, namespace, body)
+    assert_invalid(status, f"spec.trainer.resourcesPerNode.{kind}[{resource}]", QUANTITY)
+    assert f"TrainJob.trainer.kubeflow.org \"bad-quantity\" is invalid" in status["message"]
+    assert_unchanged_or_absent(cluster, namespace, "bad-quantity")
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+def test_zero_and_exponent_quantities_are_accepted(multicluster, namespace, cluster_name):
+    cluster = multicluster[cluster_name]
+    requests = {"cpu": 0, "memory": "1e3", "nvidia.com/gpu": "0"}
+    create(cluster, namespace, trainjob("zero", trainer={"resourcesPerNode": {
+        "requests": requests, "limits": {"memory": "4Gi"}}}))
+    assert get(cluster, namespace, "zero")["spec"]["trainer"]["resourcesPerNode"]["requests"] \
+        == requests
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("field, trainer, message", [
+    ("spec.trainer.numNodes", {"numNodes": 3_000_000_000},
+     f"should be less than or equal to {INT32_MAX}"),
+    ("spec.trainer.numProcPerNode", {"numProcPerNode": 3_000_000_000}, "int32"),
+    ("spec.trainer.numProcPerNode", {"numProcPerNode": -2}, "must be a positive integer"),
+], ids=["numNodes", "numProcPerNode-large", "numProcPerNode-negative"])
+def test_counts_beyond_int32_or_below_one_are_refused(
+        multicluster, namespace, cluster_name, field, trainer, message):
+    cluster = multicluster[cluster_name]
+    status = rejected(create, cluster, namespace, trainjob("huge", trainer=trainer))
+    assert_invalid(status, field, message)
+    assert_unchanged_or_absent(cluster, namespace, "huge")
+
+
+@pytest.mark.parametrize("ml_policy, field, message", [
+    ({"numNodes": INT32_MAX + 1}, "spec.mlPolicy.numNodes", str(INT32_MAX)),
+    ({"torch": {"numProcPerNode": INT32_MAX + 1}}, "spec.mlPolicy.torch.numProcPerNode",
+     "int32"),
+    ({"mpi": {"numProcPerNode": INT32_MAX + 1}}, "spec.mlPolicy.mpi.numProcPerNode",
+     str(INT32_MAX)),
+], ids=["numNodes", "torch-numProcPerNode", "mpi-numProcPerNode"])
+def test_runtime_counts_beyond_int32_are_refused(multicluster, ml_policy, field, message):
+    custom = multicluster["worker-1"].custom
+    name = "runtime-beyond-int32"
+    status = rejected(custom.create_cluster_custom_object, TRAINER[0], TRAINER[1],
+                      "clustertrainingruntimes", {
+                          "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                          "kind": "ClusterTrainingRuntime", "metadata": {"name": name},
+                          "spec": {"mlPolicy": ml_policy}})
+    assert_invalid(status, field, message)
+    with pytest.raises(ApiException) as info:
+        custom.get_cluster_custom_object(TRAINER[0], TRAINER[1], "clustertrainingruntimes", name)
+    assert info.value.status == 404
+
+
+OVERRIDE = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "a"}}]
+INJECTED = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"}}]
+NOT_WHILE_RUNNING = "may change only while the TrainJob is suspended"
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("managed_by", [ABSENT, MULTIKUEUE], ids=["unset", "multikueue"])
+@pytest.mark.parametrize("after", [INJECTED, ABSENT], ids=["changed", "removed"])
+def test_overrides_of_a_running_job_cannot_change(
+        multicluster, namespace, cluster_name, managed_by, after):
+    cluster = multicluster[cluster_name]
+    spec = {"podSpecOverrides": OVERRIDE}
+    if managed_by is not ABSENT:
+        spec["managedBy"] = managed_by
+    create(cluster, namespace, trainjob("running", **spec))
+    original = get(cluster, namespace, "running")
+
+    status = rejected(merge_patch, cluster, namespace, "running",
+                      {"spec": {"podSpecOverrides": after}})
+    assert_invalid(status, "spec.podSpecOverrides", NOT_WHILE_RUNNING)
+    assert status["details"]["causes"][0]["reason"] == "FieldValueForbidden", status
+
+    now = get(cluster, namespace, "running")
+    assert now["metadata"]["resourceVersion"] == original["metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("created_suspended, patch", [
+    (True, {"podSpecOverrides": INJECTED}),
+    # A queue injects its constraints and resumes the job in one request.
+    (True, {"podSpecOverrides": INJECTED, "suspend": False}),
+    (False, {"podSpecOverrides": INJECTED, "suspend": True}),
+], ids=["while-suspended", "resumed-in-the-same-update", "suspended-in-the-same-update"])
+def test_overrides_change_when_the_job_is_suspended_before_or_after(
+        multicluster, namespace, cluster_name, created_suspended, patch):
+    cluster = multicluster[cluster_name]
+    create(cluster, namespace, trainjob("queued", suspend=created_suspended,
+                                        podSpecOverrides=OVERRIDE))
+    merge_patch(cluster, namespace, "queued", {"spec": patch})
+    assert get(cluster, namespace, "queued")["spec"]["podSpecOverrides"] == INJECTED
+
+
 # --- TrainJob: status subresource and printer columns ----------------------------------------
 
 

@@ -266,6 +266,32 @@ def test_a_name_that_is_not_a_dns1035_label_is_refused(webhook, namespace, name)
     assert_not_created(webhook, namespace, name)
 
 
+def test_a_name_without_room_for_the_jobset_children_is_refused(webhook, namespace):
+    # On the torch runtime the tightest child is the dataset initializer's one pod, whose
+    # hostname is <name>-dataset-initializer-0-0 (24 characters after the name): 39 fit.
+    fits, too_long = "a" * 39, "b" * 40
+    message = assert_refused_by_webhook(
+        refusal(webhook.create, namespace, too_long), 422,
+        f"TrainJob {namespace}/{too_long}: metadata.name", "has 40 characters",
+        f"on ClusterTrainingRuntime {webhook.torch} at most 39 fit",
+        f"pod hostname {too_long}-dataset-initializer-0-0", "at most 63 characters")
+    assert "DNS-1035" not in message, message
+    assert_not_created(webhook, namespace, too_long)
+    webhook.create(namespace, fits)
+    assert webhook.get(namespace, fits)["metadata"]["name"] == fits
+
+
+def test_the_name_room_follows_the_node_count(webhook, namespace):
+    # The plain runtime has only "node": with 1000 nodes its last pod is
+    # <name>-node-0-999-xxxxx (17 characters after the name), so 46 fit.
+    name = "c" * 47
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, name, runtime=webhook.plain,
+                trainer={"numNodes": 1000}), 422,
+        "metadata.name", "at most 46 fit", f"pod {name}-node-0-999-xxxxx")
+    webhook.create(namespace, name[:46], runtime=webhook.plain, trainer={"numNodes": 1000})
+
+
 def test_a_missing_cluster_runtime_is_refused(webhook, namespace):
     assert_refused_by_webhook(refusal(webhook.create, namespace, "orphan", runtime="no-such"),
                               422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
@@ -317,11 +343,19 @@ def test_zero_nodes_is_refused(webhook, namespace):
     assert_not_created(webhook, namespace, "no-nodes")
 
 
-@pytest.mark.parametrize("value", ["tpu", 0])
-def test_a_bad_num_proc_per_node_is_refused(webhook, namespace, value):
+def test_a_bad_num_proc_per_node_is_refused(webhook, namespace):
     assert_refused_by_webhook(
-        refusal(webhook.create, namespace, "procs", trainer={"numProcPerNode": value}),
+        refusal(webhook.create, namespace, "procs", trainer={"numProcPerNode": "tpu"}),
         422, "spec.trainer.numProcPerNode", "must be auto, cpu, gpu or a positive integer")
+    assert_not_created(webhook, namespace, "procs")
+
+
+def test_a_num_proc_per_node_below_one_is_refused_by_the_crd(webhook, namespace):
+    # An integer out of range needs no runtime: the CRD refuses it before the webhook.
+    status, body = refusal(webhook.create, namespace, "procs", trainer={"numProcPerNode": 0})
+    assert status == 422, body
+    assert "spec.trainer.numProcPerNode" in body["message"], body
+    assert "must be a positive integer" in body["message"], body
     assert_not_created(webhook, namespace, "procs")
 
 
@@ -369,11 +403,14 @@ def test_unchanged_overrides_allow_other_changes_of_a_running_job(webhook, names
 
 
 def test_changing_overrides_is_forbidden_while_not_suspended(webhook, namespace):
+    # The CRD's transition rule answers before the webhook is called (on a manager, which
+    # has no webhook, it is the only answer): a 422 naming the object and the field.
     webhook.create(namespace, "live", podSpecOverrides=OVERRIDE)
-    assert_refused_by_webhook(
-        refusal(webhook.patch, namespace, "live", {"podSpecOverrides": INJECTED}), 403,
-        f"TrainJob {namespace}/live: spec.podSpecOverrides",
-        "only while the TrainJob is suspended")
+    status, body = refusal(webhook.patch, namespace, "live", {"podSpecOverrides": INJECTED})
+    assert status == 422, body
+    assert f'TrainJob.trainer.kubeflow.org "live" is invalid' in body["message"], body
+    assert "spec.podSpecOverrides" in body["message"], body
+    assert "may change only while the TrainJob is suspended" in body["message"], body
     assert webhook.get(namespace, "live")["spec"]["podSpecOverrides"] == OVERRIDE
 
 

@@ -163,9 +163,16 @@ def test_unknown_managed_by_is_invalid(value):
         in status["message"]
 
 
-@pytest.mark.parametrize("name", ["a", "job-1", "x" * 63])
+@pytest.mark.parametrize("name", ["a", "job-1", "x" * 39])
 def test_dns1035_names_are_allowed(name):
     allowed(trainjob(name))
+
+
+def test_a_dns1035_name_is_refused_when_a_child_name_would_not_fit():
+    # 63 characters make a valid label, but not with -dataset-initializer-0-0 after it.
+    status = refused(trainjob("x" * 63))
+    assert fields(status) == ["metadata.name"]
+    assert "at most 39 fit" in status["message"], status["message"]
 
 
 @pytest.mark.parametrize("name", ["1st-job", "my.job", "Job", "job-", "-job", "x" * 64, "a_b"])
