@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from trainjob import constants as c
+from trainjob.managed_by import operator_manages
 
 
 class _Model(BaseModel):
@@ -137,7 +138,7 @@ class TrainJob(_Model):
     @property
     def managed_by_operator(self) -> bool:
         """True when the built-in training operator owns this job (DESIGN 2.1)."""
-        return self.spec.managed_by in (None, "", c.MANAGED_BY_TRAINING_OPERATOR)
+        return operator_manages(self.spec.managed_by)
 
     def condition(self, type_: str) -> Condition | None:
         return next((x for x in self.status.conditions if x.type == type_), None)

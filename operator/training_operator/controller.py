@@ -18,6 +18,7 @@ from training_operator.reconciler import Caches, TrainJobReconciler
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
+from trainjob.managed_by import managed_by, operator_manages
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
 
@@ -67,8 +68,7 @@ class OperatorController:
 
     def _on_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
-        managed_by = (obj.get("spec") or {}).get("managedBy")
-        if managed_by not in (None, "", c.MANAGED_BY_TRAINING_OPERATOR):
+        if not operator_manages(managed_by(obj.get("spec"))):
             return  # not ours: not even queued
         meta = obj["metadata"]
         self.queue.add((meta.get("namespace", ""), meta["name"]))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainjob import constants as c
+from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 ADMISSION_KIND = "AdmissionReview"
@@ -206,7 +207,7 @@ def validate_create(job: dict, namespace: str, lookups: Lookups) -> list[Problem
     problems = check_managed_by(spec)
     problems += check_name(job)
     problems += check_trainer(spec)
-    if _managed_by(spec) in ("", c.MANAGED_BY_TRAINING_OPERATOR):
+    if operator_manages(managed_by(spec)):
         problems += check_against_runtime(job, namespace, lookups, problems)
     return _unique(problems)
 
@@ -215,7 +216,7 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
                     lookups: Lookups) -> list[Problem]:
     """Problems with changing ``old`` into ``new``: managedBy and podSpecOverrides."""
     problems = check_managed_by(new["spec"])
-    was, now = _managed_by(old["spec"]), _managed_by(new["spec"])
+    was, now = managed_by(old["spec"]), managed_by(new["spec"])
     if was != now:
         problems.append(Problem("spec.managedBy", f"field is immutable (was {_show_managed(was)}, "
                                                   f"now {_show_managed(now)})", INVALID))
@@ -223,21 +224,16 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
     return _unique(problems)
 
 
-def _managed_by(spec: dict) -> Any:
-    value = spec.get("managedBy")
-    return "" if value is None else value
-
-
 def _show_managed(value: Any) -> str:
     return "unset" if value == "" else _show(value)
 
 
 def check_managed_by(spec: dict) -> list[Problem]:
-    value = _managed_by(spec)
-    if value == "" or value in c.MANAGED_BY_VALUES:
+    value = managed_by(spec)
+    if allowed(value):
         return []
     return [Problem("spec.managedBy", f"unsupported value {_show(value)}: must be one of "
-                                      f"{', '.join(c.MANAGED_BY_VALUES)}, or unset",
+                                      f"{', '.join(ALLOWED_VALUES)}, or unset",
                     NOT_SUPPORTED)]
 
 

@@ -37,6 +37,7 @@ MERGE_PATCH = "application/merge-patch+json"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 TRAINING_OPERATOR = "kubeflow.org/training-operator"
+UPSTREAM_OPERATOR = "trainer.kubeflow.org/trainjob-controller"
 FIELD_MANAGER = "training-operator"
 TOTAL_PODS = "trainer.kubeflow.org/total-pods"
 TOTAL_REQUESTS = "trainer.kubeflow.org/total-requests"
@@ -266,6 +267,9 @@ def test_multikueue_trainjob_is_never_touched_while_its_siblings_are_reconciled(
         "unset": trainjob_body("unset", runtime, trainer={"numNodes": 2}),
         "empty": trainjob_body("empty", runtime, managedBy="", trainer={"numNodes": 2}),
         "explicit": trainjob_body("explicit", runtime, managedBy=TRAINING_OPERATOR,
+                                  trainer={"numNodes": 2}),
+        # Upstream Trainer's value (its CRD's default), as on every object exported from it.
+        "upstream": trainjob_body("upstream", runtime, managedBy=UPSTREAM_OPERATOR,
                                   trainer={"numNodes": 2}),
     }
     for body in siblings.values():

@@ -30,6 +30,7 @@ TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 MERGE_PATCH = "application/merge-patch+json"
 OPERATOR = "kubeflow.org/training-operator"
+UPSTREAM_OPERATOR = "trainer.kubeflow.org/trainjob-controller"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 CONFIGURATION = "test-training-operator-trainjob-validator"
 WEBHOOK = "validate.trainjobs.trainer.kubeflow.org"
@@ -243,7 +244,7 @@ def test_an_unknown_managed_by_is_refused(webhook, namespace):
     assert status == 422, body
     assert body["reason"] == "Invalid"
     assert "spec.managedBy" in body["message"]
-    assert OPERATOR in body["message"] and MULTIKUEUE in body["message"]
+    assert all(value in body["message"] for value in (OPERATOR, UPSTREAM_OPERATOR, MULTIKUEUE))
     assert_not_created(webhook, namespace, "stranger")
 
 
@@ -266,9 +267,14 @@ def test_a_name_that_is_not_a_dns1035_label_is_refused(webhook, namespace, name)
     assert_not_created(webhook, namespace, name)
 
 
-def test_a_missing_cluster_runtime_is_refused(webhook, namespace):
-    assert_refused_by_webhook(refusal(webhook.create, namespace, "orphan", runtime="no-such"),
-                              422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
+@pytest.mark.parametrize("managed_by", [None, OPERATOR, UPSTREAM_OPERATOR],
+                         ids=["unset", "operator", "upstream-operator"])
+def test_a_missing_cluster_runtime_is_refused(webhook, namespace, managed_by):
+    # Every value that gives the job to this operator gets the runtime checks.
+    spec = {} if managed_by is None else {"managedBy": managed_by}
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, "orphan", runtime="no-such", **spec),
+        422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
     assert_not_created(webhook, namespace, "orphan")
 
 
