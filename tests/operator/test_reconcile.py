@@ -398,7 +398,7 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
         "PET_NNODES": "100",
         "PET_NPROC_PER_NODE": "8",
         "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
-        "PET_MASTER_PORT": "29400",
+        "PET_MASTER_PORT": "29500",
     }
     assert {k: values.get(k) for k in expected_torch} == expected_torch, (
         f"expected torch env {expected_torch}, saw {values}")
@@ -409,7 +409,7 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
         f"expected PET_NODE_RANK from the job completion index fieldRef, "
         f"saw {env.get('PET_NODE_RANK')}")
     ports = [p.get("containerPort") for p in node.get("ports") or []]
-    assert ports.count(29400) == 1, f"expected container port 29400 once, saw {ports}"
+    assert ports.count(29500) == 1, f"expected container port 29500 once, saw {ports}"
 
     # Initializers get their storage URIs, and nothing of the trainer's.
     for job_name, uri in (("dataset-initializer", "hf://datasets/example/corpus"),

@@ -345,6 +345,9 @@ def test_reserved_torch_environment_is_refused(webhook, namespace):
             {"name": "PET_MASTER_PORT", "value": "1234"}]}),
         422, "spec.trainer.env[0].name: PET_MASTER_PORT is reserved")
     assert_not_created(webhook, namespace, "pet")
+    # Only torchrun's own five are reserved; other PET_* names are the user's.
+    webhook.create(namespace, "pet-backend",
+                   trainer={"env": [{"name": "PET_RDZV_BACKEND", "value": "c10d"}]})
     # Not a torch runtime: nothing is reserved.
     webhook.create(namespace, "pet", runtime=webhook.plain,
                    trainer={"env": [{"name": "PET_MASTER_PORT", "value": "1234"}]})
