@@ -94,6 +94,15 @@ class PodSpecOverride(_Model):
     scheduling_gates: list[dict[str, Any]] | None = None
 
 
+class RuntimePatch(_Model):
+    """One manager's patch of the runtime template (``spec.runtimePatches[]``); the patch
+    itself stays as the API returns it."""
+
+    manager: str
+    time: str | None = None
+    training_runtime_spec: dict[str, Any] | None = None
+
+
 class TrainJobSpec(_Model):
     runtime_ref: RuntimeRef
     initializer: Initializers | None = None
@@ -101,6 +110,8 @@ class TrainJobSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     pod_spec_overrides: list[PodSpecOverride] = Field(default_factory=list)
+    runtime_patches: list[RuntimePatch] = Field(default_factory=list)
+    active_deadline_seconds: int | None = None
     suspend: bool = False
     managed_by: str | None = None
 

@@ -221,6 +221,7 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
         problems.append(Problem("spec.managedBy", f"field is immutable (was {_show_managed(was)}, "
                                                   f"now {_show_managed(now)})", INVALID))
     problems += check_overrides_change(old, new, namespace, name, lookups)
+    problems += check_runtime_patches_change(old, new, namespace, name, lookups)
     return _unique(problems)
 
 
@@ -300,6 +301,25 @@ def check_overrides_change(old: dict, new: dict, namespace: str, name: str,
     if new["spec"].get("suspend") is not True:
         return [Problem(field, "may change only while the TrainJob is suspended "
                                "(spec.suspend is not true)", FORBIDDEN)]
+    return _while_jobset_idle(field, namespace, name, lookups)
+
+
+def check_runtime_patches_change(old: dict, new: dict, namespace: str, name: str,
+                                 lookups: Lookups) -> list[Problem]:
+    """runtimePatches change only when the job is suspended before or after the update
+    (upstream's rule: Kueue injects and unsuspends in one request) and the JobSet is idle."""
+    if (old["spec"].get("runtimePatches") or []) == (new["spec"].get("runtimePatches") or []):
+        return []
+    field = "spec.runtimePatches"
+    if old["spec"].get("suspend") is not True and new["spec"].get("suspend") is not True:
+        return [Problem(field, "may change only when the TrainJob is suspended before or "
+                               "after the update (spec.suspend is not true in either)",
+                        FORBIDDEN)]
+    return _while_jobset_idle(field, namespace, name, lookups)
+
+
+def _while_jobset_idle(field: str, namespace: str, name: str,
+                       lookups: Lookups) -> list[Problem]:
     jobset = _lookup(lambda: lookups.jobset(namespace, name), f"JobSet {namespace}/{name}")
     active = active_replicated_jobs(jobset)
     if not active:
@@ -359,6 +379,7 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     jobs = _replicated_jobs(runtime)
     problems = check_overrides(spec, jobs, described)
     problems += check_initializers(spec, jobs, described)
+    problems += check_runtime_patches(spec, jobs, described)
     refused = {p.field for p in earlier + problems}
     # A plug-in may refuse a field the core already refused (numProcPerNode): say it once.
     problems += [p for p in check_policies(job, runtime, described, bool(refused))
@@ -458,6 +479,43 @@ def _check_override_containers(override: dict, key: str, base: str, targets: lis
                 problems.append(Problem(
                     field, f"{kind} {_show(name)} not found in replicated job {_show(target)} "
                            f"(it has: {', '.join(present) or 'none'})", NOT_FOUND))
+    return problems
+
+
+# Containers whose environment only the trainer and initializer settings may set (upstream).
+ENV_OWNED_CONTAINERS = (c.NODE, c.DATASET_INITIALIZER, c.MODEL_INITIALIZER)
+
+
+def check_runtime_patches(spec: dict, jobs: dict[str, dict], described: str) -> list[Problem]:
+    """Each patched replicated job and container exists in the runtime, and no patch sets the
+    env of a container that the trainer or initializer settings own."""
+    problems = []
+    for i, patch in enumerate(spec.get("runtimePatches") or []):
+        base = f"spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs"
+        for j, job_patch in enumerate(_path(patch, "trainingRuntimeSpec", "template", "spec",
+                                            "replicatedJobs") or []):
+            job_name = job_patch.get("name") if isinstance(job_patch, dict) else None
+            if job_name not in jobs:
+                problems.append(Problem(f"{base}[{j}].name", f"replicated job {_show(job_name)} "
+                                        f"not found in {described} (it has: "
+                                        f"{', '.join(jobs) or 'none'})", NOT_FOUND))
+                continue
+            pod = _path(job_patch, "template", "spec", "template", "spec") or {}
+            present = set(_container_names(jobs[job_name], "containers")) | set(
+                _container_names(jobs[job_name], "initContainers"))
+            for key in ("initContainers", "containers"):
+                for k, item in enumerate(pod.get(key) or []):
+                    field = f"{base}[{j}].template.spec.template.spec.{key}[{k}]"
+                    cname = item.get("name") if isinstance(item, dict) else None
+                    if cname not in present:
+                        problems.append(Problem(f"{field}.name", f"container {_show(cname)} not "
+                                                f"found in replicated job {_show(job_name)}",
+                                                NOT_FOUND))
+                    elif key == "containers" and item.get("env") and \
+                            cname in ENV_OWNED_CONTAINERS:
+                        problems.append(Problem(f"{field}.env", f"the {cname} container's env "
+                                                "is set through spec.trainer or "
+                                                "spec.initializer, not a runtime patch"))
     return problems
 
 

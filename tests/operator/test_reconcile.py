@@ -712,3 +712,52 @@ def test_events_for_created_suspended_resumed_completed_and_failed(
         assert refs == {("TrainJob", name, job["metadata"]["uid"])}, (
             f"expected Events only about TrainJob {name} uid {job['metadata']['uid']}, "
             f"saw {refs}")
+
+
+# --- runtimePatches (upstream v2.3) ----------------------------------------------------------
+
+
+def test_runtime_patches_are_merged_into_the_jobset_in_list_order(
+        worker1, namespace, runtime, run_operator):
+    run_operator(worker1)
+
+    def node_patch(manager: str, pod_spec: dict, labels: dict) -> dict:
+        return {"manager": manager, "trainingRuntimeSpec": {"template": {
+            "metadata": {"labels": labels},
+            "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+                "metadata": {"labels": {"patched-by": manager}},
+                "spec": pod_spec}}}}]}}}}
+
+    patches = [
+        node_patch("example.com/user", {
+            "serviceAccountName": "trainer-sa",
+            "nodeSelector": {"pool": "user", "zone": "a"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+            {"team": "from-user-patch"}),
+        node_patch("kueue.x-k8s.io/manager", {
+            "nodeSelector": {"pool": "kueue"},
+            "schedulingGates": [{"name": "example.com/gate"}]},
+            {"queue": "from-kueue-patch"}),
+    ]
+    create_trainjob(worker1, namespace, trainjob_body("patched", runtime, runtimePatches=patches))
+    stored = get_trainjob(worker1, namespace, "patched")
+    assert [p["manager"] for p in stored["spec"].get("runtimePatches") or []] == [
+        "example.com/user", "kueue.x-k8s.io/manager"], (
+        f"expected both runtimePatches stored (not pruned), saw {stored['spec']}")
+
+    _, jobset = wait_reconciled(worker1, namespace, "patched")
+    pod = pod_spec(jobset, "node")
+    assert pod.get("serviceAccountName") == "trainer-sa", pod
+    # Maps merge key by key, the later manager winning on the same key.
+    assert pod.get("nodeSelector") == {"pool": "kueue", "zone": "a"}, pod
+    assert pod.get("tolerations") == [{"key": "gpu", "operator": "Exists",
+                                       "effect": "NoSchedule"}], pod
+    assert pod.get("schedulingGates") == [{"name": "example.com/gate"}], pod
+    template_labels = replicated_job(jobset, "node")["template"]["spec"]["template"][
+        "metadata"]["labels"]
+    assert template_labels.get("patched-by") == "kueue.x-k8s.io/manager", template_labels
+    labels = jobset["metadata"]["labels"]
+    assert (labels.get("team"), labels.get("queue"), labels.get("runtime-only")) == (
+        "from-user-patch", "from-kueue-patch", "kept"), labels
+    # Jobs the patches do not name are untouched.
+    assert "nodeSelector" not in pod_spec(jobset, "dataset-initializer")

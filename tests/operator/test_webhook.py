@@ -501,3 +501,35 @@ def test_a_taken_webhook_port_is_named_with_its_flag(multicluster, tmp_path):
     assert (f"error: cannot listen on 127.0.0.1:{taken} for the admission webhook: Address "
             "already in use (another process listens there; choose another port with "
             "--webhook-port)") in result.stderr, result.stderr[-2000:]
+
+
+# --- runtimePatches on update (upstream v2.3: suspended before or after) -------------------
+
+PATCH = [{"manager": "kueue.x-k8s.io/manager", "trainingRuntimeSpec": {"template": {"spec": {
+    "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+        "nodeSelector": {"pool": "b"}}}}}}]}}}}]
+
+
+def test_runtime_patches_change_only_when_suspended_before_or_after(webhook, namespace):
+    webhook.create(namespace, "running", suspend=False)
+    assert_refused_by_webhook(
+        refusal(webhook.patch, namespace, "running", {"runtimePatches": PATCH}),
+        403, "spec.runtimePatches: may change only when the TrainJob is suspended before or "
+             "after the update")
+    # Suspending in the same request is allowed (suspended after) ...
+    webhook.patch(namespace, "running", {"runtimePatches": PATCH, "suspend": True})
+    # ... and so is Kueue's inject-and-unsuspend (suspended before).
+    webhook.patch(namespace, "running", {"runtimePatches": [], "suspend": False})
+    assert webhook.get(namespace, "running")["spec"].get("runtimePatches") in (None, [])
+
+
+def test_a_runtime_patch_may_not_set_the_node_containers_env(webhook, namespace):
+    bad = [{"manager": "example.com/user", "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}}}}}]}}}}]
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, "env-patch", runtimePatches=bad), 422,
+        "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template."
+        "spec.template.spec.containers[0].env: the node container's env is set through "
+        "spec.trainer or spec.initializer")
+    assert_not_created(webhook, namespace, "env-patch")

@@ -6,8 +6,10 @@ Order of the steps, each a function over RuntimeInfo:
   2. the trainer count (``trainer.numNodes``, else ``mlPolicy.numNodes``, else 1);
   3. the TrainJob's trainer and initializer settings;
   4. the policy plug-ins (torch, mpi, ...), in registration order, each only when enabled;
-  5. labels and annotations (runtime's, then the TrainJob's: the TrainJob wins);
+  5. labels and annotations (runtime's, then the runtime patches', then the TrainJob's);
   6. podSpecOverrides last, so what a queueing system injects is what the pods get.
+Before step 1, ``spec.runtimePatches`` are merged into the runtime template in list order
+(``runtime_patches``), as upstream Trainer does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 from trainjob import constants as c
 from trainjob.api import ContainerOverride, Initializer, TrainingRuntime, TrainJob
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
+from trainjob.runtime.runtime_patches import patched_metadata, patched_template_spec
 
 _ROLE_BY_NAME = {
     c.NODE: c.ROLE_TRAINER,
@@ -94,8 +97,11 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
     """RuntimeInfo for ``job`` on ``runtime``: PodSets with counts, settings and policies."""
     from trainjob.runtime.plugins import registered
 
-    template_spec = {k: copy.deepcopy(v) for k, v in runtime.spec.template.spec.items()
-                     if k != "replicatedJobs"}
+    # Runtime patches first: every later step sees the template as the managers patched it.
+    patched = patched_template_spec(runtime.spec.template.spec, job)
+    runtime = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={
+        "template": runtime.spec.template.model_copy(update={"spec": patched})})})
+    template_spec = {k: copy.deepcopy(v) for k, v in patched.items() if k != "replicatedJobs"}
     info = RuntimeInfo(
         policy=RuntimePolicy(
             # A copy: plug-ins may read it freely without touching the cached runtime.
@@ -113,8 +119,10 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
     for plugin in plugins if plugins is not None else registered():
         if plugin.enabled(info.policy):
             plugin.apply(info, job)
-    info.labels = {**runtime.spec.template.metadata.labels, **job.spec.labels}
-    info.annotations = {**runtime.spec.template.metadata.annotations, **job.spec.annotations}
+    template_meta = runtime.spec.template.metadata
+    info.labels = {**patched_metadata("labels", template_meta.labels, job), **job.spec.labels}
+    info.annotations = {**patched_metadata("annotations", template_meta.annotations, job),
+                        **job.spec.annotations}
     apply_pod_spec_overrides(info, job)
     return info
 
