@@ -52,7 +52,9 @@ class OperatorController:
         self.recorder = EventRecorder(api, "training-operator", instance)
         self.reconciler = TrainJobReconciler(
             api, Caches(self.trainjobs, self.jobsets, self.runtimes, self.cluster_runtimes),
-            self.recorder, self.metrics)
+            self.recorder, self.metrics,
+            requeue_after=lambda namespace, name, delay: self.queue.add_after(
+                (namespace, name), delay))
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self.trainjobs.add_handler(self._on_trainjob)

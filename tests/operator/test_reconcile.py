@@ -761,3 +761,26 @@ def test_runtime_patches_are_merged_into_the_jobset_in_list_order(
         "from-user-patch", "from-kueue-patch", "kept"), labels
     # Jobs the patches do not name are untouched.
     assert "nodeSelector" not in pod_spec(jobset, "dataset-initializer")
+
+
+# --- activeDeadlineSeconds (upstream v2.3) ---------------------------------------------------
+
+
+def test_a_job_past_its_active_deadline_fails_and_loses_its_jobset(
+        worker1, namespace, runtime, run_operator):
+    run_operator(worker1)
+    create_trainjob(worker1, namespace, trainjob_body("late", runtime, activeDeadlineSeconds=3))
+    assert get_trainjob(worker1, namespace, "late")["spec"].get("activeDeadlineSeconds") == 3, (
+        "expected activeDeadlineSeconds stored (not pruned)")
+    wait_reconciled(worker1, namespace, "late")
+
+    failed = wait_equal(
+        lambda: conditions_of(worker1, namespace, "late").get("Failed"),
+        ("True", "DeadlineExceeded", "TrainJob exceeded its active deadline"),
+        expected="TrainJob late condition Failed (status, reason, message) after 3 s")
+    assert failed
+    eventually(lambda: without_managed_fields(get_jobset(worker1, namespace, "late")),
+               lambda js: js is None, expected="JobSet late deleted after the deadline")
+    # A failed job is finished: its JobSet is not built again.
+    holds_for(lambda: get_jobset(worker1, namespace, "late"), lambda js: js is None, seconds=2,
+              expected="no JobSet for the failed TrainJob late")
