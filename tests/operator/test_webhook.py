@@ -512,10 +512,13 @@ PATCH = [{"manager": "kueue.x-k8s.io/manager", "trainingRuntimeSpec": {"template
 
 def test_runtime_patches_change_only_when_suspended_before_or_after(webhook, namespace):
     webhook.create(namespace, "running", suspend=False)
-    assert_refused_by_webhook(
-        refusal(webhook.patch, namespace, "running", {"runtimePatches": PATCH}),
-        403, "spec.runtimePatches: may change only when the TrainJob is suspended before or "
-             "after the update")
+    # The CRD's rule answers before the webhook (which holds the same rule and adds the
+    # JobSet's state); either way the user learns the field and why.
+    status, body = refusal(webhook.patch, namespace, "running", {"runtimePatches": PATCH})
+    assert status == 422, body
+    assert "spec.runtimePatches may change only when the TrainJob is suspended before or " \
+        "after the update" in body["message"], body["message"]
+    assert [c.get("field") for c in body["details"]["causes"]] == ["spec.runtimePatches"]
     # Suspending in the same request is allowed (suspended after) ...
     webhook.patch(namespace, "running", {"runtimePatches": PATCH, "suspend": True})
     # ... and so is Kueue's inject-and-unsuspend (suspended before).
@@ -533,3 +536,13 @@ def test_a_runtime_patch_may_not_set_the_node_containers_env(webhook, namespace)
         "spec.template.spec.containers[0].env: the node container's env is set through "
         "spec.trainer or spec.initializer")
     assert_not_created(webhook, namespace, "env-patch")
+
+
+def test_runtime_patches_may_not_change_while_a_replicated_job_is_active(webhook, namespace):
+    webhook.create(namespace, "draining-patch", suspend=True)
+    webhook.jobset(namespace, "draining-patch", {"node": 1})
+    assert_refused_by_webhook(
+        refusal(webhook.patch, namespace, "draining-patch", {"runtimePatches": PATCH}), 403,
+        "spec.runtimePatches", f"JobSet {namespace}/draining-patch",
+        "replicated job node still has active pods")
+    assert webhook.get(namespace, "draining-patch")["spec"].get("runtimePatches") is None
