@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field

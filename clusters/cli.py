@@ -43,6 +43,7 @@ examples:
   python -m clusters up --workers 2
   python -m clusters up --nodes 4 --node-cpu 16 --node-gpus 8
   python -m clusters up --nodes-file nodes.yaml   (format: see clusters/nodes.py)
+  python -m clusters up --upstream-crds worker-2  (upstream Trainer's CRDs on worker-2)
   kubectl --kubeconfig .clusters/worker-1.kubeconfig get --raw /version
   python -m clusters stop worker-1 && python -m clusters start worker-1
   python -m clusters down
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--max-workers", type=int, metavar="N",
                     help="allow up to N workers (default: what this machine holds: 4 per "
                     "core, about 700 MiB of available memory each)")
+    up.add_argument("--upstream-crds", action="append", default=[], metavar="NAME",
+                    help="this cluster serves upstream Kubeflow Trainer's TrainJob and runtime "
+                    "CRDs (read from the Trainer module) instead of the project's; repeatable")
     nodes_group = up.add_argument_group("worker Nodes (kwok)")
     nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
                              help="Nodes per worker (default: %(default)s)")
@@ -202,7 +206,8 @@ def _main(argv: list[str] | None) -> int:
                 layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
                                                  args.node_gpus)
             infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout,
-                                max_workers=args.max_workers)
+                                max_workers=args.max_workers,
+                                upstream_crds=tuple(args.upstream_crds))
             _print_clusters(infos, args.json,
                             {"provider": args.provider,
                              "seconds": round(time.monotonic() - started, 2)})

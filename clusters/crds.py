@@ -12,6 +12,12 @@ from kubernetes.client.exceptions import ApiException
 
 FIELD_MANAGER = "trainjob-clusters"
 
+# Which TrainJob/runtime CRDs a cluster serves: the project's (manifests/crds) or upstream
+# Trainer's, read from its Go module. The operator and the dispatcher work with either.
+PROJECT = "project"
+UPSTREAM = "upstream"
+TRAINER_CRD_FLAVOURS = (PROJECT, UPSTREAM)
+
 
 def manifests_dir() -> Path:
     """The project's ``manifests/`` folder (``CLUSTERS_MANIFESTS_DIR`` overrides)."""
@@ -28,6 +34,21 @@ def crd_dirs(role: str) -> list[Path]:
     if role == "manager":
         dirs.append(manifests_dir() / "multikueue-crds")
     return dirs
+
+
+def cluster_crds(role: str, trainer_flavour: str = PROJECT) -> list[dict]:
+    """The CRDs a cluster of ``role`` gets, with the TrainJob and runtime CRDs of
+    ``trainer_flavour``."""
+    if trainer_flavour not in TRAINER_CRD_FLAVOURS:
+        raise ValueError(f"unknown Trainer CRD flavour {trainer_flavour!r}: "
+                         f"use {' or '.join(TRAINER_CRD_FLAVOURS)}")
+    dirs = crd_dirs(role)
+    if trainer_flavour == PROJECT:
+        return load_crds(dirs)
+    from clusters import upstream_trainer
+
+    others = [d for d in dirs if d != manifests_dir() / "crds"]
+    return upstream_trainer.crds() + (load_crds(others) if others else [])
 
 
 def load_crds(dirs: list[Path]) -> list[dict]:
@@ -78,3 +99,52 @@ def install_crds(api_client: client.ApiClient, crds: list[dict], timeout: float 
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"CRD {name} not serving after {timeout:.0f}s: {last_seen}")
             time.sleep(0.1)
+
+
+def wait_schema_served(api_client: client.ApiClient, crd: dict, timeout: float = 30) -> None:
+    """Wait until the apiserver serves ``crd``'s current schema (after replacing a CRD of the
+    same name: Established stays True throughout, so it says nothing about which schema is
+    live). The OpenAPI v3 document the apiserver publishes for the group-version is compared
+    with the CRD's: the same spec fields, and the same default for each."""
+    group = crd["spec"]["group"]
+    kind = crd["spec"]["names"]["kind"]
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+    wanted = _spec_fingerprint(version["schema"]["openAPIV3Schema"])
+    deadline = time.monotonic() + timeout
+    seen: object = "not observed yet"
+    while True:
+        try:
+            seen = _spec_fingerprint(_served_schema(api_client, group, version["name"], kind))
+        except (ApiException, KeyError, StopIteration, ValueError) as err:
+            seen = f"no schema yet ({type(err).__name__}: {err})"
+        if seen == wanted:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"CRD {crd['metadata']['name']}: schema not served after "
+                               f"{timeout:.0f}s; expected spec fields and defaults {wanted}, "
+                               f"saw {seen}")
+        time.sleep(0.1)
+
+
+def _spec_fingerprint(schema: dict) -> dict:
+    properties = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+    return {name: (prop or {}).get("default") for name, prop in sorted(properties.items())}
+
+
+def _served_schema(api_client: client.ApiClient, group: str, version: str, kind: str) -> dict:
+    import json
+
+    def get(path: str) -> dict:
+        method, url, headers, _, _ = api_client.param_serialize(
+            "GET", path, header_params={"Accept": "application/json"})
+        response = api_client.call_api(method, url, header_params=headers)
+        response.read()
+        if response.status != 200:
+            raise ValueError(f"GET {path} answered {response.status}")
+        return json.loads(response.data)
+
+    document = get(f"/openapi/v3/apis/{group}/{version}")
+    schemas = document["components"]["schemas"]
+    return next(s for s in schemas.values()
+                if any(g.get("group") == group and g.get("kind") == kind
+                       for g in s.get("x-kubernetes-group-version-kind") or []))

@@ -35,6 +35,7 @@ from clusters.controlplane import (
     port_is_free,
     wait_until,
 )
+from trainjob.constants import TRAINER_GROUP
 from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class ClusterRecord(BaseModel):
     ports: dict[str, int] = Field(default_factory=dict)
     stopped: bool = False
     pids: dict[str, int] = Field(default_factory=dict)
+    # Whose TrainJob and runtime CRDs the cluster serves: the project's or upstream
+    # Trainer's (``crds.TRAINER_CRD_FLAVOURS``).
+    trainer_crds: Literal["project", "upstream"] = crds.PROJECT
 
 
 class HarnessState(BaseModel):
@@ -225,12 +229,18 @@ class LocalClusters:
 
     def up(self, workers: int = 2, timeout: float = 120,
            node_layout: nodes.NodeLayout | None = None,
-           max_workers: int | None = None) -> list[ClusterInfo]:
+           max_workers: int | None = None,
+           upstream_crds: tuple[str, ...] = ()) -> list[ClusterInfo]:
         """Bring up the manager and ``workers`` workers, each worker with the kwok Nodes of
         ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up.
-        More workers than ``max_workers`` (default: what this machine holds) are refused."""
+        More workers than ``max_workers`` (default: what this machine holds) are refused.
+        The clusters named in ``upstream_crds`` serve upstream Trainer's CRDs."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
+        unknown = sorted(set(upstream_crds) - set(cluster_names(workers)))
+        if unknown:
+            raise ValueError(f"--upstream-crds {', '.join(unknown)}: no such cluster; clusters: "
+                             f"{', '.join(cluster_names(workers))}")
         limit, why = machine_worker_limit()
         if workers > (max_workers if max_workers is not None else limit):
             raise ValueError(
@@ -252,6 +262,8 @@ class LocalClusters:
                 self._save(state)
             for record in state.clusters:
                 record.stopped = False  # `up` means every cluster up, stopped ones included
+                if record.name in upstream_crds:
+                    record.trainer_crds = crds.UPSTREAM
             was_running = {
                 (r.name, c) for r in state.clusters for c in components(r.role)
                 if self._running(r, c)
@@ -286,6 +298,27 @@ class LocalClusters:
             self._save(state)
             self._bring_up(state, [name], timeout)
             return next(i for i in self._info(state) if i.name == name)
+
+    def use_trainer_crds(self, name: str, flavour: str, timeout: float = 60) -> str:
+        """Serve ``flavour``'s TrainJob and runtime CRDs on running cluster ``name`` from now
+        on (also across `start`); returns the flavour it served before, once the apiserver
+        serves the new schemas. Stored objects stay, read through the new schema."""
+        if flavour not in crds.TRAINER_CRD_FLAVOURS:
+            raise ValueError(f"unknown Trainer CRD flavour {flavour!r}: "
+                             f"use {' or '.join(crds.TRAINER_CRD_FLAVOURS)}")
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            previous, record.trainer_crds = record.trainer_crds, flavour
+            self._save(state)
+            trainer = [d for d in crds.cluster_crds(record.role, flavour)
+                       if d["spec"]["group"] == TRAINER_GROUP]
+            with api_client(self.kubeconfig(name)) as api:
+                deadline = time.monotonic() + timeout
+                crds.install_crds(api, trainer, timeout)
+                for document in trainer:
+                    crds.wait_schema_served(api, document, max(0.0, deadline - time.monotonic()))
+        return previous
 
     def stop(self, name: str) -> ClusterInfo:
         """Stop one cluster's processes; its etcd data and PKI stay, so objects survive."""
@@ -415,7 +448,7 @@ class LocalClusters:
                 nodes.wait_schedulable(api, names, timeout)
 
     def _install_crds(self, record: ClusterRecord, plane: ControlPlane, timeout: float) -> None:
-        documents = crds.load_crds(crds.crd_dirs(record.role))
+        documents = crds.cluster_crds(record.role, record.trainer_crds)
         if record.role == "worker":
             documents += worker_stack.jobset_crds()
         with api_client(self.kubeconfig(record.name)) as client:

@@ -9,6 +9,9 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   already started with ``python -m clusters up --state-dir DIR``; those are left running.
 * ``namespace`` (function): a fresh namespace of the same name in every cluster, deleted
   afterwards.
+* ``upstream_crds_worker`` (function): the last worker, serving upstream Kubeflow Trainer's
+  TrainJob and runtime CRDs (read from the Trainer module) for the test; it serves the
+  CRDs it had before again afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from clusters import crds
 from clusters.controlplane import ControlPlane
 from clusters.local import ClusterInfo, LocalClusters
 from clusters.nodes import NodeLayout
@@ -133,3 +137,11 @@ def namespace(multicluster: MultiCluster, request) -> str:
         except Exception:  # noqa: BLE001 - cleanup must not mask the test result
             # A test may leave a cluster stopped; its namespace goes with `down`.
             pass
+
+
+@pytest.fixture
+def upstream_crds_worker(multicluster: MultiCluster) -> Cluster:
+    worker = multicluster.workers[-1]
+    before = multicluster.harness.use_trainer_crds(worker.name, crds.UPSTREAM)
+    yield worker
+    multicluster.harness.use_trainer_crds(worker.name, before)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from trainjob import constants as c
+from trainjob.managed_by import operator_manages
 
 
 class _Model(BaseModel):
@@ -93,6 +94,15 @@ class PodSpecOverride(_Model):
     scheduling_gates: list[dict[str, Any]] | None = None
 
 
+class RuntimePatch(_Model):
+    """One manager's patch of the runtime template (``spec.runtimePatches[]``); the patch
+    itself stays as the API returns it."""
+
+    manager: str
+    time: str | None = None
+    training_runtime_spec: dict[str, Any] | None = None
+
+
 class TrainJobSpec(_Model):
     runtime_ref: RuntimeRef
     initializer: Initializers | None = None
@@ -100,6 +110,8 @@ class TrainJobSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     pod_spec_overrides: list[PodSpecOverride] = Field(default_factory=list)
+    runtime_patches: list[RuntimePatch] = Field(default_factory=list)
+    active_deadline_seconds: int | None = None
     suspend: bool = False
     managed_by: str | None = None
 
@@ -137,7 +149,7 @@ class TrainJob(_Model):
     @property
     def managed_by_operator(self) -> bool:
         """True when the built-in training operator owns this job (DESIGN 2.1)."""
-        return self.spec.managed_by in (None, "", c.MANAGED_BY_TRAINING_OPERATOR)
+        return operator_manages(self.spec.managed_by)
 
     def condition(self, type_: str) -> Condition | None:
         return next((x for x in self.status.conditions if x.type == type_), None)

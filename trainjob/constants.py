@@ -21,10 +21,12 @@ KUEUE_VERSION = "v1beta2"
 MULTIKUEUECLUSTERS = "multikueueclusters"
 MULTIKUEUECONFIGS = "multikueueconfigs"
 
-# spec.managedBy: no default; unset or empty means the built-in operator.
+# spec.managedBy: the project's CRD sets no default; unset or empty means the built-in
+# operator, and so do the seed's value and upstream Trainer's (its CRD default). Who owns
+# which value is decided in one place: ``trainjob.managed_by``.
 MANAGED_BY_TRAINING_OPERATOR = "kubeflow.org/training-operator"
+MANAGED_BY_TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
 MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
-MANAGED_BY_VALUES = (MANAGED_BY_TRAINING_OPERATOR, MANAGED_BY_MULTIKUEUE)
 
 # Replicated-job roles, by name or by this label on the replicated job's template.
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"

@@ -71,7 +71,8 @@ class KindClusters:
         return sorted(n[len(PREFIX):] for n in out.split() if n.startswith(PREFIX))
 
     def up(self, workers: int = 2, timeout: float = 300, node_layout=None,
-           max_workers: int | None = None) -> list[ClusterInfo]:
+           max_workers: int | None = None,
+           upstream_crds: tuple[str, ...] = ()) -> list[ClusterInfo]:
         # kind workers have real kubelet Nodes; the kwok Node flags are the local provider's.
         del node_layout
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,8 @@ class KindClusters:
             )
             role = "manager" if name == "manager" else "worker"
             with api_client(self.kubeconfig(name)) as client:
-                crds.install_crds(client, crds.load_crds(crds.crd_dirs(role)), timeout)
+                flavour = crds.UPSTREAM if name in upstream_crds else crds.PROJECT
+                crds.install_crds(client, crds.cluster_crds(role, flavour), timeout)
             if role == "worker":
                 _install_jobset_release(self.kubeconfig(name))
         return self.status()

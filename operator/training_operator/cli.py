@@ -14,8 +14,8 @@ from trainjob.service import ListenError, serve
 log = logging.getLogger("training_operator")
 
 DESCRIPTION = """\
-Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty
-or kubeflow.org/training-operator) into JobSets, report their status, and validate
+Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
+kubeflow.org/training-operator or trainer.kubeflow.org/trainjob-controller) into JobSets, report their status, and validate
 TrainJobs in an admission webhook. TrainJobs managed by anyone else (for example
 kueue.x-k8s.io/multikueue) are never touched.
 """

@@ -18,6 +18,8 @@ from training_operator.reconciler import Caches, TrainJobReconciler
 from trainjob import constants as c
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
+from trainjob.kubeclient import describe_error
+from trainjob.managed_by import managed_by, operator_manages
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
 
@@ -51,7 +53,9 @@ class OperatorController:
         self.recorder = EventRecorder(api, "training-operator", instance)
         self.reconciler = TrainJobReconciler(
             api, Caches(self.trainjobs, self.jobsets, self.runtimes, self.cluster_runtimes),
-            self.recorder, self.metrics)
+            self.recorder, self.metrics,
+            requeue_after=lambda namespace, name, delay: self.queue.add_after(
+                (namespace, name), delay))
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self.trainjobs.add_handler(self._on_trainjob)
@@ -67,8 +71,7 @@ class OperatorController:
 
     def _on_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
-        managed_by = (obj.get("spec") or {}).get("managedBy")
-        if managed_by not in (None, "", c.MANAGED_BY_TRAINING_OPERATOR):
+        if not operator_manages(managed_by(obj.get("spec"))):
             return  # not ours: not even queued
         meta = obj["metadata"]
         self.queue.add((meta.get("namespace", ""), meta["name"]))

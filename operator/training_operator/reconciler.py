@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from training_operator import jobset_builder, status as status_mod
+from training_operator import deadline, jobset_builder, status as status_mod
 from training_operator.metrics import OperatorMetrics
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
@@ -49,8 +50,11 @@ class Caches:
 
 class TrainJobReconciler:
     def __init__(self, api: client.ApiClient, caches: Caches, recorder: EventRecorder,
-                 metrics: OperatorMetrics):
+                 metrics: OperatorMetrics,
+                 requeue_after: Callable[[str, str, float], None] = lambda *_: None):
         self.api = api
+        # Nothing in the world changes when a deadline passes: the job is looked at again then.
+        self.requeue_after = requeue_after
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.caches = caches
@@ -72,6 +76,12 @@ class TrainJobReconciler:
         if job.metadata.deletion_timestamp or job.finished:
             return
         jobset = self.caches.jobsets.get(namespace, name)
+        left = deadline.seconds_left(job, raw)
+        if left is not None and left <= 0:
+            self._exceed_deadline(job, raw, jobset)
+            return
+        if left is not None:
+            self.requeue_after(namespace, name, left)
         if jobset is not None and not self._owned(jobset, job):
             self._write_status(job, raw, jobset=None, created=status_mod.Transition(
                 status_mod.CONDITION_CREATED, "False", status_mod.REASON_BUILD_FAILED,
@@ -181,6 +191,21 @@ class TrainJobReconciler:
                      else self.core.patch_namespaced_config_map)
             patch(body["metadata"]["name"], namespace, body, field_manager=FIELD_MANAGER,
                   force=True, _content_type=APPLY_PATCH)
+
+    def _exceed_deadline(self, job: TrainJob, raw: dict, jobset: dict | None) -> None:
+        """Past ``activeDeadlineSeconds``: the JobSet (and so every pod) goes, and the job
+        fails with reason DeadlineExceeded, as upstream does."""
+        if jobset is not None and self._owned(jobset, job):
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    c.JOBSET_GROUP, c.JOBSET_VERSION, job.metadata.namespace, c.JOBSETS,
+                    job.metadata.name, propagation_policy="Foreground")
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+        self._write_status(job, raw, None, status_mod.Transition(
+            c.CONDITION_FAILED, "True", deadline.REASON_DEADLINE_EXCEEDED,
+            deadline.MESSAGE_DEADLINE_EXCEEDED))
 
     def _write_status(self, job: TrainJob, raw: dict, jobset: dict | None,
                       created: status_mod.Transition | None) -> None:

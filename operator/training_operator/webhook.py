@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainjob import constants as c
+from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 ADMISSION_KIND = "AdmissionReview"
@@ -206,7 +207,7 @@ def validate_create(job: dict, namespace: str, lookups: Lookups) -> list[Problem
     problems = check_managed_by(spec)
     problems += check_name(job)
     problems += check_trainer(spec)
-    if _managed_by(spec) in ("", c.MANAGED_BY_TRAINING_OPERATOR):
+    if operator_manages(managed_by(spec)):
         problems += check_against_runtime(job, namespace, lookups, problems)
     return _unique(problems)
 
@@ -215,17 +216,13 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
                     lookups: Lookups) -> list[Problem]:
     """Problems with changing ``old`` into ``new``: managedBy and podSpecOverrides."""
     problems = check_managed_by(new["spec"])
-    was, now = _managed_by(old["spec"]), _managed_by(new["spec"])
+    was, now = managed_by(old["spec"]), managed_by(new["spec"])
     if was != now:
         problems.append(Problem("spec.managedBy", f"field is immutable (was {_show_managed(was)}, "
                                                   f"now {_show_managed(now)})", INVALID))
     problems += check_overrides_change(old, new, namespace, name, lookups)
+    problems += check_runtime_patches_change(old, new, namespace, name, lookups)
     return _unique(problems)
-
-
-def _managed_by(spec: dict) -> Any:
-    value = spec.get("managedBy")
-    return "" if value is None else value
 
 
 def _show_managed(value: Any) -> str:
@@ -233,11 +230,11 @@ def _show_managed(value: Any) -> str:
 
 
 def check_managed_by(spec: dict) -> list[Problem]:
-    value = _managed_by(spec)
-    if value == "" or value in c.MANAGED_BY_VALUES:
+    value = managed_by(spec)
+    if allowed(value):
         return []
     return [Problem("spec.managedBy", f"unsupported value {_show(value)}: must be one of "
-                                      f"{', '.join(c.MANAGED_BY_VALUES)}, or unset",
+                                      f"{', '.join(ALLOWED_VALUES)}, or unset",
                     NOT_SUPPORTED)]
 
 
@@ -304,6 +301,25 @@ def check_overrides_change(old: dict, new: dict, namespace: str, name: str,
     if new["spec"].get("suspend") is not True:
         return [Problem(field, "may change only while the TrainJob is suspended "
                                "(spec.suspend is not true)", FORBIDDEN)]
+    return _while_jobset_idle(field, namespace, name, lookups)
+
+
+def check_runtime_patches_change(old: dict, new: dict, namespace: str, name: str,
+                                 lookups: Lookups) -> list[Problem]:
+    """runtimePatches change only when the job is suspended before or after the update
+    (upstream's rule: Kueue injects and unsuspends in one request) and the JobSet is idle."""
+    if (old["spec"].get("runtimePatches") or []) == (new["spec"].get("runtimePatches") or []):
+        return []
+    field = "spec.runtimePatches"
+    if old["spec"].get("suspend") is not True and new["spec"].get("suspend") is not True:
+        return [Problem(field, "may change only when the TrainJob is suspended before or "
+                               "after the update (spec.suspend is not true in either)",
+                        FORBIDDEN)]
+    return _while_jobset_idle(field, namespace, name, lookups)
+
+
+def _while_jobset_idle(field: str, namespace: str, name: str,
+                       lookups: Lookups) -> list[Problem]:
     jobset = _lookup(lambda: lookups.jobset(namespace, name), f"JobSet {namespace}/{name}")
     active = active_replicated_jobs(jobset)
     if not active:
@@ -363,6 +379,7 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     jobs = _replicated_jobs(runtime)
     problems = check_overrides(spec, jobs, described)
     problems += check_initializers(spec, jobs, described)
+    problems += check_runtime_patches(spec, jobs, described)
     refused = {p.field for p in earlier + problems}
     # A plug-in may refuse a field the core already refused (numProcPerNode): say it once.
     problems += [p for p in check_policies(job, runtime, described, bool(refused))
@@ -488,6 +505,43 @@ def _check_override_containers(override: dict, key: str, base: str, targets: lis
                 problems.append(Problem(
                     field, f"{kind} {_show(name)} not found in replicated job {_show(target)} "
                            f"(it has: {', '.join(present) or 'none'})", NOT_FOUND))
+    return problems
+
+
+# Containers whose environment only the trainer and initializer settings may set (upstream).
+ENV_OWNED_CONTAINERS = (c.NODE, c.DATASET_INITIALIZER, c.MODEL_INITIALIZER)
+
+
+def check_runtime_patches(spec: dict, jobs: dict[str, dict], described: str) -> list[Problem]:
+    """Each patched replicated job and container exists in the runtime, and no patch sets the
+    env of a container that the trainer or initializer settings own."""
+    problems = []
+    for i, patch in enumerate(spec.get("runtimePatches") or []):
+        base = f"spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs"
+        for j, job_patch in enumerate(_path(patch, "trainingRuntimeSpec", "template", "spec",
+                                            "replicatedJobs") or []):
+            job_name = job_patch.get("name") if isinstance(job_patch, dict) else None
+            if job_name not in jobs:
+                problems.append(Problem(f"{base}[{j}].name", f"replicated job {_show(job_name)} "
+                                        f"not found in {described} (it has: "
+                                        f"{', '.join(jobs) or 'none'})", NOT_FOUND))
+                continue
+            pod = _path(job_patch, "template", "spec", "template", "spec") or {}
+            present = set(_container_names(jobs[job_name], "containers")) | set(
+                _container_names(jobs[job_name], "initContainers"))
+            for key in ("initContainers", "containers"):
+                for k, item in enumerate(pod.get(key) or []):
+                    field = f"{base}[{j}].template.spec.template.spec.{key}[{k}]"
+                    cname = item.get("name") if isinstance(item, dict) else None
+                    if cname not in present:
+                        problems.append(Problem(f"{field}.name", f"container {_show(cname)} not "
+                                                f"found in replicated job {_show(job_name)}",
+                                                NOT_FOUND))
+                    elif key == "containers" and item.get("env") and \
+                            cname in ENV_OWNED_CONTAINERS:
+                        problems.append(Problem(f"{field}.env", f"the {cname} container's env "
+                                                "is set through spec.trainer or "
+                                                "spec.initializer, not a runtime patch"))
     return problems
 
 

@@ -68,6 +68,16 @@ def test_stop_of_an_unknown_cluster_names_the_known_ones(tmp_path):
     assert "run `up` first" in result.stderr
 
 
+def test_upstream_crds_for_an_unknown_cluster_is_refused_before_anything_starts(tmp_path):
+    state_dir = tmp_path / "refused"
+    result = clusters_cli("up", "--workers", "1", "--upstream-crds", "worker-9",
+                          state_dir=state_dir)
+    assert result.returncode == 1
+    assert "--upstream-crds worker-9: no such cluster; clusters: manager, worker-1" \
+        in result.stderr, result.stderr
+    assert harness_processes(state_dir) == []
+
+
 def test_help_explains_the_commands():
     result = subprocess.run([sys.executable, "-m", "clusters", "--help"],
                             capture_output=True, text=True, check=True)

@@ -12,9 +12,11 @@ TRAINER = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 OPERATOR = "kubeflow.org/training-operator"
+UPSTREAM_OPERATOR = "trainer.kubeflow.org/trainjob-controller"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 NOT_ALLOWED = (
-    "spec.managedBy must be one of kubeflow.org/training-operator or kueue.x-k8s.io/multikueue"
+    "spec.managedBy must be one of kubeflow.org/training-operator, "
+    "trainer.kubeflow.org/trainjob-controller or kueue.x-k8s.io/multikueue"
 )
 CLUSTERS = ["manager", "worker-1"]
 MERGE_PATCH = "application/merge-patch+json"
@@ -100,8 +102,8 @@ def test_valid_trainjob_is_accepted_with_server_defaults_and_no_managed_by(
 
 
 @pytest.mark.parametrize("cluster_name", CLUSTERS)
-@pytest.mark.parametrize("managed_by", [OPERATOR, MULTIKUEUE, ""],
-                         ids=["operator", "multikueue", "empty"])
+@pytest.mark.parametrize("managed_by", [OPERATOR, UPSTREAM_OPERATOR, MULTIKUEUE, ""],
+                         ids=["operator", "upstream-operator", "multikueue", "empty"])
 def test_allowed_managed_by_values_are_accepted_on_create(
         multicluster, namespace, cluster_name, managed_by):
     cluster = multicluster[cluster_name]
@@ -136,8 +138,11 @@ ABSENT = None  # spec.managedBy not set at all
     ("", MULTIKUEUE),
     (MULTIKUEUE, ABSENT),
     (OPERATOR, ABSENT),
+    (UPSTREAM_OPERATOR, OPERATOR),
+    (ABSENT, UPSTREAM_OPERATOR),
 ], ids=["operator-to-multikueue", "multikueue-to-operator", "unset-to-multikueue",
-        "empty-to-multikueue", "multikueue-to-unset", "operator-to-unset"])
+        "empty-to-multikueue", "multikueue-to-unset", "operator-to-unset",
+        "upstream-operator-to-operator", "unset-to-upstream-operator"])
 def test_managed_by_cannot_change(multicluster, namespace, cluster_name, method, before, after):
     cluster = multicluster[cluster_name]
     spec = {} if before is ABSENT else {"managedBy": before}
@@ -217,7 +222,7 @@ def test_negative_or_unparseable_quantities_are_refused(
     body = trainjob("bad-quantity", trainer={"resourcesPerNode": {kind: {resource: value}}})
     status = rejected(create, cluster, namespace, body)
     assert_invalid(status, f"spec.trainer.resourcesPerNode.{kind}[{resource}]", QUANTITY)
-    assert f"TrainJob.trainer.kubeflow.org \"bad-quantity\" is invalid" in status["message"]
+    assert "TrainJob.trainer.kubeflow.org \"bad-quantity\" is invalid" in status["message"]
     assert_unchanged_or_absent(cluster, namespace, "bad-quantity")
 
 

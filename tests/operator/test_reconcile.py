@@ -37,6 +37,7 @@ MERGE_PATCH = "application/merge-patch+json"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 TRAINING_OPERATOR = "kubeflow.org/training-operator"
+UPSTREAM_OPERATOR = "trainer.kubeflow.org/trainjob-controller"
 FIELD_MANAGER = "training-operator"
 TOTAL_PODS = "trainer.kubeflow.org/total-pods"
 TOTAL_REQUESTS = "trainer.kubeflow.org/total-requests"
@@ -267,6 +268,9 @@ def test_multikueue_trainjob_is_never_touched_while_its_siblings_are_reconciled(
         "empty": trainjob_body("empty", runtime, managedBy="", trainer={"numNodes": 2}),
         "explicit": trainjob_body("explicit", runtime, managedBy=TRAINING_OPERATOR,
                                   trainer={"numNodes": 2}),
+        # Upstream Trainer's value (its CRD's default), as on every object exported from it.
+        "upstream": trainjob_body("upstream", runtime, managedBy=UPSTREAM_OPERATOR,
+                                  trainer={"numNodes": 2}),
     }
     for body in siblings.values():
         create_trainjob(worker1, namespace, body)
@@ -394,7 +398,7 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
         "PET_NNODES": "100",
         "PET_NPROC_PER_NODE": "8",
         "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
-        "PET_MASTER_PORT": "29400",
+        "PET_MASTER_PORT": "29500",
     }
     assert {k: values.get(k) for k in expected_torch} == expected_torch, (
         f"expected torch env {expected_torch}, saw {values}")
@@ -405,7 +409,7 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
         f"expected PET_NODE_RANK from the job completion index fieldRef, "
         f"saw {env.get('PET_NODE_RANK')}")
     ports = [p.get("containerPort") for p in node.get("ports") or []]
-    assert ports.count(29400) == 1, f"expected container port 29400 once, saw {ports}"
+    assert ports.count(29500) == 1, f"expected container port 29500 once, saw {ports}"
 
     # Initializers get their storage URIs, and nothing of the trainer's.
     for job_name, uri in (("dataset-initializer", "hf://datasets/example/corpus"),
@@ -708,3 +712,75 @@ def test_events_for_created_suspended_resumed_completed_and_failed(
         assert refs == {("TrainJob", name, job["metadata"]["uid"])}, (
             f"expected Events only about TrainJob {name} uid {job['metadata']['uid']}, "
             f"saw {refs}")
+
+
+# --- runtimePatches (upstream v2.3) ----------------------------------------------------------
+
+
+def test_runtime_patches_are_merged_into_the_jobset_in_list_order(
+        worker1, namespace, runtime, run_operator):
+    run_operator(worker1)
+
+    def node_patch(manager: str, pod_spec: dict, labels: dict) -> dict:
+        return {"manager": manager, "trainingRuntimeSpec": {"template": {
+            "metadata": {"labels": labels},
+            "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+                "metadata": {"labels": {"patched-by": manager}},
+                "spec": pod_spec}}}}]}}}}
+
+    patches = [
+        node_patch("example.com/user", {
+            "serviceAccountName": "trainer-sa",
+            "nodeSelector": {"pool": "user", "zone": "a"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+            {"team": "from-user-patch"}),
+        node_patch("kueue.x-k8s.io/manager", {
+            "nodeSelector": {"pool": "kueue"},
+            "schedulingGates": [{"name": "example.com/gate"}]},
+            {"queue": "from-kueue-patch"}),
+    ]
+    create_trainjob(worker1, namespace, trainjob_body("patched", runtime, runtimePatches=patches))
+    stored = get_trainjob(worker1, namespace, "patched")
+    assert [p["manager"] for p in stored["spec"].get("runtimePatches") or []] == [
+        "example.com/user", "kueue.x-k8s.io/manager"], (
+        f"expected both runtimePatches stored (not pruned), saw {stored['spec']}")
+
+    _, jobset = wait_reconciled(worker1, namespace, "patched")
+    pod = pod_spec(jobset, "node")
+    assert pod.get("serviceAccountName") == "trainer-sa", pod
+    # Maps merge key by key, the later manager winning on the same key.
+    assert pod.get("nodeSelector") == {"pool": "kueue", "zone": "a"}, pod
+    assert pod.get("tolerations") == [{"key": "gpu", "operator": "Exists",
+                                       "effect": "NoSchedule"}], pod
+    assert pod.get("schedulingGates") == [{"name": "example.com/gate"}], pod
+    template_labels = replicated_job(jobset, "node")["template"]["spec"]["template"][
+        "metadata"]["labels"]
+    assert template_labels.get("patched-by") == "kueue.x-k8s.io/manager", template_labels
+    labels = jobset["metadata"]["labels"]
+    assert (labels.get("team"), labels.get("queue"), labels.get("runtime-only")) == (
+        "from-user-patch", "from-kueue-patch", "kept"), labels
+    # Jobs the patches do not name are untouched.
+    assert "nodeSelector" not in pod_spec(jobset, "dataset-initializer")
+
+
+# --- activeDeadlineSeconds (upstream v2.3) ---------------------------------------------------
+
+
+def test_a_job_past_its_active_deadline_fails_and_loses_its_jobset(
+        worker1, namespace, runtime, run_operator):
+    run_operator(worker1)
+    create_trainjob(worker1, namespace, trainjob_body("late", runtime, activeDeadlineSeconds=3))
+    assert get_trainjob(worker1, namespace, "late")["spec"].get("activeDeadlineSeconds") == 3, (
+        "expected activeDeadlineSeconds stored (not pruned)")
+    wait_reconciled(worker1, namespace, "late")
+
+    failed = wait_equal(
+        lambda: conditions_of(worker1, namespace, "late").get("Failed"),
+        ("True", "DeadlineExceeded", "TrainJob exceeded its active deadline"),
+        expected="TrainJob late condition Failed (status, reason, message) after 3 s")
+    assert failed
+    eventually(lambda: without_managed_fields(get_jobset(worker1, namespace, "late")),
+               lambda js: js is None, expected="JobSet late deleted after the deadline")
+    # A failed job is finished: its JobSet is not built again.
+    holds_for(lambda: get_jobset(worker1, namespace, "late"), lambda js: js is None, seconds=2,
+              expected="no JobSet for the failed TrainJob late")

@@ -30,6 +30,7 @@ TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 MERGE_PATCH = "application/merge-patch+json"
 OPERATOR = "kubeflow.org/training-operator"
+UPSTREAM_OPERATOR = "trainer.kubeflow.org/trainjob-controller"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 CONFIGURATION = "test-training-operator-trainjob-validator"
 WEBHOOK = "validate.trainjobs.trainer.kubeflow.org"
@@ -243,7 +244,7 @@ def test_an_unknown_managed_by_is_refused(webhook, namespace):
     assert status == 422, body
     assert body["reason"] == "Invalid"
     assert "spec.managedBy" in body["message"]
-    assert OPERATOR in body["message"] and MULTIKUEUE in body["message"]
+    assert all(value in body["message"] for value in (OPERATOR, UPSTREAM_OPERATOR, MULTIKUEUE))
     assert_not_created(webhook, namespace, "stranger")
 
 
@@ -292,9 +293,14 @@ def test_the_name_room_follows_the_node_count(webhook, namespace):
     webhook.create(namespace, name[:46], runtime=webhook.plain, trainer={"numNodes": 1000})
 
 
-def test_a_missing_cluster_runtime_is_refused(webhook, namespace):
-    assert_refused_by_webhook(refusal(webhook.create, namespace, "orphan", runtime="no-such"),
-                              422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
+@pytest.mark.parametrize("managed_by", [None, OPERATOR, UPSTREAM_OPERATOR],
+                         ids=["unset", "operator", "upstream-operator"])
+def test_a_missing_cluster_runtime_is_refused(webhook, namespace, managed_by):
+    # Every value that gives the job to this operator gets the runtime checks.
+    spec = {} if managed_by is None else {"managedBy": managed_by}
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, "orphan", runtime="no-such", **spec),
+        422, "spec.runtimeRef: ClusterTrainingRuntime no-such not found")
     assert_not_created(webhook, namespace, "orphan")
 
 
@@ -373,6 +379,9 @@ def test_reserved_torch_environment_is_refused(webhook, namespace):
             {"name": "PET_MASTER_PORT", "value": "1234"}]}),
         422, "spec.trainer.env[0].name: PET_MASTER_PORT is reserved")
     assert_not_created(webhook, namespace, "pet")
+    # Only torchrun's own five are reserved; other PET_* names are the user's.
+    webhook.create(namespace, "pet-backend",
+                   trainer={"env": [{"name": "PET_RDZV_BACKEND", "value": "c10d"}]})
     # Not a torch runtime: nothing is reserved.
     webhook.create(namespace, "pet", runtime=webhook.plain,
                    trainer={"env": [{"name": "PET_MASTER_PORT", "value": "1234"}]})
@@ -408,7 +417,7 @@ def test_changing_overrides_is_forbidden_while_not_suspended(webhook, namespace)
     webhook.create(namespace, "live", podSpecOverrides=OVERRIDE)
     status, body = refusal(webhook.patch, namespace, "live", {"podSpecOverrides": INJECTED})
     assert status == 422, body
-    assert f'TrainJob.trainer.kubeflow.org "live" is invalid' in body["message"], body
+    assert 'TrainJob.trainer.kubeflow.org "live" is invalid' in body["message"], body
     assert "spec.podSpecOverrides" in body["message"], body
     assert "may change only while the TrainJob is suspended" in body["message"], body
     assert webhook.get(namespace, "live")["spec"]["podSpecOverrides"] == OVERRIDE
@@ -529,3 +538,48 @@ def test_a_taken_webhook_port_is_named_with_its_flag(multicluster, tmp_path):
     assert (f"error: cannot listen on 127.0.0.1:{taken} for the admission webhook: Address "
             "already in use (another process listens there; choose another port with "
             "--webhook-port)") in result.stderr, result.stderr[-2000:]
+
+
+# --- runtimePatches on update (upstream v2.3: suspended before or after) -------------------
+
+PATCH = [{"manager": "kueue.x-k8s.io/manager", "trainingRuntimeSpec": {"template": {"spec": {
+    "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+        "nodeSelector": {"pool": "b"}}}}}}]}}}}]
+
+
+def test_runtime_patches_change_only_when_suspended_before_or_after(webhook, namespace):
+    webhook.create(namespace, "running", suspend=False)
+    # The CRD's rule answers before the webhook (which holds the same rule and adds the
+    # JobSet's state); either way the user learns the field and why.
+    status, body = refusal(webhook.patch, namespace, "running", {"runtimePatches": PATCH})
+    assert status == 422, body
+    assert "spec.runtimePatches may change only when the TrainJob is suspended before or " \
+        "after the update" in body["message"], body["message"]
+    assert [c.get("field") for c in body["details"]["causes"]] == ["spec.runtimePatches"]
+    # Suspending in the same request is allowed (suspended after) ...
+    webhook.patch(namespace, "running", {"runtimePatches": PATCH, "suspend": True})
+    # ... and so is Kueue's inject-and-unsuspend (suspended before).
+    webhook.patch(namespace, "running", {"runtimePatches": [], "suspend": False})
+    assert webhook.get(namespace, "running")["spec"].get("runtimePatches") in (None, [])
+
+
+def test_a_runtime_patch_may_not_set_the_node_containers_env(webhook, namespace):
+    bad = [{"manager": "example.com/user", "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}}}}}]}}}}]
+    assert_refused_by_webhook(
+        refusal(webhook.create, namespace, "env-patch", runtimePatches=bad), 422,
+        "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template."
+        "spec.template.spec.containers[0].env: the node container's env is set through "
+        "spec.trainer or spec.initializer")
+    assert_not_created(webhook, namespace, "env-patch")
+
+
+def test_runtime_patches_may_not_change_while_a_replicated_job_is_active(webhook, namespace):
+    webhook.create(namespace, "draining-patch", suspend=True)
+    webhook.jobset(namespace, "draining-patch", {"node": 1})
+    assert_refused_by_webhook(
+        refusal(webhook.patch, namespace, "draining-patch", {"runtimePatches": PATCH}), 403,
+        "spec.runtimePatches", f"JobSet {namespace}/draining-patch",
+        "replicated job node still has active pods")
+    assert webhook.get(namespace, "draining-patch")["spec"].get("runtimePatches") is None

@@ -129,9 +129,8 @@ def test_torch_env_port_and_counts_for_100_nodes():
     assert env["PET_NODE_RANK"] == {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
     assert env["PET_MASTER_ADDR"] == f"{NAME}-node-0-0.{NAME}"
-    assert env["PET_MASTER_PORT"] == "29400"
-    assert node_container(info)["ports"] == [
-        {"name": "torchrun", "containerPort": 29400, "protocol": "TCP"}]
+    assert env["PET_MASTER_PORT"] == "29500"
+    assert node_container(info)["ports"] == [{"containerPort": 29500}]
 
     totals = info.totals
     assert totals.pods == 102
@@ -152,7 +151,7 @@ def test_torch_initializers_untouched():
 
 
 @pytest.mark.parametrize(("job_value", "runtime_value", "expected"), [
-    (None, None, "auto"),
+    (None, None, "1"),  # auto, no GPU: the node's one requested cpu
     (None, "gpu", "gpu"),
     (None, 2, "2"),
     (8, "gpu", "8"),
@@ -162,6 +161,61 @@ def test_torch_num_proc_per_node_precedence(job_value, runtime_value, expected):
     trainer = {} if job_value is None else {"numProcPerNode": job_value}
     info = build_runtime_info(trainjob(trainer), torch_runtime(runtime_value))
     assert env_of(node_container(info))["PET_NPROC_PER_NODE"] == expected
+
+
+@pytest.mark.parametrize(("resources", "expected"), [
+    ({"requests": {"cpu": "8"}}, "8"),
+    ({"requests": {"cpu": "1500m"}}, "2"),  # rounded up
+    ({"limits": {"cpu": "3"}}, "3"),  # no request: the limit
+    ({"requests": {"memory": "1Gi"}}, "1"),  # no cpu at all: at least 1
+    ({"requests": {"cpu": "8"}, "limits": {"nvidia.com/gpu": 2}}, "auto"),  # GPUs: torchrun's
+])
+def test_torch_auto_num_proc_per_node_derived_from_the_node_resources(resources, expected):
+    info = build_runtime_info(trainjob({"resourcesPerNode": resources}), torch_runtime())
+    assert env_of(node_container(info))["PET_NPROC_PER_NODE"] == expected
+
+
+def test_torch_auto_num_proc_per_node_from_the_runtime_resources():
+    node = _node()
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "6"}}
+    info = build_runtime_info(trainjob(), torch_runtime(jobs=[node]))
+    assert env_of(node_container(info))["PET_NPROC_PER_NODE"] == "6"
+
+
+def test_resources_per_node_merged_onto_the_runtimes():
+    node = _node()
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
+    job = trainjob({"resourcesPerNode": {"requests": {"cpu": "4"},
+                                         "limits": {"nvidia.com/gpu": 1}}})
+    info = build_runtime_info(job, torch_runtime(jobs=[node]))
+    assert node_container(info)["resources"] == {
+        "requests": {"cpu": "4", "memory": "4Gi"},
+        "limits": {"memory": "8Gi", "nvidia.com/gpu": 1}}
+
+
+def test_trainer_fields_go_only_to_the_labelled_trainer_step():
+    # DeepSpeed/MLX shape: the launcher is the labelled trainer; the unlabelled node job
+    # runs sshd and keeps it, but gets the trainer's env and resources (launcher as node).
+    sshd = _replicated_job(c.NODE, None, {"name": c.NODE, "image": "ds:1",
+                                          "command": ["/usr/sbin/sshd"]})
+    launcher = _replicated_job(c.LAUNCHER, c.ROLE_TRAINER, {"name": c.NODE, "image": "ds:1"})
+    job = trainjob({"image": "ds:2", "command": ["mpirun"], "args": ["train.py"], "numNodes": 3,
+                    "env": [{"name": "LR", "value": "1"}],
+                    "resourcesPerNode": {"requests": {"cpu": "2"}}})
+    info = build_runtime_info(job, mpi_runtime([sshd, launcher], runLauncherAsNode=True))
+    node, launch = info.pod_set(c.NODE).container(c.NODE), info.pod_set(c.LAUNCHER).container(
+        c.NODE)
+    assert info.pod_set(c.NODE).role == ""
+    assert (node["image"], node["command"], node.get("args")) == ("ds:1", ["/usr/sbin/sshd"],
+                                                                  None)
+    assert (launch["image"], launch["command"], launch["args"]) == ("ds:2", ["mpirun"],
+                                                                    ["train.py"])
+    for container in (node, launch):
+        assert env_of(container)["LR"] == "1"
+        assert container["resources"] == {"requests": {"cpu": "2"}}
+    assert (info.pod_set(c.NODE).count, info.pod_set(c.LAUNCHER).count) == (2, 1)
 
 
 def test_torch_nnodes_from_runtime_default_and_subdomain():
@@ -180,12 +234,12 @@ def test_torch_keeps_user_env_and_overwrites_nothing_else():
     assert names.count("PET_NNODES") == 1
 
 
-def test_torch_port_not_duplicated_when_runtime_declares_29400():
+def test_torch_port_not_duplicated_when_runtime_declares_29500():
     node = _node()
     node["template"]["spec"]["template"]["spec"]["containers"][0]["ports"] = [
-        {"name": "rdzv", "containerPort": 29400}]
+        {"name": "rdzv", "containerPort": 29500}]
     info = build_runtime_info(trainjob(), torch_runtime(jobs=[node]))
-    assert node_container(info)["ports"] == [{"name": "rdzv", "containerPort": 29400}]
+    assert node_container(info)["ports"] == [{"name": "rdzv", "containerPort": 29500}]
 
 
 def test_torch_apply_is_idempotent():
@@ -210,6 +264,8 @@ def test_torch_refuses_reserved_env_names():
                                                      {"name": "PET_MASTER_ADDR",
                                                       "value": "evil"}]}]},
         ])
+    # Only torchrun's five names are reserved (upstream's list); other PET_* are the user's.
+    job.spec.trainer.env.append({"name": "PET_RDZV_BACKEND", "value": "c10d"})
     info = build_runtime_info(job, torch_runtime())
     problems = validate_policies(info, job)
     assert [path for path, _ in problems] == [

@@ -149,7 +149,8 @@ def test_a_valid_create_is_allowed_and_echoes_the_uid():
     assert lookups.calls == [("runtime", NS, "ClusterTrainingRuntime", "torch")]
 
 
-@pytest.mark.parametrize("value", [None, "", OPERATOR, MULTIKUEUE])
+@pytest.mark.parametrize("value", [None, "", OPERATOR, "trainer.kubeflow.org/trainjob-controller",
+                                   MULTIKUEUE])
 def test_allowed_managed_by_values(value):
     spec = {} if value is None else {"managedBy": value}
     allowed(trainjob(**spec))
@@ -159,7 +160,8 @@ def test_allowed_managed_by_values(value):
 def test_unknown_managed_by_is_invalid(value):
     status = refused(trainjob(managedBy=value))
     assert fields(status) == ["spec.managedBy"]
-    assert "must be one of kubeflow.org/training-operator, kueue.x-k8s.io/multikueue" \
+    assert ("must be one of kubeflow.org/training-operator, "
+            "trainer.kubeflow.org/trainjob-controller, kueue.x-k8s.io/multikueue") \
         in status["message"]
 
 

@@ -6,18 +6,22 @@ Order of the steps, each a function over RuntimeInfo:
   2. the trainer count (``trainer.numNodes``, else ``mlPolicy.numNodes``, else 1);
   3. the TrainJob's trainer and initializer settings;
   4. the policy plug-ins (torch, mpi, ...), in registration order, each only when enabled;
-  5. labels and annotations (runtime's, then the TrainJob's: the TrainJob wins);
+  5. labels and annotations (runtime's, then the runtime patches', then the TrainJob's);
   6. podSpecOverrides last, so what a queueing system injects is what the pods get.
+Before step 1, ``spec.runtimePatches`` are merged into the runtime template in list order
+(``runtime_patches``), as upstream Trainer does.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from trainjob import constants as c
 from trainjob.api import ContainerOverride, Initializer, TrainingRuntime, TrainJob
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
+from trainjob.runtime.runtime_patches import patched_metadata, patched_template_spec
 
 _ROLE_BY_NAME = {
     c.NODE: c.ROLE_TRAINER,
@@ -42,13 +46,24 @@ class PolicyPlugin(Protocol):
         """(field path, reason) for each thing this framework refuses in ``job``."""
 
 
-def role_of(replicated_job: dict[str, Any]) -> str:
+def role_of(replicated_job: dict[str, Any], labelled: Collection[str] = ()) -> str:
+    """The job's ancestor step: its label, else its name's usual role, unless another job of
+    the template carries that role by label (``labelled``). Upstream reads the label only;
+    the name is the seed runtimes' convention and must not make a DeepSpeed/MLX ``node``
+    job (sshd; the labelled launcher is the trainer) a second trainer."""
+    label = _ancestor_label(replicated_job)
+    if label:
+        return label
+    by_name = _ROLE_BY_NAME.get(replicated_job.get("name", ""), "")
+    return "" if by_name in labelled else by_name
+
+
+def _ancestor_label(replicated_job: dict[str, Any]) -> str:
     template = replicated_job.get("template")
     metadata = template.get("metadata") if isinstance(template, dict) else None
     labels = metadata.get("labels") if isinstance(metadata, dict) else None
     role = labels.get(c.ANCESTOR_LABEL) if isinstance(labels, dict) else None
-    return role if isinstance(role, str) and role else _ROLE_BY_NAME.get(
-        replicated_job.get("name", ""), "")
+    return role if isinstance(role, str) else ""
 
 
 def pod_sets_from_template(runtime: TrainingRuntime) -> list[PodSet]:
@@ -64,7 +79,8 @@ def pod_sets_from_template(runtime: TrainingRuntime) -> list[PodSet]:
         if not isinstance(template, dict) or not isinstance(template.get("spec", {}), dict):
             raise ValueError(f"spec.template.spec.replicatedJobs[{i}].template must be an "
                              "object with a Job spec")
-    return [PodSet(role=role_of(job), job=job) for job in jobs]
+    labelled = {_ancestor_label(job) for job in jobs} - {""}
+    return [PodSet(role=role_of(job, labelled), job=job) for job in jobs]
 
 
 def trainer_count(job: TrainJob, runtime: TrainingRuntime) -> int:
@@ -81,8 +97,11 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
     """RuntimeInfo for ``job`` on ``runtime``: PodSets with counts, settings and policies."""
     from trainjob.runtime.plugins import registered
 
-    template_spec = {k: copy.deepcopy(v) for k, v in runtime.spec.template.spec.items()
-                     if k != "replicatedJobs"}
+    # Runtime patches first: every later step sees the template as the managers patched it.
+    patched = patched_template_spec(runtime.spec.template.spec, job)
+    runtime = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={
+        "template": runtime.spec.template.model_copy(update={"spec": patched})})})
+    template_spec = {k: copy.deepcopy(v) for k, v in patched.items() if k != "replicatedJobs"}
     info = RuntimeInfo(
         policy=RuntimePolicy(
             # A copy: plug-ins may read it freely without touching the cached runtime.
@@ -100,8 +119,10 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
     for plugin in plugins if plugins is not None else registered():
         if plugin.enabled(info.policy):
             plugin.apply(info, job)
-    info.labels = {**runtime.spec.template.metadata.labels, **job.spec.labels}
-    info.annotations = {**runtime.spec.template.metadata.annotations, **job.spec.annotations}
+    template_meta = runtime.spec.template.metadata
+    info.labels = {**patched_metadata("labels", template_meta.labels, job), **job.spec.labels}
+    info.annotations = {**patched_metadata("annotations", template_meta.annotations, job),
+                        **job.spec.annotations}
     apply_pod_spec_overrides(info, job)
     return info
 
@@ -134,6 +155,8 @@ def merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
 
 
 def apply_trainer(info: RuntimeInfo, job: TrainJob) -> None:
+    """The TrainJob's trainer settings go to the ``node`` container of the trainer step
+    only (upstream's rule): other jobs keep their own command and image."""
     trainer = job.spec.trainer
     if trainer is None:
         return
@@ -147,9 +170,33 @@ def apply_trainer(info: RuntimeInfo, job: TrainJob) -> None:
             container["command"] = list(trainer.command)
         if trainer.args is not None:
             container["args"] = list(trainer.args)
-        merge_env(container, trainer.env)
-        if trainer.resources_per_node is not None:
-            container["resources"] = trainer.resources_per_node.dump()
+        apply_node_settings(pod_set, job)
+
+
+def apply_node_settings(pod_set: PodSet, job: TrainJob) -> None:
+    """``trainer.env`` and ``trainer.resourcesPerNode`` on ``pod_set``'s ``node`` container:
+    the trainer step's, and any other job a policy runs training processes in (MPI's node
+    job when the launcher runs as a node)."""
+    trainer = job.spec.trainer
+    container = pod_set.container(c.NODE)
+    if trainer is None or container is None:
+        return
+    merge_env(container, trainer.env)
+    if trainer.resources_per_node is not None:
+        container["resources"] = merge_resources(container.get("resources") or {},
+                                                 trainer.resources_per_node.dump())
+
+
+def merge_resources(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` laid over ``base`` as upstream merges resourcesPerNode onto the runtime's
+    resources: limits and requests per resource name, claims by name."""
+    merged = copy.deepcopy(base)
+    for key in ("limits", "requests"):
+        if override.get(key):
+            merged[key] = {**(merged.get(key) or {}), **override[key]}
+    if override.get("claims"):
+        merge_by_name(merged.setdefault("claims", []), override["claims"])
+    return merged
 
 
 def _apply_initializer(pod_set: PodSet, settings: Initializer) -> None:

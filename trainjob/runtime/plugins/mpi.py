@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.framework import merge_by_name, merge_env
+from trainjob.runtime.framework import apply_node_settings, merge_by_name, merge_env
 from trainjob.runtime.plugins import register
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 
@@ -156,10 +156,17 @@ class MPIPlugin:
     def apply(self, info: RuntimeInfo, job: TrainJob) -> None:
         mpi = info.policy.ml_policy.mpi
         as_node = bool(mpi.run_launcher_as_node)
-        nodes = [p for p in info.by_role(c.ROLE_TRAINER) if p.name != c.LAUNCHER]
+        # The node job by name (upstream's runtimes label only the launcher as the trainer),
+        # or a seed runtime's trainer job that is not the launcher.
+        nodes = [p for p in info.pod_sets if p.name != c.LAUNCHER
+                 and (p.name == c.NODE or p.role == c.ROLE_TRAINER)]
         n = requested_nodes(info, job)
         for pod_set in nodes:
             pod_set.set_count(max(n - 1, 0) if as_node else n)
+            if as_node and pod_set.role != c.ROLE_TRAINER:
+                # Training processes run here too: they get the trainer's env and resources
+                # (not its command: the node pods keep their sshd).
+                apply_node_settings(pod_set, job)
 
         launcher = info.pod_set(c.LAUNCHER)
         if launcher is None and nodes:
