@@ -11,6 +11,7 @@ import threading
 from dispatcher.config import ConfigError, load_config
 from trainjob import command_line, logs
 from trainjob.kubeclient import KubeconfigError, api_client
+from trainjob.required_apis import MissingResources
 from trainjob.service import serve
 
 log = logging.getLogger("dispatcher")
@@ -144,6 +145,9 @@ def _status(args) -> int:
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
         return 2
+    except MissingResources as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except Exception as err:  # noqa: BLE001 - a status command reports, it does not crash
         print(f"error: cannot read the manager cluster: {err}", file=sys.stderr)
         return 1

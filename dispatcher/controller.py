@@ -29,6 +29,7 @@ from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
+from trainjob import required_apis
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -38,6 +39,9 @@ from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
+# What the manager must serve: a missing CRD is named at start, with how to install it.
+MANAGER_APIS = [required_apis.TRAINJOBS, required_apis.MULTIKUEUECLUSTERS,
+                required_apis.MULTIKUEUECONFIGS]
 _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES)
 
 
@@ -180,6 +184,7 @@ class DispatcherController:
             self.stop_requested.set()
 
     def start(self, sync_timeout: float = 60) -> DispatcherController:
+        required_apis.require(self.manager, "manager", MANAGER_APIS)
         # The jobs first: the registry keeps a worker that left it while jobs are placed
         # there (to drain it), so it needs to know where jobs are placed.
         self.trainjobs.start()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher.registry import WorkerCluster
-from dispatcher.status_report import job_summary
+from dispatcher.job_state import job_summary
 from trainjob import constants as c
 from trainjob.observability import Response, Route
 
@@ -119,8 +119,8 @@ def job_view(job: dict, sync_lag: SyncLag | None = None) -> dict[str, Any]:
 
 def _explanation(state: str, conditions: list[dict[str, str]]) -> str:
     """The condition message that says why a job is in its state, if one does."""
-    wanted = {"Pending": ("Placed", "False"), c.CONDITION_FAILED: (c.CONDITION_FAILED, "True"),
-              "WorkerUnreachable": ("WorkerReachable", "False")}.get(state)
+    wanted = {"Pending": (c.CONDITION_PLACED, "False"), c.CONDITION_FAILED: (c.CONDITION_FAILED, "True"),
+              c.REASON_WORKER_UNREACHABLE: (c.CONDITION_WORKER_REACHABLE, "False")}.get(state)
     if wanted is None:
         return ""
     return next((x["message"] for x in conditions

@@ -23,7 +23,7 @@ from dispatcher.remote import RemoteCopies
 from trainjob import constants as c
 from trainjob import logs
 from trainjob.informer import Informer
-from trainjob.kubeclient import error_message
+from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def sweep(registry: WorkerRegistry, manager_trainjobs: Informer, origin: str,
                 except ApiException as err:
                     log.warning("garbage collection on %s: cannot delete %s/%s: %s",
                                 worker.name, meta["namespace"], meta["name"],
-                                error_message(err))
+                                describe_error(err))
                     continue
                 if deleted:
                     removed += 1

@@ -47,7 +47,7 @@ from trainjob import logs
 from trainjob.conditions import format_time
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
-from trainjob.kubeclient import api_client
+from trainjob.kubeclient import api_client, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,9 @@ class WorkerRegistry:
         # Last known identity per worker name, kept across reconnects: the garbage
         # collector asks whether two names are one cluster even while one is down.
         self.identities: dict[str, str] = {}
+        # Registration problems already logged, and already told in an Event.
+        self._logged: set[str] = set()
+        self._evented: set[str] = set()
         self._lock = threading.RLock()
         custom = client.CustomObjectsApi(manager)
         self.clusters = Informer("multikueueclusters", functools.partial(
@@ -203,23 +206,35 @@ class WorkerRegistry:
     # --- deriving the set of workers ---------------------------------------------------
 
     def _desired(self) -> list[_Registration]:
+        problems: dict[str, tuple[dict | None, str, str]] = {}
+        mk_config = None
         if self.config.multikueue_config:
             mk_config = self.configs.get("", self.config.multikueue_config)
             names = list(((mk_config or {}).get("spec") or {}).get("clusters") or [])
             if mk_config is None:
-                log.warning("MultiKueueConfig %s not found: no worker from MultiKueueClusters",
-                            self.config.multikueue_config)
+                problems["config"] = (None, "NotFound", (
+                    f"MultiKueueConfig {self.config.multikueue_config} not found: no worker "
+                    "from MultiKueueClusters"))
         else:
             names = sorted(name for _, name in self.clusters.keys())
         desired = []
         for order, name in enumerate(names):
             obj = self.clusters.get("", name)
             if obj is None:
-                log.warning("MultiKueueConfig lists %s, but no MultiKueueCluster has that name",
-                            name)
+                problems[f"missing/{name}"] = (mk_config, "ClusterNotFound", (
+                    f"MultiKueueConfig {self.config.multikueue_config} lists {name}, but no "
+                    "MultiKueueCluster has that name: it is not used"))
                 continue
             desired.append(self._registration(obj, order))
         for offset, static in enumerate(self.config.workers):
+            if static.name in names:
+                # The API object is what users see and change: it wins, visibly.
+                problems[f"clash/{static.name}"] = (self.clusters.get("", static.name),
+                                                    "NameClash", (
+                    f"the configuration file's workers[{offset}] is named {static.name}, like "
+                    f"MultiKueueCluster {static.name}: only the MultiKueueCluster is used; "
+                    "rename the static worker"))
+                continue
             try:
                 desired.append(_Registration(static.name, len(names) + offset,
                                              Path(static.kubeconfig).read_text(),
@@ -228,7 +243,22 @@ class WorkerRegistry:
                 desired.append(_Registration(
                     static.name, len(names) + offset, None, BAD_KUBECONFIG,
                     f"cannot read {static.kubeconfig}: {err.strerror}", from_object=False))
+        self._report(problems)
         return desired
+
+    def _report(self, problems: dict[str, tuple[dict | None, str, str]]) -> None:
+        """Say each registration problem once when it appears: a log line, and (once this
+        replica may write) an Event on the object concerned; not at every re-derivation."""
+        for key in problems.keys() - self._logged:
+            log.warning("%s", problems[key][2])
+        self._logged = set(problems)
+        if self.recorder is None or not self.may_write():
+            return
+        for key in problems.keys() - self._evented:
+            obj, reason, message = problems[key]
+            if obj is not None:
+                self.recorder.event(obj, "Warning", reason, message)
+        self._evented = set(problems)
 
     def _registration(self, obj: dict, order: int) -> _Registration:
         text, reason, message = self._kubeconfig_of(obj)
@@ -330,6 +360,7 @@ class WorkerRegistry:
                 reason, message = verdict.reason, verdict.message
         if not worker.connected:
             self._set_state(worker, False, reason, message)
+            log.warning("worker %s cannot be used: %s: %s", name, reason, message)
         return worker
 
     def release_drained(self) -> None:
@@ -408,8 +439,8 @@ class WorkerRegistry:
                 else:
                     ok, message = True, "connected"
             except Exception as err:  # noqa: BLE001 - any failure means not reachable
-                ok, message = False, f"cannot reach {worker.api.configuration.host}: " + (
-                    f"{type(err).__name__}: {err}".splitlines()[0][:300])
+                ok, message = False, (f"cannot reach {worker.api.configuration.host}: "
+                                      f"{describe_error(err)[:300]}")
             with self._lock:
                 if self.workers.get(worker.name) is not worker:
                     return  # replaced or removed meanwhile
@@ -482,7 +513,9 @@ class WorkerRegistry:
         return True
 
     def publish_all(self) -> None:
-        """Write every worker's Active condition that differs (a new leader's first act)."""
+        """Write every worker's Active condition that differs, and the Events about
+        registration problems (a new leader's first act)."""
+        self.sync()
         for worker in self.snapshot():
             self._publish(worker)
 
@@ -514,4 +547,4 @@ class WorkerRegistry:
             self.clusters.observe(written)
         except Exception as err:  # noqa: BLE001 - reported again on the next change/probe
             log.warning("MultiKueueCluster %s: cannot write Active condition: %s",
-                        worker.name, err)
+                        worker.name, describe_error(err))

@@ -4,81 +4,42 @@ or not a dispatcher is running."""
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
 
 from kubernetes import client
 
+from dispatcher.job_state import age, condition, job_summary
 from trainjob import constants as c
-
-
-def _age(timestamp: str | None) -> str:
-    if not timestamp:
-        return "-"
-    created = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc)
-    seconds = int((datetime.datetime.now(datetime.timezone.utc) - created).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _condition(obj: dict, type_: str) -> dict:
-    return next((x for x in (obj.get("status") or {}).get("conditions") or []
-                 if x.get("type") == type_), {})
-
-
-def job_state(job: dict) -> str:
-    """The state a person wants to see: finished, pending (with reason), or the newest
-    condition that is true."""
-    for wanted in (c.CONDITION_COMPLETE, c.CONDITION_FAILED):
-        if _condition(job, wanted).get("status") == "True":
-            return wanted
-    if (job.get("spec") or {}).get("suspend"):
-        return "Suspended"
-    placed = _condition(job, "Placed")
-    if placed.get("status") == "False":
-        return f"Pending ({placed.get('reason')})"
-    reachable = _condition(job, "WorkerReachable")
-    if reachable.get("status") == "False":
-        # WorkerUnreachable, or WorkerRemoved: its worker left the registry and is drained
-        return reachable.get("reason") or "WorkerUnreachable"
-    jobs = (job.get("status") or {}).get("jobsStatus") or []
-    if any(j.get("active") for j in jobs):
-        return "Running"
-    annotations = job["metadata"].get("annotations") or {}
-    if not annotations.get(c.PLACEMENT_ANNOTATION):
-        return "Waiting"
-    # Only a status from the copy proves it exists (e.g. while a worker's webhook refuses
-    # or times out every create, the job is placed but has no copy).
-    from_worker = [x for x in (job.get("status") or {}).get("conditions") or []
-                   if x.get("type") not in ("Placed", "WorkerReachable")]
-    return "Dispatched" if from_worker else "Placed (no copy reported yet)"
-
-
-def job_summary(job: dict) -> dict[str, Any]:
-    """One multicluster TrainJob as the status command and the dashboard show it."""
-    meta = job["metadata"]
-    return {"namespace": meta["namespace"], "name": meta["name"],
-            "state": job_state(job),
-            "worker": (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, ""),
-            "jobsStatus": (job.get("status") or {}).get("jobsStatus") or [],
-            "age": _age(meta.get("creationTimestamp"))}
+from trainjob import required_apis
 
 
 def collect(api: client.ApiClient) -> dict[str, Any]:
+    required_apis.require(api, "manager", [required_apis.TRAINJOBS,
+                                           required_apis.MULTIKUEUECLUSTERS,
+                                           required_apis.MULTIKUEUECONFIGS])
     custom = client.CustomObjectsApi(api)
     clusters = []
     for obj in custom.list_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION,
                                                  c.MULTIKUEUECLUSTERS)["items"]:
-        active = _condition(obj, "Active")
+        active = condition(obj, "Active")
         clusters.append({"name": obj["metadata"]["name"],
                          "active": active.get("status", "Unknown"),
                          "reason": active.get("reason", ""),
                          "message": active.get("message", ""),
-                         "age": _age(obj["metadata"].get("creationTimestamp"))})
+                         "age": age(obj["metadata"].get("creationTimestamp"))})
+    # A name a MultiKueueConfig lists without a MultiKueueCluster: not used, and said so.
+    known = {cluster["name"] for cluster in clusters}
+    for config in custom.list_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION,
+                                                    c.MULTIKUEUECONFIGS)["items"]:
+        for name in (config.get("spec") or {}).get("clusters") or []:
+            if name not in known:
+                known.add(name)
+                clusters.append({"name": name, "active": "Missing", "reason": "NotFound",
+                                 "message": f"listed by MultiKueueConfig "
+                                            f"{config['metadata']['name']}, but no "
+                                            "MultiKueueCluster has that name",
+                                 "age": "-"})
     jobs = [job_summary(obj) for obj in custom.list_cluster_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
         if (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE]

@@ -148,7 +148,7 @@ class TrainJob(_Model):
 
     @property
     def managed_by_operator(self) -> bool:
-        """True when the built-in training operator owns this job (DESIGN 2.1)."""
+        """True when the built-in training operator owns this job."""
         return operator_manages(self.spec.managed_by)
 
     def condition(self, type_: str) -> Condition | None:

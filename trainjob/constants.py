@@ -48,6 +48,15 @@ CONDITION_COMPLETE = "Complete"
 CONDITION_FAILED = "Failed"
 REASON_SUSPENDED = "Suspended"
 REASON_RESUMED = "Resumed"
+# The dispatcher's own conditions on a manager TrainJob (the rest of its status is the
+# copy's), and their reasons.
+CONDITION_PLACED = "Placed"
+CONDITION_WORKER_REACHABLE = "WorkerReachable"
+REASON_NO_WORKER = "NoWorkerFits"
+REASON_REMOTE_DELETED = "RemoteDeleted"
+REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
+REASON_WORKER_LOST = "WorkerLost"
+REASON_WORKER_REMOVED = "WorkerRemoved"
 
 # JobSet condition types.
 JOBSET_COMPLETED = "Completed"

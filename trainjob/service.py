@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from trainjob import logs
 from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
+from trainjob.required_apis import MissingResources
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
     except ListenError as err:
         print(f"error: {err.strerror}", file=sys.stderr)
         return 1
-    except (OSError, TimeoutError) as err:
+    except (OSError, TimeoutError, MissingResources) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:

@@ -16,6 +16,7 @@ from kubernetes import client
 from training_operator.metrics import OperatorMetrics
 from training_operator.reconciler import Caches, TrainJobReconciler
 from trainjob import constants as c
+from trainjob import required_apis
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -99,6 +100,10 @@ class OperatorController:
     # --- running --------------------------------------------------------------------
 
     def start(self, sync_timeout: float = 60) -> OperatorController:
+        # A missing CRD is named with how to install it, not left to a cache that never syncs.
+        required_apis.require(self.api, "worker", [
+            required_apis.TRAINJOBS, required_apis.TRAININGRUNTIMES,
+            required_apis.CLUSTERTRAININGRUNTIMES, required_apis.JOBSETS])
         for informer in self.informers:
             informer.start()
         deadline = time.monotonic() + sync_timeout

@@ -4,6 +4,8 @@ worker that keeps failing, a bad --kubeconfig, a manager without the CRDs it nee
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 import time
 
 import pytest
@@ -84,9 +86,6 @@ def test_a_failing_worker_logs_its_state_changes_not_every_retry(
 ], ids=["missing", "empty", "text", "broken-yaml"])
 def test_a_bad_kubeconfig_file_is_named_with_what_is_wrong(tmp_path, module, command,
                                                            content, words):
-    import subprocess
-    import sys
-
     path = tmp_path / "manager.kubeconfig"
     if content is not None:
         path.write_text(content)
@@ -95,3 +94,79 @@ def test_a_bad_kubeconfig_file_is_named_with_what_is_wrong(tmp_path, module, com
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert done.stderr.strip() == f"error: --kubeconfig {path}: {words}", done.stderr
+
+
+@pytest.mark.parametrize("module, command, cluster, words", [
+    # A worker serves TrainJobs but no MultiKueue CRDs; the manager serves no JobSets.
+    ("dispatcher", "status", "worker-1",
+     "the manager cluster does not serve multikueueclusters.kueue.x-k8s.io/v1beta2, "
+     "multikueueconfigs.kueue.x-k8s.io/v1beta2; install the CRDs with: "
+     "kubectl apply -k manifests/multikueue-crds"),
+    ("dispatcher", "run", "worker-1",
+     "the manager cluster does not serve multikueueclusters.kueue.x-k8s.io/v1beta2, "
+     "multikueueconfigs.kueue.x-k8s.io/v1beta2; install the CRDs with: "
+     "kubectl apply -k manifests/multikueue-crds"),
+    ("training_operator", "run", "manager",
+     "the worker cluster does not serve jobsets.jobset.x-k8s.io/v1alpha2; install the CRDs "
+     "with: kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"),
+], ids=["dispatcher-status", "dispatcher-run", "operator-run"])
+def test_missing_crds_are_named_with_how_to_install_them(multicluster, module, command,
+                                                         cluster, words):
+    argv = [sys.executable, "-m", module, command,
+            "--kubeconfig", str(multicluster[cluster].kubeconfig)]
+    if command == "run":
+        argv += ["--metrics-port", "0"] + (["--no-leader-elect"] if module == "dispatcher" else [])
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert words in done.stderr, done.stderr
+    assert "404" not in done.stderr and "HTTP response headers" not in done.stderr, done.stderr
+    assert time.monotonic() - started < 30, "it must not wait for a cache that never syncs"
+
+
+def events_about(manager, name: str, reason: str) -> list[str]:
+    return [e.message for e in manager.core.list_namespaced_event("default").items
+            if e.involved_object.name == name and e.reason == reason]
+
+
+def test_registration_mistakes_are_said_once_with_an_event(multicluster, tmp_path,
+                                                           run_dispatcher):
+    """A MultiKueueConfig naming a cluster that does not exist, a static worker whose
+    kubeconfig is missing, and one named like a MultiKueueCluster."""
+    manager = multicluster.manager
+    tag = secrets.token_hex(3)
+    clash, absent, config = f"clash-{tag}", f"absent-{tag}", f"mistakes-{tag}"
+    fixtures.register_worker(manager.api, clash, multicluster["worker-2"].kubeconfig)
+    fixtures.register_config(manager.api, config, [clash, absent])
+    config_file = tmp_path / "dispatcher.yaml"
+    config_file.write_text(yaml.safe_dump({"workers": [
+        {"name": clash, "kubeconfig": str(multicluster["worker-1"].kubeconfig)},
+        {"name": f"static-{tag}", "kubeconfig": str(tmp_path / "no-such.kubeconfig")}]}))
+    try:
+        dispatcher = run_dispatcher(manager, "--multikueue-config", config, "--config",
+                                    str(config_file))
+        eventually(lambda: events_about(manager, config, "ClusterNotFound"), bool,
+                   expected=f"a ClusterNotFound Event on MultiKueueConfig {config}")
+        eventually(lambda: events_about(manager, clash, "NameClash"), bool,
+                   expected=f"a NameClash Event on MultiKueueCluster {clash}")
+        # The MultiKueueCluster is the one used: it reaches worker-2, not worker-1.
+        eventually(lambda: active_condition(manager, clash),
+                   lambda cond: cond.get("status") == "True",
+                   expected=f"{clash} Active=True through its MultiKueueCluster")
+        log = dispatcher.log_file.read_text(errors="replace")
+        assert log.count(f"lists {absent}, but no MultiKueueCluster has that name") == 1, log
+        assert log.count(f"workers[0] is named {clash}") == 1, log
+        assert f"worker static-{tag} cannot be used: BadKubeConfig: cannot read " \
+               f"{tmp_path / 'no-such.kubeconfig'}" in log, log
+        shown = subprocess.run([sys.executable, "-m", "dispatcher", "status", "--kubeconfig",
+                                str(manager.kubeconfig)], capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        row = next((line.split() for line in shown.stdout.splitlines()
+                    if line.startswith(absent)), None)
+        assert row == [absent, "Missing", "NotFound", "-"], shown.stdout
+    finally:
+        manager.custom.delete_cluster_custom_object(*MK, "multikueueconfigs", config)
+        manager.custom.delete_cluster_custom_object(*MK, "multikueueclusters", clash)
+        client.CoreV1Api(manager.api).delete_namespaced_secret(f"{clash}-kubeconfig",
+                                                               "kueue-system")

@@ -1,4 +1,5 @@
-"""The project's CRDs as real 1.34 API servers enforce them (DESIGN.md 2.1, 2.3, 2.5)."""
+"""The project's CRDs as real 1.34 API servers enforce them: managedBy, the TrainJob
+schema and MultiKueue's objects."""
 
 import json
 

@@ -1,5 +1,5 @@
 """The training operator against a real kube-apiserver: ownership, the JobSet it builds,
-suspend/resume, status mirrored from the JobSet, and the Events it records (issue 3).
+suspend/resume, status mirrored from the JobSet, and the Events it records.
 
 These tests play the JobSet controller: they write the JobSet's status through its status
 subresource and watch what the operator does with it. So that the worker's real JobSet

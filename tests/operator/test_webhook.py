@@ -1,5 +1,5 @@
 """The TrainJob admission webhook as a user meets it: a real kube-apiserver (worker-1) calls
-the real webhook server over TLS, for every webhook case of issue 3.
+the real webhook server over TLS, for every admission case.
 
 Each test talks to the apiserver only (create / merge-patch, like kubectl) and asserts the
 HTTP status and the message the apiserver returns. No JobSet controller runs: a test that
@@ -393,7 +393,7 @@ def test_a_multikueue_job_with_no_runtime_here_is_accepted(webhook, namespace):
     assert webhook.get(namespace, "remote")["spec"]["managedBy"] == MULTIKUEUE
 
 
-# --- podSpecOverrides on update (DESIGN 2.2) -----------------------------------------------
+# --- podSpecOverrides on update (only while suspended) -----------------------------------------------
 
 OVERRIDE = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "a"}}]
 INJECTED = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"},

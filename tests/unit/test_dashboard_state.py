@@ -16,7 +16,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.controller import DispatcherController
 from dispatcher.dashboard import build_state, display_amount
 from dispatcher.registry import WorkerCluster
-from dispatcher.status_report import job_state
+from dispatcher.job_state import job_state
 from trainjob import constants as c
 from trainjob.observability import ObservabilityServer
 

@@ -50,7 +50,7 @@ def test_recomputing_the_same_world_changes_nothing():
 
 
 def test_the_status_command_says_dispatched_only_once_the_copy_reported():
-    from dispatcher.status_report import job_state
+    from dispatcher.job_state import job_state
     from trainjob import constants as c
 
     placed = {"metadata": {"annotations": {c.PLACEMENT_ANNOTATION: "worker-1"}},

@@ -1,4 +1,5 @@
-"""``review()``, the TrainJob admission rules, as a pure function (issue 3, DESIGN 2.1-2.2).
+"""``review()``, the TrainJob admission rules, as a pure function: managedBy, runtimeRef,
+names and podSpecOverrides.
 
 The lookups here are an in-memory table of runtimes and JobSets; what the real apiserver does
 with the answers is proven in tests/operator/test_webhook.py.
