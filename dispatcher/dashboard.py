@@ -119,7 +119,8 @@ def job_view(job: dict, sync_lag: SyncLag | None = None) -> dict[str, Any]:
 
 def _explanation(state: str, conditions: list[dict[str, str]]) -> str:
     """The condition message that says why a job is in its state, if one does."""
-    wanted = {"Pending": (c.CONDITION_PLACED, "False"), c.CONDITION_FAILED: (c.CONDITION_FAILED, "True"),
+    wanted = {"Pending": (c.CONDITION_PLACED, "False"),
+              c.CONDITION_FAILED: (c.CONDITION_FAILED, "True"),
               c.REASON_WORKER_UNREACHABLE: (c.CONDITION_WORKER_REACHABLE, "False")}.get(state)
     if wanted is None:
         return ""

@@ -81,10 +81,13 @@ def test_broken_registrations_are_reported_and_nothing_else_suffers(dispatch_env
             create(env.manager, namespace, trainjob(f"ok-{i}"))
             worker, _ = wait_placed(env, namespace, f"ok-{i}")
             assert worker in ("worker-1", "worker-2")
-        # Fixing the Secret recovers without a restart.
+        # Fixing the Secret recovers without a restart: it connects, and (worker-1's
+        # kubeconfig) is recognised as a second registration of worker-1.
         put({"kubeconfig": good})
-        eventually(lambda: active(env, name), lambda cond: cond.get("status") == "True",
-                   timeout=30, expected="Active=True once the Secret is fixed")
+        eventually(lambda: active(env, name),
+                   lambda cond: cond.get("reason") == "DuplicateRegistration"
+                   and "worker-1" in cond.get("message", ""), timeout=30,
+                   expected="connected once the Secret is fixed, and known as worker-1")
     finally:
         fixtures.register_config(env.manager.api, CONFIG, ["worker-1", "worker-2"])
         env.manager.custom.delete_cluster_custom_object(*MK, name)

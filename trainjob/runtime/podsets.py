@@ -96,20 +96,31 @@ class PodSet:
         sidecars = [x for x in self.init_containers if x.get("restartPolicy") == "Always"]
         # Sidecars (restartable init containers) run alongside the main containers.
         for container in self.containers + sidecars:
-            for resource, amount in _container_requests(container).items():
+            for resource, amount in self._container_requests(container).items():
                 total[resource] = total.get(resource, Decimal(0)) + amount
         for container in self.init_containers:
             if container.get("restartPolicy") == "Always":
                 continue
-            for resource, amount in _container_requests(container).items():
+            for resource, amount in self._container_requests(container).items():
                 total[resource] = max(total.get(resource, Decimal(0)), amount)
         return total
 
-
-def _container_requests(container: dict[str, Any]) -> dict[str, Decimal]:
-    resources = container.get("resources") or {}
-    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-    return {name: parse_quantity(value) for name, value in merged.items()}
+    def _container_requests(self, container: dict[str, Any]) -> dict[str, Decimal]:
+        resources = container.get("resources") or {}
+        amounts = {}
+        for kind in ("limits", "requests"):  # a request wins over its limit
+            for name, value in (resources.get(kind) or {}).items():
+                try:
+                    amount = parse_quantity(value)
+                except ValueError:
+                    amount = None
+                if amount is None or amount < 0:
+                    # The runtime's template is free-form to the API server: name the spot.
+                    raise ValueError(
+                        f"replicatedJobs[{self.name}] container {container.get('name')}: "
+                        f"resources.{kind}.{name} {value!r} is not a non-negative quantity")
+                amounts[name] = amount
+        return amounts
 
 
 @dataclass
