@@ -32,6 +32,10 @@ Scenarios, in this order:
   sync      remote status written as the operator would; lag until the manager shows it,
             and manager writes per change
   steady    arrivals at 10, 50 and 100 jobs/s for 20 s each: latency percentiles
+  constrained  60 jobs of mixed sizes (a quarter with GPUs) on workers of different
+            sizes that hold them in aggregate but not each: they run to Complete (training
+            operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
+            withdrawn, makespan and mean Node utilisation
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
 Every target is printed with the measured value and whether it was met.
 
@@ -88,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{','.join(map(str, FULL.scaling_workers))})")
     scale.add_argument("--scaling-jobs", type=int,
                        help=f"burst size per scaling step (full {FULL.scaling_jobs})")
+    scale.add_argument("--constrained-jobs", type=int,
+                       help="jobs of mixed sizes in the constrained-placement run (full "
+                       f"{FULL.constrained_jobs})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
-        "placement_policy", "profile")})
+        "constrained_jobs", "placement_policy", "profile")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
     try:

@@ -133,6 +133,17 @@ def render_table(results: dict) -> str:
                  f"{cost['worker_reads']} |")
     lines.append(f"| API cost per status change | manager writes | "
                  f"{sync['manager_writes_per_status_change']} |")
+    if "constrained" in results:
+        tight = results["constrained"]
+        use = tight["utilisation"]
+        lines.append(f"| constrained {tight['jobs']} jobs ({tight['gpu_jobs']} with GPUs), "
+                     f"{tight['workers']} workers of different sizes | makespan / pods stuck "
+                     f"unschedulable / copies withdrawn | {tight['makespan_seconds']} s / "
+                     f"{tight['pods_unschedulable']} / {tight['copies_withdrawn']} |")
+        lines.append("| | mean Node utilisation (cpu, GPUs) while jobs run | "
+                     + ", ".join(f"{resource} {share:.0%}" if share is not None
+                                 else f"{resource} n/a" for resource, share in use.items())
+                     + f" ({tight['finished']} finished, {tight['failed']} failed) |")
     for label, key in (("idle", "idle"), ("burst", "burst"), ("idle", "fill_idle"),
                        ("burst", "fill_burst")):
         item = results["footprint"].get(key)

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import scenarios
+from bench import constrained, scenarios
 from bench.environment import BenchClusters
 from bench.load import LoadRunner
 from bench.report import targets
@@ -37,6 +37,16 @@ def dispatcher_configuration(env: BenchClusters, settings: BenchSettings) -> dic
                                 "placement_policy": parsed.placement_policy})
     return {"flags": list(args), "reconcile_workers": parsed.workers,
             "config": config.model_dump(mode="json")}
+
+
+def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:
+    """The constrained-placement workload under the standalone dispatcher."""
+    operators = constrained.prepare(ctx.env, workers)
+    try:
+        return constrained.constrained(ctx, "bench-constrained", workers,
+                                       ctx.settings.constrained_jobs)
+    finally:
+        constrained.tear_down(ctx.env, workers, operators)
 
 
 def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None = None,
@@ -97,6 +107,8 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
             figures = timed(f"steady-{rate}", scenarios.steady, ctx, rate, workers)
             results["steady"].append(figures)
             mirrored += figures["dispatched"]
+
+        results["constrained"] = timed("constrained", _constrained, ctx, workers)
 
         fill = settings.fill_to - mirrored
         if fill > 0:

@@ -18,6 +18,7 @@ class BenchSettings:
     idle_seconds: float = 10.0        # length of an idle footprint window
     scaling_workers: tuple[int, ...] = (1, 2, 4, 8)
     scaling_jobs: int = 1000          # burst size per scaling step
+    constrained_jobs: int = 60       # jobs of mixed sizes in the constrained-placement run
     placement_policy: str = "worst-fit"
     profile: bool = False             # py-spy the dispatcher during the burst and the fill
 
@@ -32,7 +33,7 @@ class BenchSettings:
 FULL = BenchSettings()
 QUICK = BenchSettings(burst_jobs=100, rates=(10, 50), rate_seconds=5.0, sync_jobs=50,
                       fill_to=500, idle_seconds=3.0, scaling_workers=(1, 2, 4),
-                      scaling_jobs=100)
+                      scaling_jobs=100, constrained_jobs=24)
 
 
 def preset(quick: bool, **overrides) -> BenchSettings:

@@ -26,6 +26,7 @@ class TrainJobTimeline:
         self.cluster = cluster
         self.api = api_client(kubeconfig)
         self.added: dict[Key, float] = {}
+        self.deleted: dict[Key, list[float]] = {}  # every deletion seen, in order
         self.condition_seen: dict[tuple[str, str, str], float] = {}
         self.relists = 0
         self._changed = changed
@@ -108,6 +109,8 @@ class TrainJobTimeline:
         key = (meta["namespace"], meta["name"])
         with self._changed:
             if kind == "DELETED":
+                self.deleted.setdefault(key, []).append(now)
+                self._changed.notify_all()
                 return
             self.added.setdefault(key, now)
             for condition in (obj.get("status") or {}).get("conditions") or []:
@@ -119,6 +122,8 @@ class TrainJobTimeline:
         with self._changed:
             for key in [k for k in self.added if k[0] == namespace]:
                 del self.added[key]
+            for key in [k for k in self.deleted if k[0] == namespace]:
+                del self.deleted[key]
             for key in [k for k in self.condition_seen if k[0] == namespace]:
                 del self.condition_seen[key]
 

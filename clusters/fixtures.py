@@ -103,19 +103,22 @@ def remove_node(api: client.ApiClient, name: str) -> None:
 
 def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "1Gi",
                   namespace: str | None = None,
-                  pod_annotations: dict[str, str] | None = None) -> dict[str, Any]:
+                  pod_annotations: dict[str, str] | None = None,
+                  node_selector: dict[str, str] | None = None) -> dict[str, Any]:
     """A ClusterTrainingRuntime (or TrainingRuntime with ``namespace``) for torch with
     dataset and model initializers and a trainer job, each pod requesting cpu/memory.
     ``pod_annotations`` go on every pod (e.g. ``worker_stack.OUTCOME_ANNOTATION``, to tell
-    kwok how the pods end)."""
+    kwok how the pods end), and so does ``node_selector``."""
     def job(job_name: str, role: str, image: str) -> dict[str, Any]:
         pod_metadata = {"annotations": dict(pod_annotations)} if pod_annotations else {}
+        pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
+            "name": job_name, "image": image,
+            "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+        if node_selector:
+            pod_spec["nodeSelector"] = dict(node_selector)
         return {"name": job_name, "template": {
             "metadata": {"labels": {c.ANCESTOR_LABEL: role}},
-            "spec": {"template": {"metadata": pod_metadata,
-                                  "spec": {"restartPolicy": "Never", "containers": [{
-                "name": job_name, "image": image,
-                "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}}}}
+            "spec": {"template": {"metadata": pod_metadata, "spec": pod_spec}}}}
 
     metadata: dict[str, Any] = {"name": name}
     if namespace:

@@ -3,6 +3,11 @@
 Handlers update per-node totals as events arrive, so a placement decision is a walk over
 nodes in memory, never a re-list. Jobs the dispatcher has just placed are reserved until
 their pods appear, so a burst of decisions sees each other's footprint.
+
+Room is checked twice: in total over the Nodes a job may use, and pod by pod (``pack``):
+every pod must fit on one Node, or the scheduler would leave it Pending however much room
+the worker has in sum. A job placed by packing reserves its room on the Nodes the packing
+chose, so the next decision packs around it.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class WorkerCapacity:
         self._used: dict[str, Resources] = {}  # node name -> requests of pods bound there
         self._job_used: dict[JobKey, Resources] = {}  # job -> requests of its bound pods
         self._reserved: dict[JobKey, Resources] = {}
+        # Where a reserved job's pods were packed (node -> requests), and what its bound
+        # pods use per node: the planned room stays taken until the pods take it.
+        self._planned: dict[JobKey, dict[str, Resources]] = {}
+        self._job_node_used: dict[tuple[JobKey, str], Resources] = {}
         # What each reservation still counts for, and the sum of those: kept current as
         # reservations and pods change, so a placement does not sum every placed job.
         self._counted: dict[JobKey, Resources] = {}
@@ -100,20 +109,28 @@ class WorkerCapacity:
         _add(self._used, use.node, use.requests, sign)
         if use.job is not None:
             _add(self._job_used, use.job, use.requests, sign)
+            _add(self._job_node_used, (use.job, use.node), use.requests, sign)
             self._recount(use.job)
 
     # --- reservations -----------------------------------------------------------------
 
-    def reserve(self, job_key: JobKey, requests: Resources, pods: int) -> None:
-        """Count a just-placed job's footprint until its pods account for it (idempotent)."""
+    def reserve(self, job_key: JobKey, requests: Resources, pods: int,
+                planned: dict[str, Resources] | None = None) -> None:
+        """Count a just-placed job's footprint until its pods account for it (idempotent);
+        ``planned`` says on which Nodes its pods were packed."""
         with self._lock:
             self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
+            if planned:
+                self._planned[job_key] = planned
+            else:
+                self._planned.pop(job_key, None)
             self._recount(job_key)
 
     def release(self, job_key: JobKey) -> bool:
         """Stop counting the job's reservation (job finished, deleted or moved); True when
         there was one."""
         with self._lock:
+            self._planned.pop(job_key, None)
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
                 return True
@@ -151,6 +168,43 @@ class WorkerCapacity:
                      if node.usable and admits(node.labels, node.taints, node_selector,
                                                tolerations)]
             return self._free(nodes)
+
+    def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
+             tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
+        """Where ``pods`` (each one's requests) would go on the Nodes that admit them,
+        largest first, each onto the Node it leaves fullest (as the scheduler's
+        MostAllocated scoring would); or why one cannot go anywhere. Room planned for other
+        reserved jobs is taken; reservations without a plan are counted by ``free``."""
+        with self._lock:
+            room = {name: self._node_room(name) for name, node in self._nodes.items()
+                    if node.usable and admits(node.labels, node.taints, node_selector,
+                                              tolerations)}
+        planned: dict[str, Resources] = {}
+        for pod in sorted(pods, key=lambda r: sorted(r.items()), reverse=True):
+            wanted = {**pod, PODS: pod.get(PODS, Decimal(1))}
+            fitting = [name for name, free in room.items()
+                       if all(free.get(r, Decimal(0)) >= amount
+                              for r, amount in wanted.items()
+                              if amount > 0 and (r != PODS or r in free))]
+            if not fitting:
+                return _no_node_for(wanted, room)
+            name = min(fitting, key=lambda n: (_leftover_share(room[n], wanted), n))
+            _accumulate(room[name], wanted, -1)
+            _accumulate(planned.setdefault(name, {}), wanted)
+        return planned
+
+    def _node_room(self, name: str) -> Resources:
+        """A Node's allocatable less its bound pods and the room planned there for reserved
+        jobs whose pods have not taken it yet. Called under the lock."""
+        room = dict(self._nodes[name].allocatable)
+        _accumulate(room, self._used.get(name, {}), -1)
+        for job, plan in self._planned.items():
+            bound = self._job_node_used.get((job, name), {})
+            for resource, amount in plan.get(name, {}).items():
+                outstanding = amount - bound.get(resource, Decimal(0))
+                if outstanding > 0:
+                    room[resource] = room.get(resource, Decimal(0)) - outstanding
+        return room
 
     def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
                           tolerations: list[dict] | None = None) -> str | None:
@@ -203,6 +257,32 @@ class WorkerCapacity:
 
 
 # --- pure helpers -----------------------------------------------------------------------
+
+def _leftover_share(free: Resources, wanted: Resources) -> Decimal:
+    """Mean share of the Node's free room left after ``wanted``, over what it asks for."""
+    shares = [(free.get(r, Decimal(0)) - amount) / free[r]
+              for r, amount in wanted.items() if amount > 0 and free.get(r, Decimal(0)) > 0]
+    return sum(shares) / len(shares) if shares else Decimal(0)
+
+
+def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:
+    """"no Node has room for a pod of 12 cpu (most free on one Node: 8)"."""
+    from dispatcher.placement import format_amount  # placement reads this module's PODS
+
+    asked = {r: a for r, a in pod.items() if a > 0 and r != PODS}
+    if not room:
+        return "no Node admits its pods"
+    parts = []
+    for resource, amount in sorted(asked.items()):
+        most = max(max(free.get(resource, Decimal(0)), Decimal(0)) for free in room.values())
+        if most < amount:
+            parts.append(f"{format_amount(resource, amount)} {resource} (most free on one "
+                         f"Node: {format_amount(resource, most)})")
+    if not parts:
+        parts = [" and ".join(f"{format_amount(r, a)} {r}" for r, a in sorted(asked.items()))
+                 + " together"]
+    return "no Node has room for a pod of " + "; ".join(parts)
+
 
 def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
     """Kubernetes' Toleration.ToleratesTaint: effect and key must match when set; Exists

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher import mirror
-from dispatcher.placement import POLICIES, Candidate, describe_reasons, place_trainjob
+from dispatcher.placement import (POLICIES, Candidate, describe_reasons, place_trainjob,
+                                  shortfalls)
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
@@ -38,6 +39,7 @@ class Need:
     pods: int
     node_selector: dict[str, str] | None
     tolerations: list[dict] | None
+    each_pod: list[dict[str, Decimal]] = field(default_factory=list)  # per-pod requests
 
 
 class Placer:
@@ -61,7 +63,10 @@ class Placer:
             decision = self._choose(job)
             if not isinstance(decision, str):
                 worker, need = decision
-                worker.capacity.reserve(key, need.requests, need.pods)
+                plan = worker.capacity.pack(need.each_pod, need.node_selector,
+                                            need.tolerations)
+                worker.capacity.reserve(key, need.requests, need.pods,
+                                        plan if isinstance(plan, dict) else None)
         return decision
 
     def _choose(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
@@ -72,6 +77,12 @@ class Placer:
             if need is not None:
                 needs[worker.name] = need
             free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
+            if need is not None and not shortfalls(need.requests, need.pods, free):
+                # Room in sum: each pod must also fit on one Node.
+                plan = worker.capacity.pack(need.each_pod, need.node_selector,
+                                            need.tolerations)
+                if isinstance(plan, str):
+                    problem = plan
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
             return "no worker cluster is registered"
@@ -131,8 +142,10 @@ class Placer:
         trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
         pod_spec = trainers[0].pod_spec if trainers else {}
         totals = info.totals
+        each_pod = [pod_set.requests for pod_set in info.pod_sets
+                    for _ in range(pod_set.count)]
         return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                          pod_spec.get("tolerations"))
+                          pod_spec.get("tolerations"), each_pod)
 
     # --- reservations --------------------------------------------------------------------
 

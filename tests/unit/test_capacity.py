@@ -428,3 +428,53 @@ def test_nodes_kept_out_by_a_rule_are_named_with_the_rule():
     assert capacity.excluded_by_rules(None, None) == (
         "Nodes excluded: 1 not Ready or cordoned, 1 with taint gpu=true:NoSchedule "
         "(not tolerated)")
+
+
+# --- packing pods onto Nodes ------------------------------------------------------------
+
+def test_room_in_sum_is_not_room_on_a_node():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    assert capacity.free()["cpu"] == 16
+    refused = capacity.pack([{"cpu": D(12)}])
+    assert refused == "no Node has room for a pod of 12 cpu (most free on one Node: 8)"
+    plan = capacity.pack([{"cpu": D(6)}, {"cpu": D(6)}])
+    assert sorted(plan) == ["a", "b"], plan  # one pod per Node: 6 + 6 do not share 8
+
+
+def test_pods_go_where_they_leave_a_node_fullest():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("small", cpu=4), node("large", cpu=32))
+    assert capacity.pack([{"cpu": D(3)}]) == {"small": {"cpu": D(3), "pods": D(1)}}
+    assert list(capacity.pack([{"cpu": D(6)}])) == ["large"]
+
+
+def test_a_planned_job_keeps_its_room_on_its_nodes_until_its_pods_take_it():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    job = ("team-a", "first")
+    plan = capacity.pack([{"cpu": D(6)}])
+    capacity.reserve(job, {"cpu": D(6)}, pods=1, planned=plan)
+    (taken,) = plan
+    # The next job packs around the first one's planned room.
+    second = capacity.pack([{"cpu": D(6)}])
+    assert list(second) != [taken], second
+    assert isinstance(capacity.pack([{"cpu": D(6)}, {"cpu": D(6)}]), str)
+    # Its pod binds where planned: the room is counted once, as the pod's.
+    capacity.on_pod(ADDED, None, pod("first-node-0", node_name=taken, cpu="6", job="first"))
+    assert list(capacity.pack([{"cpu": D(6)}])) != [taken]
+    capacity.release(job)
+    assert list(capacity.pack([{"cpu": D(6)}])) != [taken]  # its pod still runs there
+
+
+def test_packing_follows_node_selectors_and_names_what_no_node_has():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("cpu-only", cpu=64), node("gpu", cpu=8, gpu=4,
+                                                         labels={"pool": "gpu"}))
+    assert list(capacity.pack([{"cpu": D(2), GPU: D(2)}])) == ["gpu"]
+    assert capacity.pack([{GPU: D(8)}]) == (
+        f"no Node has room for a pod of 8 {GPU} (most free on one Node: 4)")
+    assert capacity.pack([{"cpu": D(16)}], node_selector={"pool": "gpu"}) == (
+        "no Node has room for a pod of 16 cpu (most free on one Node: 8)")
+    assert capacity.pack([{"cpu": D(1)}], node_selector={"pool": "none"}) == (
+        "no Node admits its pods")
