@@ -106,3 +106,13 @@ def active(env, name: str) -> dict:
     obj = env.manager.custom.get_cluster_custom_object(*MK, name)
     return next((x for x in (obj.get("status") or {}).get("conditions") or []
                  if x["type"] == "Active"), {})
+
+
+def idle_workers(env) -> None:
+    """The precondition of a test that relies on best fit putting a small job on worker-1
+    (16 cpu against worker-2's 64): both workers answer, and no earlier test's namespace
+    (with its pods, which hold room) is still going away."""
+    for worker in ("worker-1", "worker-2"):
+        eventually(lambda w=worker: active(env, w), lambda cond: cond.get("status") == "True",
+                   timeout=60, expected=f"{worker} Active=True before the test")
+    wait_no_namespace_terminating(env)

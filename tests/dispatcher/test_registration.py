@@ -13,15 +13,10 @@ from clusters.testing import eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    CONFIG, MK, active, condition, create, get, placement, remotes, trainjob, wait_placed)
+    CONFIG, MK, active, condition, create, get, idle_workers, placement, remotes, trainjob,
+    wait_placed)
 
 WORKERS = ["worker-1", "worker-2"]
-
-
-def wait_active(env, *names: str) -> None:
-    for name in names:
-        eventually(lambda n=name: active(env, n), lambda cond: cond.get("status") == "True",
-                   timeout=30, expected=f"{name} Active=True")
 
 
 def jobset_uid(env, worker: str, namespace: str, name: str) -> str | None:
@@ -42,7 +37,7 @@ def sweeps(env) -> int:
 
 def test_one_worker_registered_twice_is_refused_and_its_jobs_stay(dispatch_env, namespace):
     env = dispatch_env
-    wait_active(env, *WORKERS)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("kept"))  # small: best fit puts it on worker-1
     worker, remote = wait_placed(env, namespace, "kept")
     assert worker == "worker-1"
@@ -83,7 +78,7 @@ def test_one_worker_registered_twice_is_refused_and_its_jobs_stay(dispatch_env, 
 def test_a_worker_leaving_the_registry_is_drained_before_its_jobs_move(dispatch_env,
                                                                       namespace):
     env = dispatch_env
-    wait_active(env, *WORKERS)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("mover"))  # small: best fit puts it on worker-1
     worker, remote = wait_placed(env, namespace, "mover")
     assert worker == "worker-1"
@@ -113,14 +108,14 @@ def test_a_worker_leaving_the_registry_is_drained_before_its_jobs_move(dispatch_
                    lambda uid: uid is None, expected="the JobSet on worker-1 gone")
     finally:
         fixtures.register_config(env.manager.api, CONFIG, WORKERS)
-    wait_active(env, *WORKERS)
+    idle_workers(env)
 
 
 def test_a_dispatcher_started_without_a_worker_in_use_drains_it(dispatch_env, namespace):
     """A narrower MultiKueueConfig given at start: the jobs on the worker left out are
     drained the same way, not placed again beside their running copies."""
     env = dispatch_env
-    wait_active(env, *WORKERS)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("restarted"))
     worker, _ = wait_placed(env, namespace, "restarted")
     assert worker == "worker-1"
@@ -148,4 +143,4 @@ def test_a_dispatcher_started_without_a_worker_in_use_drains_it(dispatch_env, na
         env.restart_dispatcher()
         client.CustomObjectsApi(env.manager.api).delete_cluster_custom_object(
             "kueue.x-k8s.io", "v1beta2", "multikueueconfigs", "only-worker-2")
-    wait_active(env, *WORKERS)
+    idle_workers(env)

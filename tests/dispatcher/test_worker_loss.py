@@ -11,18 +11,13 @@ import time
 from clusters.testing import eventually
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    trainjob, create, get, placement, condition, remotes, wait_placed, complete_jobset, active)
-
-
-def wait_active(env, worker: str = "worker-1") -> None:
-    """A previous test may have just restarted the worker: start from a connected one."""
-    eventually(lambda: active(env, worker), lambda cond: cond.get("status") == "True",
-               timeout=30, expected=f"{worker} Active=True before the test")
+    active, complete_jobset, condition, create, get, idle_workers, placement, remotes, trainjob,
+    wait_placed)
 
 
 def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):
     env = dispatch_env
-    wait_active(env)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("steady"))  # small: best fit puts it on worker-1
     worker_name, remote = wait_placed(env, namespace, "steady")
     assert worker_name == "worker-1"
@@ -67,7 +62,7 @@ def test_the_unreachable_condition_clears_when_the_worker_answers_again(dispatch
     once the worker answers again, the manager loses WorkerReachable=False within seconds,
     without waiting for the copy's status to change."""
     env = dispatch_env
-    wait_active(env)
+    idle_workers(env)
     operator = env.operators["worker-1"]
     operator.stop()
     try:
@@ -96,8 +91,7 @@ def test_the_unreachable_condition_clears_when_the_worker_answers_again(dispatch
 def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispatch_env,
                                                                            namespace):
     env = dispatch_env
-    wait_active(env)
-    wait_active(env)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("mover"))
     worker_name, old_copy = wait_placed(env, namespace, "mover")
     assert worker_name == "worker-1"
@@ -128,7 +122,7 @@ def test_a_lost_worker_s_jobs_move_and_its_stale_copy_is_removed_on_return(dispa
 def test_deleting_a_job_whose_worker_is_down_finishes_after_the_timeout(dispatch_env,
                                                                         namespace):
     env = dispatch_env
-    wait_active(env)
+    idle_workers(env)
     create(env.manager, namespace, trainjob("orphan"))
     worker_name, _ = wait_placed(env, namespace, "orphan")
     assert worker_name == "worker-1"
