@@ -83,7 +83,10 @@ def install_crds(api_client: client.ApiClient, crds: list[dict], timeout: float 
     for crd in crds:
         name = crd["metadata"]["name"]
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
-        version = next(v["name"] for v in crd["spec"]["versions"] if v.get("served", True))
+        # The stored version: listing it needs no conversion webhook (whose server may not
+        # run yet).
+        versions = crd["spec"]["versions"]
+        version = next((v["name"] for v in versions if v.get("storage")), versions[0]["name"])
         last_seen = "not observed yet"
         while True:
             state = json.loads(ext.read_custom_resource_definition(

@@ -63,13 +63,17 @@ FEATURE_GATES = {"VisibilityOnDemand": False, "WorkloadRequestUseMergePatch": Tr
 
 # Paths inside the Kueue module.
 CRDS_DIR = "config/components/crd/bases"
-CONVERSION_PATCHES = "config/components/crd/patches"  # webhook_in_<plural>.yaml
+# Which CRDs Kueue converts: the patches its CRD kustomization applies.
+CRD_KUSTOMIZATION = "config/components/crd/kustomization.yaml"
 WEBHOOKS = "config/components/webhook/manifests.yaml"
 # Kueue's kustomize overlay prefixes every name with this; its certificate management
 # looks for the webhook configurations by the prefixed names.
 NAME_PREFIX = "kueue-"
 WEBHOOK_SERVICE = "kueue-webhook-service"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
+# Where Kueue's release keeps its Configuration.
+CONFIG_MAP = "kueue-manager-config"
+CONFIG_KEY = "controller_manager_config.yaml"
 # The CA name Kueue's certificate management checks its CA certificate against.
 CA_NAME = "kueue-ca"
 # Kueue renews a certificate that expires within 90 days: give it more.
@@ -99,13 +103,18 @@ def _documents(path: Path) -> list[dict]:
 def crds(url_base: str, ca_bundle: bytes) -> list[dict]:
     """Kueue's CRDs; those Kueue converts between versions call ``url_base``/convert."""
     kueue = module_dir()
+    kustomization = yaml.safe_load((kueue / CRD_KUSTOMIZATION).read_text()) or {}
+    patched = kueue / Path(CRD_KUSTOMIZATION).parent
+    converted = {doc["metadata"]["name"]
+                 for patch in kustomization.get("patches") or []
+                 for doc in _documents(patched / patch["path"])
+                 if (doc.get("spec") or {}).get("conversion", {}).get("strategy") == "Webhook"}
     found = []
     for path in sorted((kueue / CRDS_DIR).glob("*.yaml")):
         for crd in _documents(path):
             if crd.get("kind") != "CustomResourceDefinition":
                 continue
-            plural = crd["spec"]["names"]["plural"]
-            if (kueue / CONVERSION_PATCHES / f"webhook_in_{plural}.yaml").exists():
+            if crd["metadata"]["name"] in converted:
                 crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
                     "clientConfig": {"url": f"{url_base}/convert",
                                      "caBundle": base64.b64encode(ca_bundle).decode()},
@@ -137,9 +146,12 @@ def webhook_configurations(url_base: str, ca_bundle: bytes) -> list[dict]:
     return configured
 
 
-def install(api: client.ApiClient, url_base: str, certs: KueueCertificates) -> list[dict]:
-    """The namespace, the webhook Secret and the webhook configurations; returns the CRDs
-    for the caller to install with the rest."""
+def install(api: client.ApiClient, url_base: str, certs: KueueCertificates,
+            config: dict) -> list[dict]:
+    """The namespace, the webhook Secret, the webhook configurations and the ConfigMap
+    holding ``config`` (where Kueue's release keeps its Configuration, so what reads it
+    there finds what this Kueue runs with); returns the CRDs for the caller to install
+    with the rest."""
     core = client.CoreV1Api(api)
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
@@ -155,6 +167,7 @@ def install(api: client.ApiClient, url_base: str, certs: KueueCertificates) -> l
         if err.status != 409:
             raise
         core.replace_namespaced_secret(WEBHOOK_SECRET, NAMESPACE, secret)
+    publish_configuration(api, config)
     admission = client.AdmissionregistrationV1Api(api)
     for document in webhook_configurations(url_base, certs.ca_cert):
         name = document["metadata"]["name"]
@@ -164,6 +177,15 @@ def install(api: client.ApiClient, url_base: str, certs: KueueCertificates) -> l
         patch(name, document, field_manager=FIELD_MANAGER, force=True,
               _content_type="application/apply-patch+yaml")
     return crds(url_base, certs.ca_cert)
+
+
+def publish_configuration(api: client.ApiClient, config: dict) -> None:
+    """``config`` into the ConfigMap where Kueue's release keeps its Configuration."""
+    client.CoreV1Api(api).patch_namespaced_config_map(CONFIG_MAP, NAMESPACE, {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": {CONFIG_KEY: yaml.safe_dump(config, sort_keys=False)},
+    }, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
 
 
 # --- certificates -----------------------------------------------------------------------
@@ -254,15 +276,13 @@ def _rsa_pem(key: rsa.RSAPrivateKey) -> bytes:
 # --- configuration ----------------------------------------------------------------------
 
 
-def write_config(directory: Path, ports: dict[str, int], bind_address: str,
-                 dispatcher: str) -> Path:
-    """Kueue's Configuration for one cluster; ``dispatcher`` is its MultiKueue
-    ``dispatcherName`` (only the manager's matters)."""
+def configuration(directory: Path, ports: dict[str, int], bind_address: str,
+                  dispatcher: str) -> dict:
+    """Kueue's Configuration for one cluster (certificates under ``directory``);
+    ``dispatcher`` is its MultiKueue ``dispatcherName`` (only the manager's matters)."""
     certs = KueueCertificates(directory / "pki").ensure()
     serving = certs.serving_dir(directory / "serving-certs")
-    path = directory / "kueue-config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({
+    return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -278,5 +298,11 @@ def write_config(directory: Path, ports: dict[str, int], bind_address: str,
         "integrations": {"frameworks": list(INTEGRATIONS)},
         "multiKueue": {"dispatcherName": dispatcher, "gcInterval": "30s"},
         "featureGates": dict(FEATURE_GATES),
-    }, sort_keys=False))
+    }
+
+
+def write_config(directory: Path, document: dict) -> Path:
+    path = directory / "kueue-config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

@@ -23,7 +23,7 @@ FLAVOR = "default-flavor"
 CLUSTER_QUEUE = "cluster-queue"
 LOCAL_QUEUE = "user-queue"
 ADMISSION_CHECK = "multikueue-check"
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+QUEUE_NAME_LABEL = c.KUEUE_QUEUE_NAME_LABEL
 RESOURCES = ("cpu", "memory")
 
 

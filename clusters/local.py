@@ -354,8 +354,16 @@ class LocalClusters:
             pid = record.pids.pop(kueue.COMPONENT, None)
             if pid:
                 processes.terminate(pid, self.state_dir)
-            self._save(state)
-            self._bring_up(state, [name], timeout)
+            plane = self.control_plane(record)
+            with api_client(self.kubeconfig(name)) as api:
+                kueue.publish_configuration(api, plane.kueue_configuration())
+            try:
+                self._spawn(record, plane, kueue.COMPONENT)
+            finally:
+                self._save(state)
+            wait_until(f"{name} {kueue.COMPONENT}", plane.kueue_ready, timeout,
+                       alive=functools.partial(self._running, record, kueue.COMPONENT),
+                       log_file=plane.log_file(kueue.COMPONENT))
         return previous
 
     def stop(self, name: str) -> ClusterInfo:
@@ -494,7 +502,7 @@ class LocalClusters:
         with api_client(self.kubeconfig(record.name)) as client:
             if with_kueue:
                 documents += kueue.install(client, plane.kueue_url, kueue.KueueCertificates(
-                    plane.kueue_dir / "pki").ensure())
+                    plane.kueue_dir / "pki").ensure(), plane.kueue_configuration())
             crds.install_crds(client, documents, timeout)
             if record.role == "worker":
                 worker_stack.install_jobset_webhooks(client, worker_stack.jobset_webhook_configurations(

@@ -8,9 +8,12 @@ import socket
 import sys
 import threading
 
+from kubernetes.client.exceptions import ApiException
+
 from dispatcher.config import ConfigError, load_config
 from trainjob import command_line, logs
-from trainjob.kubeclient import KubeconfigError, api_client
+from trainjob.constants import DISPATCHER_USER_AGENT
+from trainjob.kubeclient import KubeconfigError, api_client, describe_error
 from trainjob.service import serve
 
 log = logging.getLogger("dispatcher")
@@ -110,7 +113,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        manager = api_client(args.kubeconfig)
+        manager = api_client(args.kubeconfig, user_agent=DISPATCHER_USER_AGENT)
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
         return 2
@@ -119,6 +122,21 @@ def _main(argv: list[str] | None) -> int:
         return 2
     from dispatcher import dashboard
     from dispatcher.controller import DispatcherController
+    from dispatcher.kueue_presence import KueueOnManager, origin_conflict
+
+    try:
+        conflict = origin_conflict(KueueOnManager(manager, config.namespace), config.origin)
+    except ApiException as err:
+        print(f"error: cannot read Kueue's configuration on the manager: "
+              f"{describe_error(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
+        conflict = None
+        log.warning("cannot reach the manager to check the origin against Kueue's: %s",
+                    str(err).splitlines()[0][:200])
+    if conflict:
+        print(f"error: {conflict}", file=sys.stderr)
+        return 2
 
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,

@@ -25,6 +25,7 @@ from dispatcher import garbage_collection
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.job_timing import JobTimings
+from dispatcher.kueue_presence import KueueOnManager
 from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
@@ -64,15 +65,17 @@ class DispatcherController:
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.metrics.count_jobs(self.trainjobs.list)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
+        self.kueue = KueueOnManager(manager, config.namespace)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
                                        self._on_worker_state, may_write=lambda: self.leading,
                                        observer=self.metrics.observer,
-                                       in_use=self._workers_in_use, recorder=self.recorder)
+                                       in_use=self._workers_in_use, recorder=self.recorder,
+                                       publish_conditions=lambda: not self.kueue.installed())
         self.placer = Placer(self.registry, config.placement_policy)
         self.timings = JobTimings(self.metrics)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
                                              self.placer, self.timings, config, self.recorder,
-                                             self.metrics)
+                                             self.metrics, self.kueue)
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -140,7 +143,8 @@ class DispatcherController:
         for job in self.trainjobs.list():
             meta = job["metadata"]
             if self._ours(job) and not (meta.get("annotations") or {}).get(
-                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend"):
+                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend") \
+                    and not self.kueue.claim(job):
                 self.queue.add((meta["namespace"], meta["name"]))
 
     # --- running --------------------------------------------------------------------
