@@ -37,6 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
                      "service-account configuration when omitted")
     run.add_argument("--config", help="YAML configuration file (keys as in the "
                      "DispatcherConfig model; flags override it)")
+    run.add_argument("--mode", choices=("standalone", "kueue"),
+                     help="standalone (default): claim TrainJobs with managedBy "
+                     "kueue.x-k8s.io/multikueue and mirror them to workers itself; kueue: run "
+                     "as Kueue MultiKueue's external dispatcher, nominating a worker with room "
+                     "for each Workload Kueue has reserved quota for (Kueue's "
+                     "multiKueue.dispatcherName must be --dispatcher-name; Kueue does the "
+                     "copying, status sync and garbage collection)")
+    run.add_argument("--dispatcher-name", help="kueue mode: the name Kueue's "
+                     "multiKueue.dispatcherName gives (default: "
+                     "trainjob-dispatcher.io/capacity)")
+    run.add_argument("--admission-timeout", type=command_line.seconds,
+                     dest="admission_timeout_seconds",
+                     help="kueue mode: seconds a nominated worker may take to admit the "
+                     "Workload before the next worker is nominated (default: 300)")
     run.add_argument("--namespace", help="where kubeconfig Secrets and the Lease live "
                      "(default: kueue-system)")
     run.add_argument("--multikueue-config", help="MultiKueueConfig naming the candidate "
@@ -98,6 +112,8 @@ def _main(argv: list[str] | None) -> int:
     logs.configure(args.log_level, args.log_format)
     try:
         overrides = {
+            "mode": args.mode, "dispatcher_name": args.dispatcher_name,
+            "admission_timeout_seconds": args.admission_timeout_seconds,
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
@@ -124,19 +140,22 @@ def _main(argv: list[str] | None) -> int:
     from dispatcher.controller import DispatcherController
     from dispatcher.kueue_presence import KueueOnManager, origin_conflict
 
-    try:
-        conflict = origin_conflict(KueueOnManager(manager, config.namespace), config.origin)
-    except ApiException as err:
-        print(f"error: cannot read Kueue's configuration on the manager: "
-              f"{describe_error(err)}", file=sys.stderr)
-        return 2
-    except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
-        conflict = None
-        log.warning("cannot reach the manager to check the origin against Kueue's: %s",
-                    str(err).splitlines()[0][:200])
-    if conflict:
-        print(f"error: {conflict}", file=sys.stderr)
-        return 2
+    # Only standalone mode makes remote copies; in kueue mode Kueue makes them all.
+    if config.mode == "standalone":
+        try:
+            conflict = origin_conflict(KueueOnManager(manager, config.namespace),
+                                       config.origin)
+        except ApiException as err:
+            print(f"error: cannot read Kueue's configuration on the manager: "
+                  f"{describe_error(err)}", file=sys.stderr)
+            return 2
+        except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
+            conflict = None
+            log.warning("cannot reach the manager to check the origin against Kueue's: %s",
+                        str(err).splitlines()[0][:200])
+        if conflict:
+            print(f"error: {conflict}", file=sys.stderr)
+            return 2
 
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
@@ -147,7 +166,15 @@ def _main(argv: list[str] | None) -> int:
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
+    if config.mode == "kueue":
+        log.info("dispatcher starting as Kueue's external dispatcher %s (namespace %s)",
+                 config.dispatcher_name, config.namespace)
+        idle, why = controller.kueue_mode_idle()
+        if idle:
+            log.warning("kueue mode idle: %s", why)
+    else:
+        log.info("dispatcher starting (origin %s, namespace %s)", config.origin,
+                 config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
                  routes=routes)

@@ -7,8 +7,8 @@ TrainJobs it manages. The dispatcher never competes with it:
   whose controller is down still owns its jobs; they wait for it, not for us.
 * **A TrainJob is Kueue's** (when Kueue runs) if it carries the ``kueue.x-k8s.io/queue-name``
   label (what a user sets to queue it; Kueue's webhook also sets it from a namespace's
-  default LocalQueue) or the ``kueue.x-k8s.io/prebuilt-workload-name`` label (a copy Kueue
-  made), or if Kueue's Configuration has ``manageJobsWithoutQueueName: true`` (then every
+  default LocalQueue) or names ``kueue.x-k8s.io/prebuilt-workload-name`` (a copy Kueue
+  made; an annotation since Kueue 0.19, a label before), or if Kueue's Configuration has ``manageJobsWithoutQueueName: true`` (then every
   TrainJob is; its namespace selector is not second-guessed). Kueue's ``kueue.x-k8s.io/manager``
   runtime patch says nothing: its webhook adds it to every TrainJob, queued or not.
 * **Kueue's configuration** is read from the ConfigMap its release installs
@@ -42,14 +42,20 @@ RECHECK_SECONDS = 30.0
 
 def kueue_claim(job: dict, manage_without_queue_name: bool = False) -> str | None:
     """Why Kueue manages ``job`` (a TrainJob), or None; meaningful only where Kueue runs."""
-    labels = (job.get("metadata") or {}).get("labels") or {}
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
     if labels.get(c.KUEUE_QUEUE_NAME_LABEL):
         return f"it has the label {c.KUEUE_QUEUE_NAME_LABEL}={labels[c.KUEUE_QUEUE_NAME_LABEL]}"
-    if labels.get(c.KUEUE_PREBUILT_WORKLOAD_LABEL):
-        return f"it has the label {c.KUEUE_PREBUILT_WORKLOAD_LABEL} (a copy Kueue made)"
+    if _prebuilt(meta):
+        return f"it names {c.KUEUE_PREBUILT_WORKLOAD_LABEL} (a copy Kueue made)"
     if manage_without_queue_name:
         return "Kueue's Configuration has manageJobsWithoutQueueName: true"
     return None
+
+
+def _prebuilt(meta: dict) -> bool:
+    return any((meta.get(where) or {}).get(c.KUEUE_PREBUILT_WORKLOAD_LABEL)
+               for where in ("labels", "annotations"))
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,8 @@ class KueueOnManager:
         Kueue does not run)."""
         if not self.installed():
             return None
-        labels = (job.get("metadata") or {}).get("labels") or {}
-        if labels.get(c.KUEUE_QUEUE_NAME_LABEL) or labels.get(c.KUEUE_PREBUILT_WORKLOAD_LABEL):
+        meta = job.get("metadata") or {}
+        if (meta.get("labels") or {}).get(c.KUEUE_QUEUE_NAME_LABEL) or _prebuilt(meta):
             return kueue_claim(job)
         return kueue_claim(job, self.cached_configuration().manage_without_queue_name)
 

@@ -57,7 +57,8 @@ JOBSET_SUSPENDED = "Suspended"
 # MultiKueue conventions.
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 DEFAULT_ORIGIN = "multikueue"
-# Kueue's: the LocalQueue a job is submitted to; and, on a copy Kueue made, its Workload.
+# Kueue's: the LocalQueue a job is submitted to (a label); and, on a copy Kueue made, its
+# Workload (an annotation since Kueue 0.19, a label before).
 KUEUE_QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
 # The spec.runtimePatches entry Kueue's TrainJob webhook adds to every TrainJob it sees.

@@ -91,6 +91,107 @@ def finished(obj: dict | None) -> bool:
                for t in (c.CONDITION_COMPLETE, c.CONDITION_FAILED))
 
 
+@pytest.fixture(scope="module")
+def kueue_dispatcher(kueue_env):
+    """The dispatcher as Kueue's external dispatcher (the manager's Kueue starts with
+    ``dispatcherName: KUEUE_TEST_DISPATCHER``)."""
+    process = ServiceProcess(
+        "dispatcher", kueue_env.manager.kubeconfig, kueue_env.log_dir / "kueue-mode.log",
+        ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--multikueue-config", CONFIG, "--admission-timeout", "30", "--no-leader-elect",
+         "--log-level", "debug")).start()
+    yield process
+    process.stop()
+
+
+def workload_of(cluster, namespace: str, job: str) -> dict | None:
+    """The Workload Kueue made for TrainJob ``job``."""
+    items = cluster.custom.list_namespaced_custom_object(
+        c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads")["items"]
+    return next((w for w in items if any(
+        ref.get("kind") == "TrainJob" and ref.get("name") == job
+        for ref in w["metadata"].get("ownerReferences") or [])), None)
+
+
+def nominations(env, namespace: str) -> list[str]:
+    """The Nominated Events the dispatcher wrote about Workloads in ``namespace``."""
+    return [e.message for e in env.manager.core.list_namespaced_event(namespace).items
+            if e.reason == "Nominated"]
+
+
+def copies(env, namespace: str, name: str) -> dict[str, dict]:
+    found = {w.name: get(w, namespace, name) for w in env.multicluster.workers}
+    return {n: o for n, o in found.items() if o is not None}
+
+
+def test_kueue_mode_full_path(kueue_env, kueue_dispatcher, kueue_namespace):
+    """a. A queued TrainJob on the manager gets quota from Kueue, this dispatcher nominates
+    a worker by capacity, Kueue copies the job there (and only there), the worker's Kueue
+    admits it, the real JobSet and pods run on kwok, and the manager shows Complete."""
+    env, ns = kueue_env, kueue_namespace
+    env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                       queued_trainjob("full-path"))
+    reserved = eventually(lambda: workload_of(env.manager, ns, "full-path"),
+                          lambda w: w is not None and any(
+                              x["type"] == "QuotaReserved" and x["status"] == "True"
+                              for x in (w.get("status") or {}).get("conditions") or []),
+                          expected="Kueue's quota reserved for the job's Workload", timeout=60)
+    said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                      expected="one Nominated Event from the dispatcher")
+    nominated = said[0].rsplit(" ", 1)[-1]
+    placed = eventually(lambda: copies(env, ns, "full-path"), lambda seen: bool(seen),
+                        timeout=60, expected=f"Kueue's copy of the job on {nominated}")
+    assert list(placed) == [nominated] and c.KUEUE_PREBUILT_WORKLOAD_LABEL in (
+        placed[nominated]["metadata"].get("annotations") or {}), (
+        f"expected Kueue's copy (prebuilt-workload annotation) only on the nominated "
+        f"{nominated}; saw {({n: o['metadata'] for n, o in placed.items()})}")
+    worker = env.multicluster[nominated]
+    pods = eventually(lambda: worker.core.list_namespaced_pod(ns).items,
+                      lambda items: len(items) == 3 and all(p.spec.node_name for p in items),
+                      timeout=60, expected=f"the job's 3 pods bound to Nodes on {nominated}")
+    assert {p.spec.node_name for p in pods} == {f"{nominated}-kueue"}, (
+        f"expected every pod on {nominated}'s kwok Node; saw {[p.spec.node_name for p in pods]}")
+    done = eventually(lambda: get(env.manager, ns, "full-path"), finished, timeout=90,
+                      expected="the manager TrainJob finished")
+    assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
+        f"expected Complete on the manager; saw {done.get('status')}")
+    admitted = workload_of(env.manager, ns, "full-path")
+    assert admitted["status"].get("clusterName") == nominated and not admitted["status"].get(
+        "nominatedClusterNames"), (
+        f"expected Kueue to assign {nominated} and clear the nomination; saw "
+        f"clusterName={admitted['status'].get('clusterName')}, "
+        f"nominatedClusterNames={admitted['status'].get('nominatedClusterNames')}")
+    ours = [w for w in audited_writes(env.manager, c.DISPATCHER_USER_AGENT)
+            if w["namespace"] == ns]
+    assert {(w["resource"], w["subresource"], w["verb"]) for w in ours} <= {
+        ("workloads", "status", "patch")} and ours, (
+        f"expected the dispatcher's only writes to be the Workload's status (the nomination); "
+        f"the audit log shows {ours} (reserved: {reserved['metadata']['name']})")
+
+
+def test_kueue_mode_nominates_the_worker_with_room(kueue_env, kueue_dispatcher,
+                                                   kueue_namespace):
+    """b. A job too big for the Nodes of the worker with the most Kueue quota (worker-1:
+    quota 64 cpu, one 8-cpu Node) is nominated to the worker with room (worker-2: quota 32
+    cpu, a 16-cpu Node), and Kueue never copies it to worker-1."""
+    env, ns = kueue_env, kueue_namespace
+    env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                       queued_trainjob("big", cpu="12"))
+    said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                      expected="one Nominated Event from the dispatcher")
+    assert said == ["nominated worker cluster worker-2"], (
+        f"expected worker-2 (room on its Nodes), not worker-1 (most quota, too small); saw "
+        f"{said}")
+    eventually(lambda: copies(env, ns, "big"), lambda seen: list(seen) == ["worker-2"],
+               timeout=60, expected="Kueue's copy on worker-2 only")
+    done = eventually(lambda: get(env.manager, ns, "big"), finished, timeout=90,
+                      expected="the manager TrainJob finished")
+    assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
+        f"expected Complete; saw {done.get('status')}")
+    assert get(env.multicluster["worker-1"], ns, "big") is None, (
+        "expected no copy on worker-1 at any point after the nomination")
+
+
 def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespace):
     """c. Kueue (AllAtOnce) runs a queued job while a standalone dispatcher runs on the same
     manager: the dispatcher refuses Kueue's origin, and with its own it creates, deletes and
