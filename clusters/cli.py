@@ -81,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--upstream-crds", action="append", default=[], metavar="NAME",
                     help="this cluster serves upstream Kubeflow Trainer's TrainJob and runtime "
                     "CRDs (read from the Trainer module) instead of the project's; repeatable")
+    up.add_argument("--kueue", action="append", default=[], metavar="NAME",
+                    help="this cluster runs Kueue (its CRDs, webhooks and controller, read "
+                    "from the Kueue module; only the TrainJob integration); a manager with "
+                    "Kueue serves Kueue's MultiKueue CRDs instead of the project's; "
+                    "repeatable (local provider)")
+    up.add_argument("--kueue-dispatcher", default=None, metavar="NAME",
+                    help="Kueue's multiKueue.dispatcherName on those clusters (default: "
+                    "kueue.x-k8s.io/multikueue-dispatcher-all-at-once; another name makes "
+                    "Kueue wait for an external dispatcher such as `python -m dispatcher run "
+                    "--mode kueue`)")
     nodes_group = up.add_argument_group("worker Nodes (kwok)")
     nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
                              help="Nodes per worker (default: %(default)s)")
@@ -205,9 +215,16 @@ def _main(argv: list[str] | None) -> int:
             else:
                 layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
                                                  args.node_gpus)
+            kueue_args = {}
+            if args.kueue:
+                if args.provider != "local":
+                    raise ValueError("--kueue: only the local provider runs Kueue")
+                kueue_args = {"kueue_clusters": tuple(args.kueue)}
+                if args.kueue_dispatcher:
+                    kueue_args["kueue_dispatcher"] = args.kueue_dispatcher
             infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout,
                                 max_workers=args.max_workers,
-                                upstream_crds=tuple(args.upstream_crds))
+                                upstream_crds=tuple(args.upstream_crds), **kueue_args)
             _print_clusters(infos, args.json,
                             {"provider": args.provider,
                              "seconds": round(time.monotonic() - started, 2)})

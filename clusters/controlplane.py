@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from clusters import nodes, processes, worker_stack
+from clusters import kueue, nodes, processes, worker_stack
 from clusters.binaries import ControlPlaneBinaries
 from clusters.pki import ClusterPKI
 
@@ -38,11 +38,13 @@ KCM_CONTROLLERS = {
 WORKER_PORTS = ("kube-scheduler", "jobset-webhook", "jobset-health", "kwok")
 
 
-def components(role: str) -> tuple[str, ...]:
-    """Every process of a cluster of ``role``, in start order."""
+def components(role: str, with_kueue: bool = False) -> tuple[str, ...]:
+    """Every process of a cluster of ``role`` (``with_kueue``: Kueue too), in start
+    order."""
+    extra = (kueue.COMPONENT,) if with_kueue else ()
     if role == "worker":
-        return (*CONTROL_PLANE, *worker_stack.WORKER_COMPONENTS)
-    return CONTROL_PLANE
+        return (*CONTROL_PLANE, *worker_stack.WORKER_COMPONENTS, *extra)
+    return (*CONTROL_PLANE, *extra)
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 
@@ -81,6 +83,8 @@ class ControlPlane:
     controller_manager_port: int
     role: str = "worker"
     ports: dict[str, int] | None = None
+    # Kueue's MultiKueue dispatcherName when the cluster runs Kueue; None: no Kueue.
+    kueue_dispatcher: str | None = None
 
     def port(self, name: str) -> int:
         return (self.ports or {})[name]
@@ -179,6 +183,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self._audit_flags(),
             ]
         if component == "kube-controller-manager":
             return [
@@ -231,7 +236,49 @@ class ControlPlane:
                 f"--server-address={self.bind_address}:{self.port('kwok')}",
                 "--node-lease-duration-seconds=40",
             ]
+        if component == kueue.COMPONENT:
+            config = kueue.write_config(self.kueue_dir, self.kueue_configuration())
+            return [str(binaries.kueue), f"--kubeconfig={self.kubeconfig_path}",
+                    f"--config={config}", "--zap-log-level=2"]
         raise ValueError(f"unknown component {component!r}")
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log (clusters running Kueue only): one JSON line per write
+        to a TrainJob, JobSet or Kueue object, with who made it (user and User-Agent)."""
+        return self.directory / "logs" / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        # Where Kueue and this project's components act on the same objects, tests must
+        # tell their writes apart; the request metrics do not say who made a request.
+        if self.kueue_dispatcher is None:
+            return []
+        policy = self.directory / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata",
+                       "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+                       "resources": [{"group": "trainer.kubeflow.org"},
+                                     {"group": "jobset.x-k8s.io"},
+                                     {"group": "kueue.x-k8s.io"}]},
+                      {"level": "None"}],
+        }, sort_keys=False))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxbackup=1"]
+
+    def kueue_configuration(self) -> dict:
+        return kueue.configuration(self.kueue_dir, self.ports or {}, self.bind_address,
+                                   self.kueue_dispatcher or kueue.DISPATCHER_ALL_AT_ONCE)
+
+    @property
+    def kueue_dir(self) -> Path:
+        return self.directory / "kueue"
+
+    @property
+    def kueue_url(self) -> str:
+        """Where the apiserver calls Kueue's webhooks and CRD conversion."""
+        return f"https://{self.bind_address}:{self.port('kueue-webhook')}"
 
     # --- probes -------------------------------------------------------------------
 
@@ -279,15 +326,20 @@ class ControlPlane:
             "kube-scheduler": self.scheduler_healthy,
             "jobset-controller": self.jobset_ready,
             "kwok": self.kwok_healthy,
+            kueue.COMPONENT: self.kueue_ready,
         }[component]()
+
+    def kueue_ready(self) -> bool:
+        # Ready once its webhook server serves with the certificates.
+        return worker_stack.http_ok(self.bind_address, self.port("kueue-health"), "/readyz")
 
     def listen_port(self, component: str) -> int:
         return {
             "etcd": self.etcd_client_port,
             "kube-apiserver": self.apiserver_port,
             "kube-controller-manager": self.controller_manager_port,
-        }.get(component) or self.port(
-            "jobset-webhook" if component == "jobset-controller" else component)
+        }.get(component) or self.port({"jobset-controller": "jobset-webhook",
+                                       kueue.COMPONENT: "kueue-webhook"}.get(component, component))
 
     def _probe(self, path: str, port: int) -> bool:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -26,23 +27,24 @@ def manifests_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "manifests"
 
 
-def crd_dirs(role: str) -> list[Path]:
+def crd_dirs(role: str, with_kueue: bool = False) -> list[Path]:
     """Every cluster gets the TrainJob and runtime CRDs (a worker also gets upstream JobSet's,
-    read from its module); the manager also gets the MultiKueue registration CRDs (a manager
-    running real Kueue brings its own instead)."""
+    read from its module); the manager also gets the MultiKueue registration CRDs, unless
+    it runs real Kueue (``with_kueue``), which brings its own."""
     dirs = [manifests_dir() / "crds"]
-    if role == "manager":
+    if role == "manager" and not with_kueue:
         dirs.append(manifests_dir() / "multikueue-crds")
     return dirs
 
 
-def cluster_crds(role: str, trainer_flavour: str = PROJECT) -> list[dict]:
+def cluster_crds(role: str, trainer_flavour: str = PROJECT,
+                 with_kueue: bool = False) -> list[dict]:
     """The CRDs a cluster of ``role`` gets, with the TrainJob and runtime CRDs of
-    ``trainer_flavour``."""
+    ``trainer_flavour`` (Kueue's own CRDs are installed with Kueue: ``clusters.kueue``)."""
     if trainer_flavour not in TRAINER_CRD_FLAVOURS:
         raise ValueError(f"unknown Trainer CRD flavour {trainer_flavour!r}: "
                          f"use {' or '.join(TRAINER_CRD_FLAVOURS)}")
-    dirs = crd_dirs(role)
+    dirs = crd_dirs(role, with_kueue)
     if trainer_flavour == PROJECT:
         return load_crds(dirs)
     from clusters import upstream_trainer
@@ -69,33 +71,39 @@ def install_crds(api_client: client.ApiClient, crds: list[dict], timeout: float 
     """Server-side apply every CRD, then wait until each is Established and its resource
     answers a list (discovery can trail the Established condition by a moment)."""
     ext = client.ApiextensionsV1Api(api_client)
+    # Some CRDs are megabytes (Kueue's Workload embeds pod templates): the answers are read
+    # as raw JSON, never turned into client models, which takes seconds each.
     for crd in crds:
         ext.patch_custom_resource_definition(
             crd["metadata"]["name"], crd, field_manager=FIELD_MANAGER, force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+            _content_type="application/apply-patch+yaml", _preload_content=False,
+        ).read()
     custom = client.CustomObjectsApi(api_client)
     deadline = time.monotonic() + timeout
     for crd in crds:
         name = crd["metadata"]["name"]
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
-        version = next(v["name"] for v in crd["spec"]["versions"] if v.get("served", True))
+        # The stored version: listing it needs no conversion webhook (whose server may not
+        # run yet).
+        versions = crd["spec"]["versions"]
+        version = next((v["name"] for v in versions if v.get("storage")), versions[0]["name"])
         last_seen = "not observed yet"
         while True:
-            state = ext.read_custom_resource_definition(name)
-            conditions = {c.type: c for c in (state.status.conditions or [])}
+            state = json.loads(ext.read_custom_resource_definition(
+                name, _preload_content=False).read())
+            conditions = {c["type"]: c for c in (state.get("status") or {}).get("conditions") or []}
             established = conditions.get("Established")
-            if established is not None and established.status == "True":
+            if established is not None and established["status"] == "True":
                 try:
                     custom.list_cluster_custom_object(group, version, plural, limit=1)
                     break
                 except ApiException as err:
                     last_seen = f"Established, but listing {plural} answered {err.status}"
             elif established is not None:
-                last_seen = f"Established={established.status} ({established.message})"
+                last_seen = f"Established={established['status']} ({established.get('message')})"
             names = conditions.get("NamesAccepted")
-            if names is not None and names.status == "False":
-                raise RuntimeError(f"CRD {name}: names not accepted: {names.message}")
+            if names is not None and names["status"] == "False":
+                raise RuntimeError(f"CRD {name}: names not accepted: {names.get('message')}")
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"CRD {name} not serving after {timeout:.0f}s: {last_seen}")
             time.sleep(0.1)
@@ -132,8 +140,6 @@ def _spec_fingerprint(schema: dict) -> dict:
 
 
 def _served_schema(api_client: client.ApiClient, group: str, version: str, kind: str) -> dict:
-    import json
-
     def get(path: str) -> dict:
         method, url, headers, _, _ = api_client.param_serialize(
             "GET", path, header_params={"Accept": "application/json"})

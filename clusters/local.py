@@ -24,8 +24,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from clusters import crds, nodes, processes, worker_stack
-from clusters.binaries import KUBERNETES_VERSION, ControlPlaneBinaries, find_binaries
+from clusters import crds, kueue, nodes, processes, worker_stack
+from clusters.binaries import (HARNESS_BINARIES, KUBERNETES_VERSION, ControlPlaneBinaries,
+                               find_binaries)
 from clusters.controlplane import (
     WORKER_PORTS,
     ControlPlane,
@@ -58,6 +59,14 @@ class ClusterRecord(BaseModel):
     # Whose TrainJob and runtime CRDs the cluster serves: the project's or upstream
     # Trainer's (``crds.TRAINER_CRD_FLAVOURS``).
     trainer_crds: Literal["project", "upstream"] = crds.PROJECT
+    # Kueue's MultiKueue dispatcherName when the cluster runs Kueue (``up --kueue``); None:
+    # no Kueue. A manager with Kueue serves Kueue's CRDs instead of the project's
+    # MultiKueue ones.
+    kueue_dispatcher: str | None = None
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return components(self.role, self.kueue_dispatcher is not None)
 
 
 class HarnessState(BaseModel):
@@ -158,8 +167,11 @@ class LocalClusters:
             yield
 
     def binaries(self) -> ControlPlaneBinaries:
-        if self._binaries is None:
-            self._binaries = find_binaries(build=True)
+        wanted = set(HARNESS_BINARIES)
+        if any(r.kueue_dispatcher is not None for r in self.load().clusters):
+            wanted.add(kueue.COMPONENT)
+        if self._binaries is None or not wanted <= set(self._binaries.paths):
+            self._binaries = find_binaries(build=True, names=sorted(wanted))
         return self._binaries
 
     def control_plane(self, record: ClusterRecord) -> ControlPlane:
@@ -174,6 +186,7 @@ class LocalClusters:
             controller_manager_port=record.controller_manager_port,
             role=record.role,
             ports=record.ports,
+            kueue_dispatcher=record.kueue_dispatcher,
         )
 
     def issue_serving_certificate(self, name: str, directory: Path,
@@ -230,17 +243,20 @@ class LocalClusters:
     def up(self, workers: int = 2, timeout: float = 120,
            node_layout: nodes.NodeLayout | None = None,
            max_workers: int | None = None,
-           upstream_crds: tuple[str, ...] = ()) -> list[ClusterInfo]:
+           upstream_crds: tuple[str, ...] = (), kueue_clusters: tuple[str, ...] = (),
+           kueue_dispatcher: str = kueue.DISPATCHER_ALL_AT_ONCE) -> list[ClusterInfo]:
         """Bring up the manager and ``workers`` workers, each worker with the kwok Nodes of
         ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up.
         More workers than ``max_workers`` (default: what this machine holds) are refused.
-        The clusters named in ``upstream_crds`` serve upstream Trainer's CRDs."""
+        The clusters named in ``upstream_crds`` serve upstream Trainer's CRDs; those in
+        ``kueue_clusters`` run Kueue (MultiKueue dispatcher ``kueue_dispatcher``)."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
-        unknown = sorted(set(upstream_crds) - set(cluster_names(workers)))
-        if unknown:
-            raise ValueError(f"--upstream-crds {', '.join(unknown)}: no such cluster; clusters: "
-                             f"{', '.join(cluster_names(workers))}")
+        for flag, names in (("--upstream-crds", upstream_crds), ("--kueue", kueue_clusters)):
+            unknown = sorted(set(names) - set(cluster_names(workers)))
+            if unknown:
+                raise ValueError(f"{flag} {', '.join(unknown)}: no such cluster; clusters: "
+                                 f"{', '.join(cluster_names(workers))}")
         limit, why = machine_worker_limit()
         if workers > (max_workers if max_workers is not None else limit):
             raise ValueError(
@@ -264,8 +280,13 @@ class LocalClusters:
                 record.stopped = False  # `up` means every cluster up, stopped ones included
                 if record.name in upstream_crds:
                     record.trainer_crds = crds.UPSTREAM
+                if record.name in kueue_clusters:
+                    record.kueue_dispatcher = kueue_dispatcher
+                    for port in kueue.PORTS:
+                        record.ports.setdefault(port, free_port(BIND_ADDRESS))
+            self._save(state)
             was_running = {
-                (r.name, c) for r in state.clusters for c in components(r.role)
+                (r.name, c) for r in state.clusters for c in r.components
                 if self._running(r, c)
             }
             try:
@@ -276,7 +297,7 @@ class LocalClusters:
                 # A failed or interrupted `up` takes back what it started; whatever ran
                 # before it keeps running. A second Ctrl-C must not cut this short.
                 with _interrupts_deferred():
-                    kept = {r.pids.get(c) for r in state.clusters for c in components(r.role)
+                    kept = {r.pids.get(c) for r in state.clusters for c in r.components
                             if (r.name, c) in was_running}
                     for record in state.clusters:
                         record.pids = {c: pid for c, pid in record.pids.items() if pid in kept}
@@ -318,6 +339,31 @@ class LocalClusters:
                 crds.install_crds(api, trainer, timeout)
                 for document in trainer:
                     crds.wait_schema_served(api, document, max(0.0, deadline - time.monotonic()))
+        return previous
+
+    def use_kueue_dispatcher(self, name: str, dispatcher: str, timeout: float = 60) -> str:
+        """Restart cluster ``name``'s Kueue with MultiKueue ``dispatcherName``
+        ``dispatcher`` (Kueue reads it only at start); returns the one it had."""
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            if record.kueue_dispatcher is None:
+                raise ControlPlaneError(f"{name} runs no Kueue; start it with "
+                                        f"`python -m clusters up --kueue {name}`")
+            previous, record.kueue_dispatcher = record.kueue_dispatcher, dispatcher
+            pid = record.pids.pop(kueue.COMPONENT, None)
+            if pid:
+                processes.terminate(pid, self.state_dir)
+            plane = self.control_plane(record)
+            with api_client(self.kubeconfig(name)) as api:
+                kueue.publish_configuration(api, plane.kueue_configuration())
+            try:
+                self._spawn(record, plane, kueue.COMPONENT)
+            finally:
+                self._save(state)
+            wait_until(f"{name} {kueue.COMPONENT}", plane.kueue_ready, timeout,
+                       alive=functools.partial(self._running, record, kueue.COMPONENT),
+                       log_file=plane.log_file(kueue.COMPONENT))
         return previous
 
     def stop(self, name: str) -> ClusterInfo:
@@ -375,7 +421,7 @@ class LocalClusters:
 
     def _terminate(self, record: ClusterRecord) -> None:
         # The controllers and the apiserver go before their etcd.
-        pids = [record.pids.pop(c, None) for c in components(record.role)]
+        pids = [record.pids.pop(c, None) for c in record.components]
         etcd, rest = pids[0], [pid for pid in pids[1:] if pid]
         processes.terminate_all(rest, self.state_dir)
         if etcd:
@@ -408,7 +454,7 @@ class LocalClusters:
         # every controller at once. Each phase spawns all its processes before it waits, so
         # the start-ups overlap.
         phases = [["etcd"], ["kube-apiserver"], None,
-                  ["kube-controller-manager", *worker_stack.WORKER_COMPONENTS]]
+                  ["kube-controller-manager", *worker_stack.WORKER_COMPONENTS, kueue.COMPONENT]]
         try:
             for phase in phases:
                 if phase is None:
@@ -421,7 +467,7 @@ class LocalClusters:
                                        for r in records]:
                             future.result()
                     continue
-                started = [(r, c) for r in records for c in phase if c in components(r.role)]
+                started = [(r, c) for r in records for c in phase if c in r.components]
                 for record, component in started:
                     self._spawn(record, planes[record.name], component)
                 self._save(state)
@@ -448,10 +494,15 @@ class LocalClusters:
                 nodes.wait_schedulable(api, names, timeout)
 
     def _install_crds(self, record: ClusterRecord, plane: ControlPlane, timeout: float) -> None:
-        documents = crds.cluster_crds(record.role, record.trainer_crds)
-        if record.role == "worker":
+        with_kueue = record.kueue_dispatcher is not None
+        documents = crds.cluster_crds(record.role, record.trainer_crds, with_kueue=with_kueue)
+        # Kueue's TrainJob integration owns JobSets, so a manager running Kueue serves them.
+        if record.role == "worker" or with_kueue:
             documents += worker_stack.jobset_crds()
         with api_client(self.kubeconfig(record.name)) as client:
+            if with_kueue:
+                documents += kueue.install(client, plane.kueue_url, kueue.KueueCertificates(
+                    plane.kueue_dir / "pki").ensure(), plane.kueue_configuration())
             crds.install_crds(client, documents, timeout)
             if record.role == "worker":
                 worker_stack.install_jobset_webhooks(client, worker_stack.jobset_webhook_configurations(
@@ -462,7 +513,7 @@ class LocalClusters:
         infos = []
         for record in state.clusters:
             plane = self.control_plane(record)
-            alive = {c: self._running(record, c) for c in components(record.role)}
+            alive = {c: self._running(record, c) for c in record.components}
             problems = [f"{c} not running (log: {plane.log_file(c)})"
                         for c, up in alive.items() if not up]
             problems += [f"{c} not healthy (log: {plane.log_file(c)})"

@@ -12,6 +12,11 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
 * ``upstream_crds_worker`` (function): the last worker, serving upstream Kubeflow Trainer's
   TrainJob and runtime CRDs (read from the Trainer module) for the test; it serves the
   CRDs it had before again afterwards.
+* ``kueue_multicluster`` (session): a second, separate manager and two workers that each run
+  Kueue (``clusters.kueue``); the manager serves Kueue's CRDs instead of the project's
+  MultiKueue ones. Started only when a test asks for it, so the other tests do not pay for
+  it. Its manager's Kueue waits for an external dispatcher named ``KUEUE_TEST_DISPATCHER``;
+  ``harness.use_kueue_dispatcher`` restarts it with another.
 """
 
 from __future__ import annotations
@@ -108,10 +113,28 @@ def multicluster(tmp_path_factory) -> MultiCluster:
         yield _connect(harness)
         return
     workers = int(os.environ.get("CLUSTERS_TEST_WORKERS", "2"))
-    harness = LocalClusters(tmp_path_factory.mktemp("clusters"), tied_to_caller=True)
+    yield from _session_clusters(tmp_path_factory.mktemp("clusters"), workers=workers)
+
+
+# The dispatcherName the Kueue clusters' manager starts with: Kueue waits for a
+# dispatcher of that name (``python -m dispatcher run --mode kueue``) to nominate workers.
+KUEUE_TEST_DISPATCHER = "trainjob-dispatcher.io/capacity"
+
+
+@pytest.fixture(scope="session")
+def kueue_multicluster(tmp_path_factory) -> MultiCluster:
+    names = ("manager", "worker-1", "worker-2")
+    yield from _session_clusters(tmp_path_factory.mktemp("kueue-clusters"), workers=2,
+                                 kueue_clusters=names,
+                                 kueue_dispatcher=KUEUE_TEST_DISPATCHER, timeout=300)
+
+
+def _session_clusters(state_dir: Path, timeout: float = 180, **up_args):
+    """Clusters for the test session, stopped at its end on every exit path."""
+    harness = LocalClusters(state_dir, tied_to_caller=True)
     try:
         # No default Nodes: each test adds the kwok Nodes it needs, so capacity is its own.
-        harness.up(workers=workers, timeout=180, node_layout=NodeLayout(default=[]))
+        harness.up(timeout=timeout, node_layout=NodeLayout(default=[]), **up_args)
         multi = _connect(harness)
         yield multi
         for cluster in multi:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import http.client
+import json
 import signal
 import subprocess
 import sys
@@ -177,6 +178,28 @@ def request_counts(control_plane) -> Counter:
             counts[(labels.get("group", ""), labels.get("resource", ""),
                     labels.get("subresource", ""), labels["verb"])] += int(sample.value)
     return counts
+
+
+def audited_writes(cluster, user_agent: str) -> list[dict]:
+    """Writes the cluster's apiserver audit log records (clusters running Kueue keep one)
+    from clients whose User-Agent starts with ``user_agent``: one
+    ``{verb, resource, subresource, namespace, name, code}`` per completed request."""
+    path = cluster.control_plane.audit_log
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line the apiserver is still writing
+        if record.get("stage") != "ResponseComplete" or not (
+                record.get("userAgent") or "").startswith(user_agent):
+            continue
+        ref = record.get("objectRef") or {}
+        found.append({"verb": record.get("verb"), "resource": ref.get("resource"),
+                      "subresource": ref.get("subresource", ""),
+                      "namespace": ref.get("namespace", ""), "name": ref.get("name", ""),
+                      "code": (record.get("responseStatus") or {}).get("code")})
+    return found
 
 
 def apiserver_writes(cluster, resources: set[tuple[str, str]],

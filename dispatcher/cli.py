@@ -8,9 +8,12 @@ import socket
 import sys
 import threading
 
+from kubernetes.client.exceptions import ApiException
+
 from dispatcher.config import ConfigError, load_config
 from trainjob import command_line, logs
-from trainjob.kubeclient import KubeconfigError, api_client
+from trainjob.constants import DISPATCHER_USER_AGENT
+from trainjob.kubeclient import KubeconfigError, api_client, describe_error
 from trainjob.required_apis import MissingResources
 from trainjob.service import serve
 
@@ -35,6 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
                      "service-account configuration when omitted")
     run.add_argument("--config", help="YAML configuration file (keys as in the "
                      "DispatcherConfig model; flags override it)")
+    run.add_argument("--mode", choices=("standalone", "kueue"),
+                     help="standalone (default): claim TrainJobs with managedBy "
+                     "kueue.x-k8s.io/multikueue and mirror them to workers itself; kueue: run "
+                     "as Kueue MultiKueue's external dispatcher, nominating a worker with room "
+                     "for each Workload Kueue has reserved quota for (Kueue's "
+                     "multiKueue.dispatcherName must be --dispatcher-name; Kueue does the "
+                     "copying, status sync and garbage collection)")
+    run.add_argument("--dispatcher-name", help="kueue mode: the name Kueue's "
+                     "multiKueue.dispatcherName gives (default: "
+                     "trainjob-dispatcher.io/capacity)")
+    run.add_argument("--admission-timeout", type=command_line.seconds,
+                     dest="admission_timeout_seconds",
+                     help="kueue mode: seconds a nominated worker may take to admit the "
+                     "Workload before the next worker is nominated (default: 300)")
     run.add_argument("--namespace", help="where kubeconfig Secrets and the Lease live "
                      "(default: kueue-system)")
     run.add_argument("--multikueue-config", help="MultiKueueConfig naming the candidate "
@@ -96,6 +113,8 @@ def _main(argv: list[str] | None) -> int:
     logs.configure(args.log_level, args.log_format)
     try:
         overrides = {
+            "mode": args.mode, "dispatcher_name": args.dispatcher_name,
+            "admission_timeout_seconds": args.admission_timeout_seconds,
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
@@ -111,7 +130,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        manager = api_client(args.kubeconfig)
+        manager = api_client(args.kubeconfig, user_agent=DISPATCHER_USER_AGENT)
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
         return 2
@@ -120,6 +139,24 @@ def _main(argv: list[str] | None) -> int:
         return 2
     from dispatcher import dashboard
     from dispatcher.controller import DispatcherController
+    from dispatcher.kueue_presence import KueueOnManager, origin_conflict
+
+    # Only standalone mode makes remote copies; in kueue mode Kueue makes them all.
+    if config.mode == "standalone":
+        try:
+            conflict = origin_conflict(KueueOnManager(manager, config.namespace),
+                                       config.origin)
+        except ApiException as err:
+            print(f"error: cannot read Kueue's configuration on the manager: "
+                  f"{describe_error(err)}", file=sys.stderr)
+            return 2
+        except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
+            conflict = None
+            log.warning("cannot reach the manager to check the origin against Kueue's: %s",
+                        str(err).splitlines()[0][:200])
+        if conflict:
+            print(f"error: {conflict}", file=sys.stderr)
+            return 2
 
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
@@ -130,7 +167,15 @@ def _main(argv: list[str] | None) -> int:
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    log.info("dispatcher starting (origin %s, namespace %s)", config.origin, config.namespace)
+    if config.mode == "kueue":
+        log.info("dispatcher starting as Kueue's external dispatcher %s (namespace %s)",
+                 config.dispatcher_name, config.namespace)
+        idle, why = controller.kueue_mode_idle()
+        if idle:
+            log.warning("kueue mode idle: %s", why)
+    else:
+        log.info("dispatcher starting (origin %s, namespace %s)", config.origin,
+                 config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
                  routes=routes)

@@ -17,6 +17,10 @@ from trainjob.constants import DEFAULT_ORIGIN
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# Kueue's rule for multiKueue.dispatcherName: a DNS subdomain, "/", a path.
+_DISPATCHER_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9._~!$&'()*+,;=:@%/-]+$")
+DEFAULT_DISPATCHER_NAME = "trainjob-dispatcher.io/capacity"
 
 
 class ConfigError(ValueError):
@@ -47,6 +51,15 @@ class StaticWorker(_Strict):
 
 
 class DispatcherConfig(_Strict):
+    mode: Literal["standalone", "kueue"] = Field(
+        "standalone", description="standalone: claim and mirror TrainJobs itself; kueue: "
+                                  "nominate workers for Kueue MultiKueue's Workloads")
+    dispatcher_name: str = Field(
+        DEFAULT_DISPATCHER_NAME, max_length=63,
+        description="kueue mode: the multiKueue.dispatcherName Kueue is configured with")
+    admission_timeout_seconds: float = Field(
+        300.0, gt=0, description="kueue mode: how long a nominated worker's Kueue may take "
+                                 "to admit before the next worker is nominated")
     namespace: str = Field("kueue-system", min_length=1,
                            description="where kubeconfig Secrets and the Lease live")
     multikueue_config: str | None = Field(
@@ -74,6 +87,14 @@ class DispatcherConfig(_Strict):
                 "renew_deadline_seconds must be less than lease_duration_seconds and more than "
                 "1.2 x retry_period_seconds (a leader must stop before a standby may start)")
         return self
+
+    @field_validator("dispatcher_name")
+    @classmethod
+    def _domain_path(cls, value: str) -> str:
+        if not _DISPATCHER_NAME.match(value):
+            raise ValueError("must be a domain-prefixed path, e.g. example.com/dispatcher "
+                             "(Kueue's rule for multiKueue.dispatcherName)")
+        return value
 
     @field_validator("origin")
     @classmethod

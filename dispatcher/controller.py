@@ -25,6 +25,8 @@ from dispatcher import garbage_collection
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.job_timing import JobTimings
+from dispatcher.kueue_nominator import WorkloadNominator
+from dispatcher.kueue_presence import KueueOnManager
 from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
@@ -68,15 +70,21 @@ class DispatcherController:
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.metrics.count_jobs(self.trainjobs.list)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
+        self.kueue = KueueOnManager(manager, config.namespace)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
                                        self._on_worker_state, may_write=lambda: self.leading,
                                        observer=self.metrics.observer,
-                                       in_use=self._workers_in_use, recorder=self.recorder)
+                                       in_use=self._workers_in_use, recorder=self.recorder,
+                                       publish_conditions=lambda: not self.kueue.installed())
         self.placer = Placer(self.registry, config.placement_policy)
         self.timings = JobTimings(self.metrics)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
                                              self.placer, self.timings, config, self.recorder,
-                                             self.metrics)
+                                             self.metrics, self.kueue)
+        # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
+        self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
+                                           self.recorder, self.metrics) \
+            if config.mode == "kueue" else None
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -141,10 +149,14 @@ class DispatcherController:
         self._requeue_pending()
 
     def _requeue_pending(self) -> None:
+        if self.nominator is not None:
+            self.nominator.requeue_waiting()
+            return
         for job in self.trainjobs.list():
             meta = job["metadata"]
             if self._ours(job) and not (meta.get("annotations") or {}).get(
-                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend"):
+                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend") \
+                    and not self.kueue.claim(job):
                 self.queue.add((meta["namespace"], meta["name"]))
 
     # --- running --------------------------------------------------------------------
@@ -159,6 +171,13 @@ class DispatcherController:
         """Only the leader writes: reconcile workers, garbage collection and the
         MultiKueueCluster conditions start here, from warm caches."""
         log.info("leading: dispatching")
+        if self.nominator is not None:
+            self._threads = start_workers(self.nominator.queue, self.nominator.reconcile,
+                                          self._workers, "nominate", self._on_error)
+            for obj in self.nominator.workloads.list():
+                self.nominator.queue.add((obj["metadata"]["namespace"],
+                                          obj["metadata"]["name"]))
+            return
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "dispatch", self._on_error)
         if self.config.gc_interval_seconds > 0:
@@ -180,6 +199,8 @@ class DispatcherController:
         log.error("lost leadership: stopping")
         self.lost_leadership.set()
         self.queue.shutdown()
+        if self.nominator is not None:
+            self.nominator.queue.shutdown()
         if self.stop_requested is not None:
             self.stop_requested.set()
 
@@ -191,6 +212,8 @@ class DispatcherController:
         if not self.trainjobs.wait_synced(sync_timeout):
             raise TimeoutError("manager TrainJob cache not synced")
         self.registry.start(sync_timeout)
+        if self.nominator is not None:
+            self.nominator.start(sync_timeout)
         # Placement decisions need the workers' caches; give connected workers a moment
         # to sync so the first decisions are not made against empty pictures.
         deadline = time.monotonic() + sync_timeout
@@ -209,10 +232,27 @@ class DispatcherController:
         """Ready once the caches are synced, as leader or as a warm standby."""
         if not self.trainjobs.synced.is_set():
             return False, "manager TrainJob cache not synced"
+        if self.nominator is not None:
+            idle, why = self.kueue_mode_idle()
+            if idle:
+                return False, f"idle: {why}"
         if self.elector is None:
             return True, "ok"
         return True, "leader" if self.elector.is_leader else (
             f"standby (leader: {self.elector.leader or 'none yet'})")
+
+    def kueue_mode_idle(self) -> tuple[bool, str]:
+        """Kueue mode waits for Kueue: (True, why) when Kueue does not run on the manager
+        or is configured with another dispatcher, so no Workload will wait for this one."""
+        if not self.kueue.installed():
+            return True, ("Kueue does not run on this manager (the kueue.x-k8s.io/v1beta2 "
+                          "Workload API is not served)")
+        config = self.kueue.cached_configuration()
+        if config.dispatcher_name != self.config.dispatcher_name:
+            return True, (f"Kueue's multiKueue.dispatcherName is {config.dispatcher_name} "
+                          f"({config.source}), not {self.config.dispatcher_name}: Kueue "
+                          "nominates workers itself")
+        return False, f"Kueue's external dispatcher {self.config.dispatcher_name}"
 
     def collect_garbage(self) -> int:
         """One garbage-collection sweep over every connected worker."""
@@ -224,11 +264,15 @@ class DispatcherController:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self.queue.shutdown()
+        if self.nominator is not None:
+            self.nominator.queue.shutdown()
         for thread in self._threads:
             thread.join(5)  # finish in-flight writes before the lease is given up
         if self.elector is not None:
             self.elector.stop(release=not self.lost_leadership.is_set())
         self.trainjobs.stop()
+        if self.nominator is not None:
+            self.nominator.stop()
         self.registry.stop()
 
     def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:

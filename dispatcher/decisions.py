@@ -84,6 +84,13 @@ class Ignore(Action):
 
 
 @dataclass(frozen=True)
+class LeaveToKueue(Action):
+    """Kueue runs on the manager and manages this job: never claimed (said once)."""
+
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class InSync(Action):
     """The manager already shows the copy's status."""
 
@@ -156,15 +163,19 @@ class Wait(Action):
 
 
 def decide(manager: Obj | None, worker: WorkerState | None, now: float,
-           settings: Settings) -> Action:
+           settings: Settings, kueue_claim: str | None = None) -> Action:
     """The next step for ``manager``; ``worker`` is the worker named by its placement
-    (None when it is not placed)."""
+    (None when it is not placed); ``kueue_claim``: why Kueue, running on the manager,
+    manages the job (None: it does not)."""
     if manager is None:
         return Forget()
     spec = manager.get("spec") or {}
     if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
         return Ignore(why="not managed by MultiKueue: never ours")
     placed = placement(manager)
+    # A job placed before Kueue came is ours to finish; an unplaced one Kueue takes is not.
+    if not placed and kueue_claim:
+        return LeaveToKueue(why=kueue_claim)
     if manager["metadata"].get("deletionTimestamp"):
         return _teardown(manager, worker, now, settings, unplace=False)
     if spec.get("suspend"):

@@ -37,6 +37,13 @@ class DispatcherMetrics:
         self.gc_deletions = Counter(
             "dispatcher_gc_deletions_total", "Remote copies removed by garbage collection",
             ["cluster"], registry=self.registry)
+        self.nominations = Counter(
+            "dispatcher_nominations_total", "Kueue mode: workers nominated for Workloads",
+            ["cluster"], registry=self.registry)
+        self.nomination_timeouts = Counter(
+            "dispatcher_nomination_timeouts_total",
+            "Kueue mode: nominated workers that did not admit within the admission timeout",
+            registry=self.registry)
         self.api_requests = Counter(
             "dispatcher_api_requests_total", "API requests by cluster, verb and HTTP code",
             ["cluster", "verb", "code"], registry=self.registry)

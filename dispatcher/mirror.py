@@ -25,6 +25,14 @@ def build_remote(manager: dict[str, Any], origin: str, requests: dict[str, str],
                                                     sort_keys=True)
     spec = copy.deepcopy(manager.get("spec") or {})
     spec.pop("managedBy", None)
+    # The manager's Kueue keeps its scheduling decisions in its own runtime patch; a
+    # worker's Kueue adds its own, and two entries of one manager are refused (as Kueue's
+    # MultiKueue does, the copy goes without it).
+    if "runtimePatches" in spec:
+        spec["runtimePatches"] = [p for p in spec["runtimePatches"] or []
+                                  if p.get("manager") != c.KUEUE_RUNTIME_PATCH_MANAGER]
+        if not spec["runtimePatches"]:
+            del spec["runtimePatches"]
     return {
         "apiVersion": c.TRAINER_API_VERSION,
         "kind": c.TRAINJOB_KIND,

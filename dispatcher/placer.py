@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -42,6 +43,9 @@ class Need:
     each_pod: list[dict[str, Decimal]] = field(default_factory=list)  # per-pod requests
 
 
+NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
+
+
 class Placer:
     def __init__(self, registry: WorkerRegistry, policy: str):
         self.registry = registry
@@ -59,8 +63,21 @@ class Placer:
     def place(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
         """Choose a worker and reserve the job's room there; or say why nothing fits."""
         key = (job.metadata.namespace or "", job.metadata.name)
+        return self._place(key, lambda worker: self.need_on(job, worker))
+
+    def place_need(self, key: JobKey, need: Need,
+                   skip: dict[str, str]) -> tuple[WorkerCluster, Need] | str:
+        """``place`` for a job whose needs are known already (a Kueue Workload's podSets),
+        the same on every worker; the workers in ``skip`` are not candidates (the reason
+        given is reported)."""
+        def need_of(worker: WorkerCluster) -> tuple[str | None, Need | None]:
+            problem = skip.get(worker.name) or self._ineligible(key, None, worker)
+            return (problem, None) if problem else (None, need)
+        return self._place(key, need_of)
+
+    def _place(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
         with self._lock:
-            decision = self._choose(job)
+            decision = self._choose(key, need_of)
             if not isinstance(decision, str):
                 worker, need = decision
                 plan = worker.capacity.pack(need.each_pod, need.node_selector,
@@ -69,11 +86,11 @@ class Placer:
                                         plan if isinstance(plan, dict) else None)
         return decision
 
-    def _choose(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
+    def _choose(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
         candidates, needs = [], {}
         workers = {worker.name: worker for worker in self.registry.snapshot()}
         for worker in workers.values():
-            problem, need = self.need_on(job, worker)
+            problem, need = need_of(worker)
             if need is not None:
                 needs[worker.name] = need
             free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
@@ -106,7 +123,7 @@ class Placer:
                     reasons[candidate.name] += f" ({rules})"
         if not fitting:
             return describe_reasons(reasons)
-        log.debug("TrainJob %s/%s candidates: %s", job.metadata.namespace, job.metadata.name,
+        log.debug("%s/%s candidates: %s", *key,
                   {cand.name: cand.problem or {k: str(v) for k, v in cand.free.items()}
                    for cand in candidates})
         # Needs differ between workers only when their runtimes differ; rank by the largest.
@@ -117,17 +134,10 @@ class Placer:
     def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
         """(None, what the job needs there) when ``worker`` is eligible, else (why not,
         None)."""
-        if not worker.active:
-            return f"not connected ({worker.reason}: {worker.message})", None
         namespace, name = job.metadata.namespace or "", job.metadata.name
-        generation, why = self.excluded.get((namespace, name), {}).get(worker.name, (0, ""))
-        if why and generation in (None, job.metadata.generation):
-            return why, None
-        worker_namespace = worker.cache("namespaces").get("", namespace)
-        if worker_namespace is None:
-            return f"namespace {namespace} not found", None
-        if worker_namespace["metadata"].get("deletionTimestamp"):
-            return f"namespace {namespace} is being deleted", None
+        problem = self._ineligible((namespace, name), job.metadata.generation, worker)
+        if problem:
+            return problem, None
         ref = job.spec.runtime_ref
         if ref.kind == c.TRAININGRUNTIME_KIND:
             runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
@@ -146,6 +156,21 @@ class Placer:
                     for _ in range(pod_set.count)]
         return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
                           pod_spec.get("tolerations"), each_pod)
+
+    def _ineligible(self, key: JobKey, generation: int | None,
+                    worker: WorkerCluster) -> str | None:
+        """Why ``worker`` cannot take the job whatever it needs, or None."""
+        if not worker.active:
+            return f"not connected ({worker.reason}: {worker.message})"
+        excluded_for, why = self.excluded.get(key, {}).get(worker.name, (0, ""))
+        if why and excluded_for in (None, generation):
+            return why
+        worker_namespace = worker.cache("namespaces").get("", key[0])
+        if worker_namespace is None:
+            return f"namespace {key[0]} not found"
+        if worker_namespace["metadata"].get("deletionTimestamp"):
+            return f"namespace {key[0]} is being deleted"
+        return None
 
     # --- reservations --------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from dispatcher import decisions, remote
 from dispatcher.config import DispatcherConfig
 from dispatcher.job_timing import JobTimings
+from dispatcher.kueue_presence import KueueOnManager
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerCluster, WorkerRegistry
@@ -53,8 +54,12 @@ REASON_WORKER_UNREACHABLE = decisions.REASON_WORKER_UNREACHABLE
 class DispatchReconciler:
     def __init__(self, manager: client.ApiClient, trainjobs: Informer,
                  registry: WorkerRegistry, placer: Placer, timings: JobTimings,
-                 config: DispatcherConfig, recorder: EventRecorder, metrics: DispatcherMetrics):
+                 config: DispatcherConfig, recorder: EventRecorder, metrics: DispatcherMetrics,
+                 kueue: KueueOnManager | None = None):
         self.custom = client.CustomObjectsApi(manager)
+        self.kueue = kueue
+        # Jobs already told (in an Event) that they are left to Kueue: key -> UID.
+        self._left_to_kueue: dict[tuple[str, str], str] = {}
         self.trainjobs = trainjobs
         self.registry = registry
         self.placer = placer
@@ -74,8 +79,9 @@ class DispatchReconciler:
         placed = decisions.placement(raw) if raw is not None else None
         logs.bind(cluster=placed)
         worker = self.registry.get(placed) if placed else None
+        kueue_claim = self.kueue.claim(raw) if raw is not None and self.kueue else None
         action = decisions.decide(raw, self._worker_state(placed, worker, key), time.time(),
-                                  self.settings)
+                                  self.settings, kueue_claim)
         if action.release:
             self.placer.release(worker, key)
         log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
@@ -98,8 +104,16 @@ class DispatchReconciler:
             case decisions.Forget():
                 self.placer.forget(key)
                 self.timings.forget(key)
+                self._left_to_kueue.pop(key, None)
             case decisions.Ignore():
                 return
+            case decisions.LeaveToKueue(why=why):
+                uid = raw["metadata"].get("uid", "")
+                if self._left_to_kueue.get(key) != uid:
+                    self._left_to_kueue[key] = uid
+                    message = f"left to Kueue, which runs on this manager: {why}"
+                    log.info("TrainJob %s/%s %s", *key, message)
+                    self.recorder.event(raw, NORMAL, "LeftToKueue", message)
             case decisions.InSync():
                 self.timings.in_sync(key)
             case decisions.Place():

@@ -121,7 +121,8 @@ class WorkerRegistry:
                  may_write: Callable[[], bool] = lambda: True,
                  observer: Callable[[str], Callable[[str, str], None]] | None = None,
                  in_use: Callable[[], set[str]] = set,
-                 recorder: EventRecorder | None = None):
+                 recorder: EventRecorder | None = None,
+                 publish_conditions: Callable[[], bool] = lambda: True):
         self.manager = manager
         self.config = config
         self.on_worker_event = on_worker_event
@@ -130,6 +131,9 @@ class WorkerRegistry:
         self.probe_timeout = probe_timeout
         # Only the leader writes conditions; a standby keeps the same picture silently.
         self.may_write = may_write
+        # False while Kueue's MultiKueue controller owns the MultiKueueCluster conditions.
+        self.publish_conditions = publish_conditions
+        self._left_conditions = False
         self.observer = observer  # cluster name -> request observer for its client
         # Names of workers that manager jobs are placed on (and may have copies on).
         self.in_use = in_use
@@ -379,6 +383,7 @@ class WorkerRegistry:
         worker.api = api_client(kubeconfig, qps=self.config.client.qps,
                                 burst=self.config.client.burst,
                                 request_timeout=self.config.client.timeout_seconds,
+                                user_agent=c.DISPATCHER_USER_AGENT,
                                 observer=self.observer(worker.name) if self.observer else None)
         custom = client.CustomObjectsApi(worker.api)
         core = client.CoreV1Api(worker.api)
@@ -523,6 +528,13 @@ class WorkerRegistry:
         """Write the Active condition on the worker's MultiKueueCluster when it changed."""
         if not worker.from_object or worker.draining or not self.may_write():
             return  # a draining worker is no registration of ours to report on
+        if not self.publish_conditions():
+            if not self._left_conditions:
+                self._left_conditions = True
+                log.info("Kueue runs on the manager: its MultiKueue controller writes the "
+                         "MultiKueueCluster Active conditions; this dispatcher writes none")
+            return
+        self._left_conditions = False
         obj = self.clusters.get("", worker.name)
         if obj is None:
             return

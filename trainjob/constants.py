@@ -66,12 +66,21 @@ JOBSET_SUSPENDED = "Suspended"
 # MultiKueue conventions.
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 DEFAULT_ORIGIN = "multikueue"
+# Kueue's: the LocalQueue a job is submitted to (a label); and, on a copy Kueue made, its
+# Workload (an annotation since Kueue 0.19, a label before).
+KUEUE_QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+# The spec.runtimePatches entry Kueue's TrainJob webhook adds to every TrainJob it sees.
+KUEUE_RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"
 
 # The dispatcher's own keys. On the manager TrainJob: where it was placed, and the finalizer
 # that holds deletion until the remote copy is gone. On the remote copy: the manager
 # object's UID (a same-named manager object created later is a different job) and the
 # job's footprint (so capacity reservations survive a dispatcher restart).
 PLACEMENT_ANNOTATION = "trainjob-dispatcher.io/cluster"
+# The User-Agent of every request each component makes (its name, then the client's).
+DISPATCHER_USER_AGENT = "trainjob-dispatcher"
+OPERATOR_USER_AGENT = "training-operator"
 DISPATCH_FINALIZER = "trainjob-dispatcher.io/remote-cleanup"
 MANAGER_UID_ANNOTATION = "trainjob-dispatcher.io/manager-uid"
 REQUESTS_ANNOTATION = "trainjob-dispatcher.io/requests"

@@ -84,10 +84,12 @@ class RateLimitedApiClient(client.ApiClient):
 def api_client(kubeconfig: str | Path | dict | None = None, context: str | None = None,
                *, qps: float | None = None, burst: int | None = None,
                observer: RequestObserver | None = None,
-               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> client.ApiClient:
+               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+               user_agent: str | None = None) -> client.ApiClient:
     """An ``ApiClient`` for ``kubeconfig`` (a path or an already parsed dict; in-cluster
     configuration when None), rate limited when ``qps`` is given; requests that do not set
-    their own timeout give up after ``request_timeout`` seconds."""
+    their own timeout give up after ``request_timeout`` seconds. ``user_agent`` names the
+    program in every request (apiserver audit logs tell writers apart by it)."""
     configuration = client.Configuration()
     if kubeconfig is None:
         config.load_incluster_config(client_configuration=configuration)
@@ -99,7 +101,10 @@ def api_client(kubeconfig: str | Path | dict | None = None, context: str | None 
         _load_kubeconfig_file(Path(kubeconfig), context, configuration)
     configuration.connection_pool_maxsize = POOL_SIZE
     limiter = TokenBucket(qps, burst or max(1, int(qps))) if qps else None
-    return RateLimitedApiClient(configuration, limiter, observer, request_timeout)
+    api = RateLimitedApiClient(configuration, limiter, observer, request_timeout)
+    if user_agent:
+        api.user_agent = user_agent
+    return api
 
 
 class KubeconfigError(ValueError):

@@ -8,6 +8,7 @@ import socket
 import sys
 
 from trainjob import command_line, logs
+from trainjob import constants as c
 from trainjob.kubeclient import KubeconfigError, api_client
 from trainjob.service import ListenError, serve
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from training_operator.controller import OperatorController
 
     try:
-        api = api_client(args.kubeconfig)
+        api = api_client(args.kubeconfig, user_agent=c.OPERATOR_USER_AGENT)
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
         return 2

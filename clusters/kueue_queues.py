@@ -1,0 +1,72 @@
+"""The objects a MultiKueue user creates, as Kueue's MultiKueue set-up guide describes them:
+
+* on the manager: a ResourceFlavor, an AdmissionCheck run by Kueue's MultiKueue
+  (``kueue.x-k8s.io/multikueue``) with a MultiKueueConfig as its parameters, the
+  MultiKueueConfig listing the workers, one MultiKueueCluster per worker (its kubeconfig in
+  a Secret in ``kueue-system``), a ClusterQueue that uses the AdmissionCheck, and a
+  LocalQueue per namespace;
+* on each worker: the same ResourceFlavor, a ClusterQueue with that worker's quota and the
+  same-named LocalQueue in each namespace (a remote Workload is admitted there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kubernetes import client
+
+from clusters import fixtures, kueue
+from trainjob import constants as c
+from trainjob.kubeclient import apply_custom_object
+
+FLAVOR = "default-flavor"
+CLUSTER_QUEUE = "cluster-queue"
+LOCAL_QUEUE = "user-queue"
+ADMISSION_CHECK = "multikueue-check"
+QUEUE_NAME_LABEL = c.KUEUE_QUEUE_NAME_LABEL
+RESOURCES = ("cpu", "memory")
+
+
+def _apply(api: client.ApiClient, plural: str, body: dict) -> None:
+    apply_custom_object(api, c.KUEUE_GROUP, c.KUEUE_VERSION, plural,
+                        {"apiVersion": f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", **body},
+                        fixtures.FIELD_MANAGER)
+
+
+def cluster_queue(api: client.ApiClient, quota: dict[str, str],
+                  admission_check: str | None = None) -> None:
+    """The ResourceFlavor and a ClusterQueue with ``quota`` (cpu, memory) of it, open to
+    every namespace; ``admission_check`` names the AdmissionCheck every Workload needs."""
+    _apply(api, "resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": FLAVOR}})
+    spec: dict = {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": list(RESOURCES), "flavors": [{
+            "name": FLAVOR,
+            "resources": [{"name": r, "nominalQuota": quota[r]} for r in RESOURCES]}]}],
+    }
+    if admission_check:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": admission_check}]}
+    _apply(api, "clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
+                                  "spec": spec})
+
+
+def local_queue(api: client.ApiClient, namespace: str) -> None:
+    _apply(api, "localqueues", {"kind": "LocalQueue",
+                                "metadata": {"name": LOCAL_QUEUE, "namespace": namespace},
+                                "spec": {"clusterQueue": CLUSTER_QUEUE}})
+
+
+def multikueue_manager(manager: client.ApiClient, config: str,
+                       workers: dict[str, Path], quota: dict[str, str]) -> None:
+    """The manager's side: workers registered (Secret + MultiKueueCluster each), the
+    MultiKueueConfig ``config`` listing them in order, the MultiKueue AdmissionCheck and a
+    ClusterQueue with ``quota`` that requires it."""
+    for name, kubeconfig in workers.items():
+        fixtures.register_worker(manager, name, kubeconfig, namespace=kueue.NAMESPACE)
+    fixtures.register_config(manager, config, list(workers))
+    _apply(manager, "admissionchecks", {
+        "kind": "AdmissionCheck", "metadata": {"name": ADMISSION_CHECK},
+        "spec": {"controllerName": kueue.MULTIKUEUE_CONTROLLER,
+                 "parameters": {"apiGroup": c.KUEUE_GROUP, "kind": "MultiKueueConfig",
+                                "name": config}}})
+    cluster_queue(manager, quota, admission_check=ADMISSION_CHECK)

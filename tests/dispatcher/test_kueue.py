@@ -1,0 +1,272 @@
+"""The dispatcher beside real Kueue (v0.19, ``kueue_multicluster``: a manager and two
+workers, each running Kueue; the training operator on each worker; real JobSets and pods
+on kwok).
+
+Capacity: worker-1 has the most Kueue quota (64 cpu) but one Node of 8 cpu; worker-2 has
+less quota (32 cpu) and a Node of 16 cpu. The manager's ClusterQueue (100 cpu) requires
+the MultiKueue AdmissionCheck.
+
+Who wrote what is read from the apiservers' audit logs (clusters running Kueue keep one),
+by the User-Agent each component sends, never from the components' own logs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+from kubernetes import client
+
+from clusters import fixtures, kueue, kueue_queues, worker_stack
+from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
+from clusters.testing import ServiceProcess, audited_writes, eventually, holds_for
+from trainjob import constants as c
+
+from dispatch_helpers import TRAINER, condition, get, placement, trainjob  # noqa: E402
+
+CONFIG = "kueue-e2e"
+RUNTIME = "torch-kueue"  # its pods run for RUN_FOR, then succeed
+RUN_FOR = "5s"
+WORKERS = {"worker-1": {"node_cpu": "8", "quota_cpu": "64"},
+           "worker-2": {"node_cpu": "16", "quota_cpu": "32"}}
+STANDALONE_ORIGIN = "trainjob-standalone"
+
+
+@dataclass
+class KueueEnv:
+    multicluster: object
+    log_dir: object
+
+    @property
+    def manager(self):
+        return self.multicluster.manager
+
+
+@pytest.fixture(scope="module")
+def kueue_env(kueue_multicluster, tmp_path_factory):
+    mc = kueue_multicluster
+    log_dir = tmp_path_factory.mktemp("kueue-logs")
+    for cluster in mc:
+        fixtures.install_runtime(cluster.api, fixtures.torch_runtime(
+            RUNTIME, cpu="100m", memory="128Mi",
+            pod_annotations={worker_stack.RUN_FOR_ANNOTATION: RUN_FOR}))
+    for name, sizes in WORKERS.items():
+        fixtures.add_node(mc[name].api, f"{name}-kueue",
+                          {"cpu": sizes["node_cpu"], "memory": "64Gi", "pods": "110"})
+        kueue_queues.cluster_queue(mc[name].api, {"cpu": sizes["quota_cpu"], "memory": "256Gi"})
+    kueue_queues.multikueue_manager(mc.manager.api, CONFIG,
+                                    {name: mc[name].kubeconfig for name in WORKERS},
+                                    {"cpu": "100", "memory": "512Gi"})
+    operators = [ServiceProcess("training_operator", mc[name].kubeconfig,
+                                log_dir / f"operator-{name}.log", ()).start()
+                 for name in WORKERS]
+    yield KueueEnv(mc, log_dir)
+    for process in operators:
+        process.stop()
+
+
+@pytest.fixture
+def kueue_namespace(kueue_env, request):
+    """A namespace on every Kueue cluster, with the LocalQueue jobs are submitted to."""
+    name = _namespace_name(request.node.name)
+    for cluster in kueue_env.multicluster:
+        cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        kueue_queues.local_queue(cluster.api, name)
+    yield name
+    for cluster in kueue_env.multicluster:
+        cluster.core.delete_namespace(name)
+
+
+def queued_trainjob(name: str, cpu: str = "100m") -> dict:
+    """A TrainJob submitted to Kueue's LocalQueue, as a Kueue user writes it."""
+    body = trainjob(name, runtime=RUNTIME, requests={"cpu": cpu})
+    body["metadata"]["labels"] = {c.KUEUE_QUEUE_NAME_LABEL: kueue_queues.LOCAL_QUEUE}
+    return body
+
+
+def finished(obj: dict | None) -> bool:
+    return any((condition(obj, t) or {}).get("status") == "True"
+               for t in (c.CONDITION_COMPLETE, c.CONDITION_FAILED))
+
+
+@pytest.fixture(scope="module")
+def kueue_dispatcher(kueue_env):
+    """The dispatcher as Kueue's external dispatcher (the manager's Kueue starts with
+    ``dispatcherName: KUEUE_TEST_DISPATCHER``)."""
+    process = ServiceProcess(
+        "dispatcher", kueue_env.manager.kubeconfig, kueue_env.log_dir / "kueue-mode.log",
+        ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--multikueue-config", CONFIG, "--admission-timeout", "30", "--no-leader-elect",
+         "--log-level", "debug")).start()
+    yield process
+    process.stop()
+
+
+def workload_of(cluster, namespace: str, job: str) -> dict | None:
+    """The Workload Kueue made for TrainJob ``job``."""
+    items = cluster.custom.list_namespaced_custom_object(
+        c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, "workloads")["items"]
+    return next((w for w in items if any(
+        ref.get("kind") == "TrainJob" and ref.get("name") == job
+        for ref in w["metadata"].get("ownerReferences") or [])), None)
+
+
+def nominations(env, namespace: str) -> list[str]:
+    """The Nominated Events the dispatcher wrote about Workloads in ``namespace``."""
+    return [e.message for e in env.manager.core.list_namespaced_event(namespace).items
+            if e.reason == "Nominated"]
+
+
+def copies(env, namespace: str, name: str) -> dict[str, dict]:
+    found = {w.name: get(w, namespace, name) for w in env.multicluster.workers}
+    return {n: o for n, o in found.items() if o is not None}
+
+
+def test_kueue_mode_full_path(kueue_env, kueue_dispatcher, kueue_namespace):
+    """a. A queued TrainJob on the manager gets quota from Kueue, this dispatcher nominates
+    a worker by capacity, Kueue copies the job there (and only there), the worker's Kueue
+    admits it, the real JobSet and pods run on kwok, and the manager shows Complete."""
+    env, ns = kueue_env, kueue_namespace
+    env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                       queued_trainjob("full-path"))
+    reserved = eventually(lambda: workload_of(env.manager, ns, "full-path"),
+                          lambda w: w is not None and any(
+                              x["type"] == "QuotaReserved" and x["status"] == "True"
+                              for x in (w.get("status") or {}).get("conditions") or []),
+                          expected="Kueue's quota reserved for the job's Workload", timeout=60)
+    said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                      expected="one Nominated Event from the dispatcher")
+    nominated = said[0].rsplit(" ", 1)[-1]
+    placed = eventually(lambda: copies(env, ns, "full-path"), lambda seen: bool(seen),
+                        timeout=60, expected=f"Kueue's copy of the job on {nominated}")
+    assert list(placed) == [nominated] and c.KUEUE_PREBUILT_WORKLOAD_LABEL in (
+        placed[nominated]["metadata"].get("annotations") or {}), (
+        f"expected Kueue's copy (prebuilt-workload annotation) only on the nominated "
+        f"{nominated}; saw {({n: o['metadata'] for n, o in placed.items()})}")
+    worker = env.multicluster[nominated]
+    pods = eventually(lambda: worker.core.list_namespaced_pod(ns).items,
+                      lambda items: len(items) == 3 and all(p.spec.node_name for p in items),
+                      timeout=60, expected=f"the job's 3 pods bound to Nodes on {nominated}")
+    assert {p.spec.node_name for p in pods} == {f"{nominated}-kueue"}, (
+        f"expected every pod on {nominated}'s kwok Node; saw {[p.spec.node_name for p in pods]}")
+    done = eventually(lambda: get(env.manager, ns, "full-path"), finished, timeout=90,
+                      expected="the manager TrainJob finished")
+    assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
+        f"expected Complete on the manager; saw {done.get('status')}")
+    admitted = workload_of(env.manager, ns, "full-path")
+    assert admitted["status"].get("clusterName") == nominated and not admitted["status"].get(
+        "nominatedClusterNames"), (
+        f"expected Kueue to assign {nominated} and clear the nomination; saw "
+        f"clusterName={admitted['status'].get('clusterName')}, "
+        f"nominatedClusterNames={admitted['status'].get('nominatedClusterNames')}")
+    ours = [w for w in audited_writes(env.manager, c.DISPATCHER_USER_AGENT)
+            if w["namespace"] == ns]
+    assert {(w["resource"], w["subresource"], w["verb"]) for w in ours} <= {
+        ("workloads", "status", "patch")} and ours, (
+        f"expected the dispatcher's only writes to be the Workload's status (the nomination); "
+        f"the audit log shows {ours} (reserved: {reserved['metadata']['name']})")
+
+
+def test_kueue_mode_nominates_the_worker_with_room(kueue_env, kueue_dispatcher,
+                                                   kueue_namespace):
+    """b. A job too big for the Nodes of the worker with the most Kueue quota (worker-1:
+    quota 64 cpu, one 8-cpu Node) is nominated to the worker with room (worker-2: quota 32
+    cpu, a 16-cpu Node), and Kueue never copies it to worker-1."""
+    env, ns = kueue_env, kueue_namespace
+    env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                       queued_trainjob("big", cpu="12"))
+    said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                      expected="one Nominated Event from the dispatcher")
+    assert said == ["nominated worker cluster worker-2"], (
+        f"expected worker-2 (room on its Nodes), not worker-1 (most quota, too small); saw "
+        f"{said}")
+    eventually(lambda: copies(env, ns, "big"), lambda seen: list(seen) == ["worker-2"],
+               timeout=60, expected="Kueue's copy on worker-2 only")
+    done = eventually(lambda: get(env.manager, ns, "big"), finished, timeout=90,
+                      expected="the manager TrainJob finished")
+    assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
+        f"expected Complete; saw {done.get('status')}")
+    assert get(env.multicluster["worker-1"], ns, "big") is None, (
+        "expected no copy on worker-1 at any point after the nomination")
+
+
+def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespace):
+    """c. Kueue (AllAtOnce) runs a queued job while a standalone dispatcher runs on the same
+    manager: the dispatcher refuses Kueue's origin, and with its own it creates, deletes and
+    writes nothing for Kueue's job (not the job, its copies, Workloads or the
+    MultiKueueCluster conditions), while it still dispatches a job of its own."""
+    env, ns = kueue_env, kueue_namespace
+    harness = env.multicluster.harness
+    harness.use_kueue_dispatcher("manager", kueue.DISPATCHER_ALL_AT_ONCE)
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "dispatcher", "run", "--kubeconfig",
+             str(env.manager.kubeconfig), "--metrics-port", "0"],
+            capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "--origin multikueue: Kueue runs on this manager" \
+            in refused.stderr and "kueue-system/kueue-manager-config" in refused.stderr, (
+            f"expected a refusal of Kueue's origin naming its ConfigMap (exit 2); saw exit "
+            f"{refused.returncode}: {refused.stderr[-600:]}")
+
+        dispatcher = ServiceProcess(
+            "dispatcher", env.manager.kubeconfig, env.log_dir / "standalone.log",
+            ("--origin", STANDALONE_ORIGIN, "--multikueue-config", CONFIG,
+             "--gc-interval", "1", "--no-leader-elect",
+             "--log-level", "debug")).start()
+        try:
+            env.manager.custom.create_namespaced_custom_object(
+                *TRAINER, ns, c.TRAINJOBS, queued_trainjob("kueued"))
+            env.manager.custom.create_namespaced_custom_object(
+                *TRAINER, ns, c.TRAINJOBS, trainjob("own", runtime=RUNTIME))
+
+            # Kueue's copy runs on a worker while the dispatcher's garbage collector sweeps
+            # every second: it stays (same object) until Kueue itself is done with it.
+            def kueue_copy():
+                copies = {w.name: get(w, ns, "kueued") for w in env.multicluster.workers}
+                return {n: o["metadata"]["uid"] for n, o in copies.items()
+                        if o is not None and not finished(o)}
+            running = eventually(kueue_copy, lambda seen: len(seen) == 1, timeout=90,
+                                 expected="Kueue's copy of the queued job on one worker")
+            holds_for(kueue_copy, lambda seen: seen == running, seconds=2.5,
+                      expected=f"Kueue's copy {running} untouched by the standalone "
+                               "dispatcher's garbage collection")
+
+            for name in ("kueued", "own"):
+                eventually(lambda n=name: get(env.manager, ns, n), finished, timeout=120,
+                           expected=f"manager TrainJob {ns}/{name} finished")
+            kueued = get(env.manager, ns, "kueued")
+            assert (condition(kueued, c.CONDITION_COMPLETE) or {}).get("status") == "True" \
+                and placement(kueued) is None and c.DISPATCH_FINALIZER not in (
+                    kueued["metadata"].get("finalizers") or []), (
+                f"expected Kueue's job Complete with no placement or finalizer of ours; saw "
+                f"{kueued['metadata'].get('annotations')}, "
+                f"{kueued['metadata'].get('finalizers')}, {kueued.get('status')}")
+
+            writes = {cl.name: audited_writes(cl, c.DISPATCHER_USER_AGENT)
+                      for cl in env.multicluster}
+            touching_kueue = {n: [w for w in ws if w["name"] == "kueued"
+                                  or w["name"].startswith("trainjob-kueued-")
+                                  or w["resource"] == c.MULTIKUEUECLUSTERS]
+                              for n, ws in writes.items()}
+            assert touching_kueue == {n: [] for n in writes}, (
+                f"expected no write by the dispatcher to Kueue's job, its copies, Workloads or "
+                f"the MultiKueueClusters; the audit logs show {touching_kueue}")
+            own = [w for ws in writes.values() for w in ws
+                   if w["name"] == "own" and w["verb"] == "create"]
+            assert own, (f"expected the audit logs to show the dispatcher creating the copy of "
+                         f"its own job (proof the logs see its writes); saw {writes}")
+
+            events = env.manager.core.list_namespaced_event(
+                ns, field_selector="involvedObject.name=kueued").items
+            left = [e for e in events if e.reason == "LeftToKueue"]
+            assert len(left) == 1 and c.KUEUE_QUEUE_NAME_LABEL in left[0].message and (
+                left[0].count or 1) == 1, (
+                f"expected one LeftToKueue Event naming the queue-name label; saw "
+                f"{[(e.reason, e.message, e.count) for e in events]}")
+        finally:
+            dispatcher.stop()
+    finally:
+        harness.use_kueue_dispatcher("manager", KUEUE_TEST_DISPATCHER)
+
