@@ -454,7 +454,7 @@ class LocalClusters:
         with api_client(self.kubeconfig(record.name)) as client:
             crds.install_crds(client, documents, timeout)
             if record.role == "worker":
-                worker_stack.install_jobset_webhooks(client, worker_stack.jobset_webhook_configurations(
+                worker_stack.install_webhook_configurations(client, worker_stack.jobset_webhook_configurations(
                     f"https://{BIND_ADDRESS}:{plane.port('jobset-webhook')}",
                     plane.pki.ca_cert.read_bytes()))
 
