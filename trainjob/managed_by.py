@@ -1,4 +1,4 @@
-"""Who owns a TrainJob: the one reading of ``spec.managedBy`` both sides use (DESIGN 2.1).
+"""Who owns a TrainJob: the one reading of ``spec.managedBy`` both sides use.
 
 Three values name the built-in training operator: unset (or empty, which the project's CRD
 allows because it sets no default), the seed design's ``kubeflow.org/training-operator``, and
