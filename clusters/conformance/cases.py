@@ -25,6 +25,15 @@ from clusters import upstream_trainer
 from trainjob import constants as c
 
 RUNTIME_KINDS = (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND)
+
+# Why some of the project's cases differ on purpose (the README lists the same).
+OVERRIDES_PRUNED = ("podSpecOverrides is the v2.0 API the project keeps; upstream v2.3's CRD "
+                    "prunes it, so only the operator's JobSet has the override")
+PATCH_OF_UNKNOWN_JOB = ("a runtime patch naming a replicated job the runtime lacks is refused "
+                        "at admission; upstream merges it in as a new job and then cannot "
+                        "build a valid JobSet")
+ZERO_NODES = ("trainer.numNodes 0 is refused by the project's CRD (a job of no trainer "
+              "pods); upstream's CRD accepts it and runs a JobSet of zero pods")
 EXAMPLES_DIR = "examples"
 
 
@@ -36,6 +45,10 @@ class Case:
     source: str
     job: dict | None = None
     runtimes: list[dict] = field(default_factory=list)
+    # Where this case differs on purpose, and why: the objects (labels, as the table names
+    # them; all of the case's when empty) whose differences the reason explains.
+    intended: str = ""
+    intended_objects: tuple[str, ...] = ()
 
 
 def _trainjob(name: str, runtime: str, trainer: dict | None = None,
@@ -119,7 +132,7 @@ def project_cases() -> list[Case]:
     gpu = {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
     torch = _runtime("cf-torch", {"numNodes": 1, "torch": {}},
                      [_job("node", c.ROLE_TRAINER, resources={"requests": {"cpu": "3"}})])
-    torch_gpu = _runtime("cf-torch-gpu", {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
+    torch_gpu = _runtime("cf-torch-gpu", {"numNodes": 1, "torch": {}},
                          [_job("node", c.ROLE_TRAINER, resources=gpu)])
     mpi = _runtime("cf-mpi", {"numNodes": 1, "mpi": {"numProcPerNode": 2,
                                                      "mpiImplementation": "OpenMPI",
@@ -129,13 +142,16 @@ def project_cases() -> list[Case]:
     mpi_as_node = _runtime("cf-mpi-as-node", {"numNodes": 1, "mpi": {
         "numProcPerNode": 1, "mpiImplementation": "OpenMPI", "runLauncherAsNode": True}},
         [_job("node", container="node"), _job("launcher", c.ROLE_TRAINER, container="node")])
+    mpi_gpus = _runtime("cf-mpi-gpus", {"numNodes": 1, "mpi": {"runLauncherAsNode": True}},
+                        [_job("node", container="node", resources=gpu),
+                         _job("launcher", c.ROLE_TRAINER, container="node", resources=gpu)])
     coscheduling = _runtime("cf-coscheduling", {"numNodes": 2, "torch": {}},
                             [_job("node", c.ROLE_TRAINER)],
                             podGroupPolicy={"coscheduling": {"scheduleTimeoutSeconds": 60}})
     env_injection = _runtime(
         "cf-torch-env-injection",
         {"numNodes": 1, "torch": {"envInjection": {"targets": [
-            {"name": "node", "containers": [{"name": "node"}, {"name": "sidecar"}]}]}}},
+            {"jobName": "node", "containerNames": ["sidecar"]}]}}},
         [{**_job("node", c.ROLE_TRAINER), "template": {
             "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
             "spec": {"template": {"spec": {"containers": [
@@ -158,6 +174,11 @@ def project_cases() -> list[Case]:
                                                       {"numNodes": 1}), [mpi_as_node]),
         Case("cf-mpi-as-node-3", "project", _trainjob("cf-mpi-as-node-3", "cf-mpi-as-node",
                                                       {"numNodes": 3}), [mpi_as_node]),
+        Case("cf-mpi-gpu-slots", "project", _trainjob("cf-mpi-gpu-slots", "cf-mpi-gpus",
+                                                      {"numNodes": 2}), [mpi_gpus]),
+        Case("cf-torchtune", "project", _trainjob(
+            "cf-torchtune", "torchtune-llama3.2-1b", {"command": ["tune", "run"]}),
+            [upstream_trainer.runtime("torchtune/llama3_2/llama3_2_1B.yaml")]),
         Case("cf-coscheduling", "project", _trainjob("cf-coscheduling", "cf-coscheduling",
                                                      {}), [coscheduling]),
         Case("cf-patches-sidecar", "project", _trainjob(
@@ -165,19 +186,20 @@ def project_cases() -> list[Case]:
             runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
                 "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {
                     "spec": {"template": {"spec": {
-                        "nodeSelector": {"pool": "a"},
+                        "nodeSelector": {"pool": "b"},
                         "tolerations": [{"key": "a", "operator": "Exists"}]}}}}}]}}}},
                 {"manager": "example.com/two", "trainingRuntimeSpec": {
                     "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {
                         "spec": {"template": {"spec": {
-                            "nodeSelector": {"pool": "b"}}}}}}]}}}}]),
+                            "nodeSelector": {"pool": "a"}}}}}}]}}}}]),
             [torch]),
         Case("cf-suspended", "project", _trainjob("cf-suspended", "cf-torch", {"numNodes": 2},
                                                   suspend=True), [torch]),
         Case("cf-overrides", "project", _trainjob(
             "cf-overrides", "cf-torch", {"numNodes": 1},
             podSpecOverrides=[{"targetJobs": [{"name": "node"}],
-                               "nodeSelector": {"pool": "a"}}]), [torch]),
+                               "nodeSelector": {"pool": "a"}}]), [torch],
+             intended=OVERRIDES_PRUNED, intended_objects=("JobSet",)),
         # Refused by both.
         Case("cf-bad-reserved-env", "project", _trainjob(
             "cf-bad-reserved-env", "cf-torch", {"env": [{"name": "PET_NNODES", "value": "2"}]}),
@@ -188,9 +210,13 @@ def project_cases() -> list[Case]:
             "cf-bad-patch-job", "cf-torch", {},
             runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
                 "template": {"spec": {"replicatedJobs": [{"name": "no-such-job"}]}}}}]),
-            [torch]),
+            [torch], intended=PATCH_OF_UNKNOWN_JOB),
         Case("cf-bad-num-nodes", "project", _trainjob("cf-bad-num-nodes", "cf-torch",
-                                                      {"numNodes": 0}), [torch]),
+                                                      {"numNodes": 0}), [torch],
+             intended=ZERO_NODES),
+        Case("cf-bad-runtime-step", "project", None, [_runtime(
+            "cf-bad-step", {"numNodes": 1, "torch": {}},
+            [_job("node", c.ROLE_TRAINER, container="main")])]),
         Case("cf-bad-runtime-two-policies", "project", None, [_runtime(
             "cf-bad-two-policies", {"numNodes": 1, "torch": {}, "mpi": {}},
             [_job("node", c.ROLE_TRAINER)])]),

@@ -45,6 +45,10 @@ INTENDED = (
     Intended("TrainJob status", (("conditions", "type=Created"),),
              "the Created condition says whether the JobSet exists, or why not (runtime "
              "missing, build failed); upstream only logs this"),
+    Intended("ConfigMap <job>-runtime-snapshot", (("data", "runtime", "spec", "template"),),
+             "the runtime's JobSet template as each cluster's CRD stored it: upstream's schema "
+             "types it and fills in JobSet's defaults (replicas, groupName, ...), the "
+             "project's keeps it as written; both JobSets are compared in full"),
     # No path removed: the values of a Secret's data are replaced by its sorted keys below.
     Intended("Secret", (),
              "SSH key material is random: only the keys of the Secret's data are compared"),
@@ -68,6 +72,11 @@ def normalise(label: str, obj: Any) -> Any:
             condition.pop("observedGeneration", None)
     else:
         obj.pop("status", None)  # a child's status is its own controller's, not compared
+    if label.endswith(SNAPSHOT_SUFFIX) and isinstance((obj.get("data") or {}).get("runtime"),
+                                                      str):
+        # The runtime as each controller read it: compared as an object, without identity.
+        runtime = yaml.safe_load(obj["data"]["runtime"])
+        obj["data"]["runtime"] = normalise("runtime", runtime)
     for intended in INTENDED:
         if label.startswith(intended.label):
             for path in intended.paths:
@@ -76,13 +85,10 @@ def normalise(label: str, obj: Any) -> Any:
         for key in ("annotations", "labels"):
             if not metadata.get(key):
                 metadata.pop(key, None)
+    if label == STATUS and not obj.get("conditions"):
+        obj.pop("conditions", None)  # what is left once the intended conditions are gone
     if label.startswith("Secret") and isinstance(obj.get("data"), dict):
         obj["data"] = sorted(obj["data"])
-    if label.endswith(SNAPSHOT_SUFFIX) and isinstance((obj.get("data") or {}).get("runtime"),
-                                                      str):
-        # The runtime as each controller read it: compared as an object, without identity.
-        runtime = yaml.safe_load(obj["data"]["runtime"])
-        obj["data"]["runtime"] = normalise("runtime", runtime)
     return obj
 
 

@@ -16,8 +16,8 @@ def table(rows: list[Row], verbose: bool = False) -> str:
     for row in rows:
         shown = row.paths[:MAX_PATHS] + ([f"... {len(row.paths) - MAX_PATHS} more"]
                                          if len(row.paths) > MAX_PATHS else [])
-        lines.append((row.case, row.label, "equal" if row.equal else "different",
-                      ", ".join(shown)))
+        result = "equal" if row.equal else "intended" if row.intended else "different"
+        lines.append((row.case, row.label, result, ", ".join(shown)))
     widths = [max(len(line[i]) for line in lines) for i in range(3)]
     out = ["  ".join([*(cell.ljust(w) for cell, w in zip(line[:3], widths)), line[3]]).rstrip()
            for line in lines]
@@ -32,16 +32,18 @@ def table(rows: list[Row], verbose: bool = False) -> str:
 
 
 def summary(rows: list[Row]) -> str:
-    different = [r for r in rows if not r.equal]
+    different = [r for r in rows if r.unexplained]
+    intended = [r for r in rows if r.intended]
     cases = {r.case for r in rows}
     failing = {r.case for r in different}
-    return (f"{len(rows)} objects in {len(cases)} cases: {len(rows) - len(different)} equal, "
-            f"{len(different)} different (in {len(failing)} cases)")
+    return (f"{len(rows)} objects in {len(cases)} cases: "
+            f"{len(rows) - len(different) - len(intended)} equal, {len(intended)} intended "
+            f"differences, {len(different)} different (in {len(failing)} cases)")
 
 
 def as_json(rows: list[Row]) -> str:
-    return json.dumps([{"case": r.case, "object": r.label, "equal": r.equal, "paths": r.paths}
-                       for r in rows], indent=2)
+    return json.dumps([{"case": r.case, "object": r.label, "equal": r.equal, "paths": r.paths,
+                        "intended": r.intended} for r in rows], indent=2)
 
 
 def _short(value: Any, limit: int = 2000) -> str:

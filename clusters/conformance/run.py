@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters import crds, fixtures
+from clusters import crds, fixtures, upstream_trainer
 from clusters.conformance import compare
 from clusters.conformance.cases import Case
 from clusters.controlplane import free_port
@@ -44,7 +44,7 @@ TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 JOBSET = (c.JOBSET_GROUP, c.JOBSET_VERSION)
 NODE_CAPACITY = {"cpu": "512", "memory": "2Ti", "nvidia.com/gpu": "128", "pods": "1000"}
 # Labels the examples' runtime patches select nodes by, so their pods run too.
-NODE_LABELS = {"node-type": "training"}
+NODE_LABELS = {"node-type": "training", "pool": "a"}
 OPERATOR_WEBHOOK = "validating-webhook.yaml"
 # How long jobs may take to finish; those with unschedulable pods or without a JobSet stop
 # being waited for sooner (``_settled``).
@@ -61,10 +61,17 @@ class Row:
     paths: list[str]
     upstream: Any = None
     operator: Any = None
+    # Why the differences are on purpose (the case's documented reason), or "".
+    intended: str = ""
 
     @property
     def equal(self) -> bool:
         return not self.paths
+
+    @property
+    def unexplained(self) -> list[str]:
+        """The differing paths no documented reason explains."""
+        return [] if self.intended else self.paths
 
 
 @dataclass
@@ -254,7 +261,10 @@ def compare_case(case: Case, upstream: dict[str, Any], operator: dict[str, Any])
                 paths = compare.differing_paths(left, right)
             else:
                 paths = [f"(made by {UPSTREAM if right is None else OPERATOR} only)"]
-        rows.append(Row(case.name, label, paths, left, right))
+        explained = bool(paths) and bool(case.intended) and (
+            not case.intended_objects or label in case.intended_objects)
+        rows.append(Row(case.name, label, paths, left, right,
+                        case.intended if explained else ""))
     return rows
 
 
@@ -304,6 +314,12 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
             fixtures.add_node(side.api, node, NODE_CAPACITY, labels=NODE_LABELS)
             cleanups.append(lambda side=side: fixtures.remove_node(side.api, node))
         upstream, ours = sides
+        # The coscheduling PodGroup CRD on both, before the controllers start (upstream's
+        # looks for it once, at start).
+        podgroup_crds = upstream_trainer.coscheduling_crds()
+        for side in sides:
+            added = _install_missing_crds(side.api, podgroup_crds)
+            cleanups.append(lambda side=side, added=added: _delete_crds(side.api, added))
         trainer = TrainerController(harness, upstream_cluster).start()
         cleanups.append(trainer.stop)
 
@@ -347,6 +363,25 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
         harness.use_trainer_crds(upstream_cluster, previous)
         for side in sides:
             side.api.close()
+
+
+def _install_missing_crds(api: client.ApiClient, documents: list[dict]) -> list[str]:
+    """Install the CRDs of ``documents`` the cluster lacks; the names of those installed."""
+    extensions = client.ApiextensionsV1Api(api)
+    present = {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
+    missing = [d for d in documents if d["metadata"]["name"] not in present]
+    if missing:
+        crds.install_crds(api, missing, 60)
+    return [d["metadata"]["name"] for d in missing]
+
+
+def _delete_crds(api: client.ApiClient, names: list[str]) -> None:
+    for name in names:
+        try:
+            client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
 
 def _delete_cluster_runtime(side: Side, name: str) -> None:
