@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries browser test demo demo-down clusters-up clusters-down clusters-status clean
+.PHONY: help venv binaries browser test conformance demo demo-down clusters-up clusters-down clusters-status clean
 
 help:
 	@echo "make test           run the test suite against real local control planes"
@@ -17,6 +17,7 @@ help:
 	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue)"
 	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
+	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
 	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 
@@ -53,6 +54,9 @@ clusters-status: venv
 
 clusters-down: venv
 	$(PY) -m clusters down
+
+conformance: binaries
+	$(PY) -m clusters conformance
 
 demo: binaries
 	$(PY) -m clusters demo

@@ -257,8 +257,24 @@ def module_dir(name: str) -> Path:
     component = COMPONENTS[name]
     if component.kind != "module":
         raise ValueError(f"{name} is not built from a published module")
+    return _download(component, component.module, component.version)
+
+
+def dependency_dir(name: str, module: str) -> Path:
+    """The source of ``module`` at the version component ``name``'s go.mod requires (e.g.
+    the scheduler-plugins API the Trainer controller is built against), downloaded if
+    missing."""
+    component = COMPONENTS[name]
+    go_mod = (module_dir(name) / "go.mod").read_text()
+    found = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(\S+)", go_mod, re.MULTILINE)
+    if found is None:
+        raise ProvisioningError(f"{component.source} does not require {module}")
+    return _download(component, module, found.group(1))
+
+
+def _download(component: Component, module: str, version: str) -> Path:
     proc = subprocess.run(
-        [_go(), "mod", "download", "-json", f"{component.module}@{component.version}"],
+        [_go(), "mod", "download", "-json", f"{module}@{version}"],
         capture_output=True, text=True, check=False, env=_go_env(component.extra_env),
         cwd=tempfile.gettempdir(),
     )
@@ -269,8 +285,8 @@ def module_dir(name: str) -> Path:
     if proc.returncode != 0 or not info.get("Dir"):
         detail = info.get("Error") or (proc.stderr or proc.stdout).strip()[-500:]
         raise ProvisioningError(
-            f"cannot download {component.source} into the Go module cache: {detail}\n"
-            f"retry with: go mod download {component.module}@{component.version}"
+            f"cannot download {module}@{version} into the Go module cache: {detail}\n"
+            f"retry with: go mod download {module}@{version}"
         )
     return Path(info["Dir"])
 

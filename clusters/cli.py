@@ -46,6 +46,7 @@ examples:
   python -m clusters up --upstream-crds worker-2  (upstream Trainer's CRDs on worker-2)
   kubectl --kubeconfig .clusters/worker-1.kubeconfig get --raw /version
   python -m clusters stop worker-1 && python -m clusters start worker-1
+  python -m clusters conformance -v            (this operator against upstream Trainer)
   python -m clusters down
 """
 
@@ -130,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=300,
                       help="give up after this many seconds (default: %(default)s)")
 
+    conformance = sub.add_parser(
+        "conformance", parents=[common], help="compare this operator with upstream Trainer's",
+        description="Run upstream Kubeflow Trainer's controller (with its CRDs) on one worker "
+        "and this operator on another, apply the same runtimes and TrainJobs to both (upstream's "
+        "shipped runtimes and examples, and the project's own cases) and print, per object, "
+        "whether what the two made is equal after the intended differences the README lists "
+        "are removed, and the paths that differ. Uses the clusters in --state-dir when two "
+        "workers run there, else starts and removes its own. Exit status 1 when anything "
+        "differs.")
+    conformance.add_argument("--case", action="append", default=[], metavar="NAME",
+                             help="run only this case (repeatable)")
+
     pinned = "\n".join(f"  {c.name:<28} {c.source}" for c in binaries.COMPONENTS.values())
     prov = sub.add_parser(
         "provision", help="find or build every binary the harness and its tests run",
@@ -202,6 +215,10 @@ def _main(argv: list[str] | None) -> int:
     try:
         if args.command == "provision":
             return _provision(args)
+        if args.command == "conformance":
+            from clusters.conformance import command
+
+            return command.main(args.state_dir, args.case, args.json, args.verbose)
         if args.command == "demo":
             from clusters.demo import run_demo
 

@@ -26,8 +26,10 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool) -> int:
-    """Start ``argv`` in its own session with output appended to ``log_file``; return its PID."""
+def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
+          env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in its own session with output appended to ``log_file``; return its PID.
+    ``env`` is added to this process's environment for the child."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -40,6 +42,7 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool) -> int:
             start_new_session=True,  # Ctrl-C in a terminal must not hit etcd before the apiserver
             preexec_fn=_die_with_parent if tied_to_parent else None,
             close_fds=True,
+            env={**os.environ, **env} if env else None,
         )
     _children[proc.pid] = proc
     _argv[proc.pid] = " ".join(argv).encode()

@@ -45,3 +45,16 @@ def runtime(file_name: str) -> dict:
     (found,) = [d for d in documents(f"{RUNTIMES_DIR}/{file_name}")
                 if d.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime")]
     return found
+
+
+# The coscheduling plugin's PodGroup CRD, from the scheduler-plugins module the Trainer
+# controller is built against.
+SCHEDULER_PLUGINS = "sigs.k8s.io/scheduler-plugins"
+PODGROUP_CRD = "config/crd/bases/scheduling.x-k8s.io_podgroups.yaml"
+
+
+def coscheduling_crds() -> list[dict]:
+    """The scheduler-plugins PodGroup CRD (``scheduling.x-k8s.io``)."""
+    path = provisioning.dependency_dir(COMPONENT, SCHEDULER_PLUGINS) / PODGROUP_CRD
+    return [d for d in yaml.safe_load_all(path.read_text())
+            if d and d.get("kind") == "CustomResourceDefinition"]

@@ -185,7 +185,7 @@ def jobset_webhook_configurations(url_base: str, ca_bundle: bytes) -> list[dict]
         patch_file = JOBSET_WEBHOOK_PATCHES.get(document["kind"])
         if patch_file:
             for operation in yaml.safe_load((jobset / patch_file).read_text()) or []:
-                _apply_json_patch(document, operation)
+                apply_json_patch(document, operation)
         document["metadata"]["name"] = JOBSET_NAME_PREFIX + document["metadata"]["name"]
         for webhook in document.get("webhooks", []):
             path = webhook["clientConfig"]["service"].get("path", "")
@@ -195,8 +195,9 @@ def jobset_webhook_configurations(url_base: str, ca_bundle: bytes) -> list[dict]
     return configured
 
 
-def _apply_json_patch(document: dict, operation: dict) -> None:
-    """The ``add``/``replace`` operations of an RFC 6902 patch (all JobSet's patches use)."""
+def apply_json_patch(document: dict, operation: dict) -> None:
+    """The ``add``/``replace`` operations of an RFC 6902 patch (all that JobSet's and
+    Trainer's webhook patches use)."""
     if operation.get("op") not in ("add", "replace"):
         raise ValueError(f"unsupported patch operation {operation.get('op')!r}")
     *parents, last = [p.replace("~1", "/").replace("~0", "~")
@@ -214,7 +215,7 @@ def _apply_json_patch(document: dict, operation: dict) -> None:
         target[last] = operation["value"]
 
 
-def install_jobset_webhooks(api: client.ApiClient, configurations: list[dict]) -> None:
+def install_webhook_configurations(api: client.ApiClient, configurations: list[dict]) -> None:
     admission = client.AdmissionregistrationV1Api(api)
     for document in configurations:
         name = document["metadata"]["name"]

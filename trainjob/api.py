@@ -61,6 +61,7 @@ class Initializers(_Model):
 class ResourceRequirements(_Model):
     limits: dict[str, int | str] = Field(default_factory=dict)
     requests: dict[str, int | str] = Field(default_factory=dict)
+    claims: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Trainer(_Model):
@@ -148,7 +149,7 @@ class TrainJob(_Model):
 
     @property
     def managed_by_operator(self) -> bool:
-        """True when the built-in training operator owns this job."""
+        """True when the built-in training operator owns this job (``trainjob.managed_by``)."""
         return operator_manages(self.spec.managed_by)
 
     def condition(self, type_: str) -> Condition | None:
@@ -163,8 +164,18 @@ class TrainJob(_Model):
         return self.is_true(c.CONDITION_COMPLETE) or self.is_true(c.CONDITION_FAILED)
 
 
+class EnvInjectionTarget(_Model):
+    job_name: str
+    container_names: list[str] = Field(default_factory=list)
+
+
+class EnvInjection(_Model):
+    targets: list[EnvInjectionTarget] = Field(default_factory=list)
+
+
 class TorchPolicy(_Model):
     num_proc_per_node: int | str | None = None
+    env_injection: EnvInjection | None = None
 
 
 class MPIPolicy(_Model):
@@ -175,9 +186,15 @@ class MPIPolicy(_Model):
 
 
 class MLPolicy(_Model):
+    """``mlPolicy``: the node count and at most one source (upstream's CRD allows one).
+    JAX and XGBoost sources have no fields; Flux's are kept as the API returns them."""
+
     num_nodes: int | None = None
     torch: TorchPolicy | None = None
     mpi: MPIPolicy | None = None
+    jax: dict[str, Any] | None = None
+    xgboost: dict[str, Any] | None = None
+    flux: dict[str, Any] | None = None
 
 
 class TemplateMeta(_Model):

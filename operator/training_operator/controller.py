@@ -15,8 +15,8 @@ from kubernetes import client
 
 from training_operator.metrics import OperatorMetrics
 from training_operator.reconciler import Caches, TrainJobReconciler
-from trainjob import constants as c
-from trainjob import required_apis
+from training_operator.webhook import CacheLookups
+from trainjob import constants as c, required_apis, runtime_ref
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -84,18 +84,15 @@ class OperatorController:
                 self.queue.add((obj["metadata"].get("namespace", ""), ref["name"]))
 
     def _on_runtime(self, kind: str, old: dict | None, new: dict | None) -> None:
-        obj = new or old
-        name = obj["metadata"]["name"]
-        namespace = obj["metadata"].get("namespace")
-        runtime_kind = c.TRAININGRUNTIME_KIND if namespace else c.CLUSTERTRAININGRUNTIME_KIND
+        changed = runtime_ref.key_of_runtime(new or old)
         for job in self.trainjobs.list():
-            ref = (job.get("spec") or {}).get("runtimeRef") or {}
-            if ref.get("name") != name or ref.get("kind", c.CLUSTERTRAININGRUNTIME_KIND) != \
-                    runtime_kind:
+            try:
+                wanted = runtime_ref.runtime_key((job.get("spec") or {}).get("runtimeRef") or {},
+                                                 job["metadata"].get("namespace", ""))
+            except runtime_ref.UnsupportedRuntimeRef:
                 continue
-            if namespace and job["metadata"].get("namespace") != namespace:
-                continue
-            self._on_trainjob("MODIFIED", None, job)
+            if wanted == changed:
+                self._on_trainjob("MODIFIED", None, job)
 
     # --- running --------------------------------------------------------------------
 
@@ -117,7 +114,7 @@ class OperatorController:
 
     def lookups(self) -> CacheLookups:
         """What the webhook reads: the operator's caches (no API call per review)."""
-        return CacheLookups(self)
+        return CacheLookups(self.api, self.namespace, self.jobsets, self.reconciler.caches)
 
     def observe_review(self, seconds: float, allowed: bool, reason: str) -> None:
         self.metrics.webhook_duration.observe(seconds)
@@ -145,33 +142,3 @@ class OperatorController:
             # Once per streak of failures: people see it; retries do not spam.
             self.recorder.event(job, "Warning", "ReconcileError",
                                 f"reconcile failed, retrying with backoff: {why}")
-
-class CacheLookups:
-    """Webhook lookups from the informer caches; for a namespace outside ``--namespace``
-    (not cached) it asks the API server."""
-
-    def __init__(self, controller: OperatorController):
-        self._controller = controller
-        self._api = None
-
-    def _direct(self):
-        if self._api is None:
-            from training_operator.webhook import ApiLookups
-
-            self._api = ApiLookups(self._controller.api)
-        return self._api
-
-    def _cached(self, namespace: str) -> bool:
-        return self._controller.namespace in (None, namespace)
-
-    def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
-        if kind == c.CLUSTERTRAININGRUNTIME_KIND:
-            return self._controller.cluster_runtimes.get("", name)
-        if self._cached(namespace):
-            return self._controller.runtimes.get(namespace, name)
-        return self._direct().runtime(namespace, kind, name)
-
-    def jobset(self, namespace: str, name: str) -> dict | None:
-        if self._cached(namespace):
-            return self._controller.jobsets.get(namespace, name)
-        return self._direct().jobset(namespace, name)

@@ -45,13 +45,11 @@ def build_jobset(job: TrainJob, info: RuntimeInfo) -> dict[str, Any]:
     replicated_jobs = []
     for pod_set in info.pod_sets:
         replicated = copy.deepcopy(pod_set.job)
-        metadata = replicated.setdefault("template", {}).setdefault("metadata", {})
-        job_labels = {**metadata.get("labels", {}), **info.labels}
         if pod_set.role:
-            job_labels[c.ANCESTOR_LABEL] = pod_set.role
-        metadata["labels"] = job_labels
-        if info.annotations:
-            metadata["annotations"] = {**metadata.get("annotations", {}), **info.annotations}
+            # A role read from the job's name (seed runtimes) is written down as upstream's
+            # label, so every reader of the JobSet finds it where upstream puts it.
+            metadata = replicated.setdefault("template", {}).setdefault("metadata", {})
+            metadata["labels"] = {**(metadata.get("labels") or {}), c.ANCESTOR_LABEL: pod_set.role}
         replicated_jobs.append(replicated)
     spec = {**copy.deepcopy(info.jobset_spec), "replicatedJobs": replicated_jobs}
     totals = info.totals
@@ -63,7 +61,7 @@ def build_jobset(job: TrainJob, info: RuntimeInfo) -> dict[str, Any]:
     # The hash covers what the operator decides apart from the suspend flag, which is
     # applied on its own while the job runs.
     annotations[SPEC_HASH_ANNOTATION] = spec_hash(
-        {"spec": spec, "labels": labels, "annotations": annotations, "objects": info.objects}
+        {"spec": spec, "labels": labels, "annotations": annotations, "objects": [o.body for o in info.objects]}
     )
     spec["suspend"] = job.spec.suspend
     return {

@@ -14,24 +14,27 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from training_operator import deadline, jobset_builder, status as status_mod
+from training_operator import (
+    child_objects,
+    deadline,
+    jobset_builder,
+    runtime_snapshot,
+    status as status_mod,
+)
 from training_operator.metrics import OperatorMetrics
-from trainjob import constants as c
+from trainjob import constants as c, runtime_ref
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.kubeclient import (
-    APPLY_PATCH,
     apply_custom_object,
     namespace_terminating,
     refusal_summary,
 )
 from trainjob.runtime import build_runtime_info
-from trainjob.runtime.plugins import mpi as mpi_plugin
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "training-operator"
-CREATE_ONLY_ANNOTATION = "trainer.kubeflow.org/create-only"
 
 
 class Cache(Protocol):
@@ -46,6 +49,12 @@ class Caches:
     jobsets: Cache
     runtimes: Cache
     cluster_runtimes: Cache
+
+    def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
+        """A cached runtime (``runtime_ref.RuntimeGetter``)."""
+        if kind == c.TRAININGRUNTIME_KIND:
+            return self.runtimes.get(namespace, name)
+        return self.cluster_runtimes.get("", name)
 
 
 class TrainJobReconciler:
@@ -87,13 +96,27 @@ class TrainJobReconciler:
                 status_mod.CONDITION_CREATED, "False", status_mod.REASON_BUILD_FAILED,
                 f"JobSet {namespace}/{name} exists and is not controlled by this TrainJob"))
             return
-        runtime = self._runtime(job)
+        if jobset is not None and self._running(job, jobset):
+            # The pods run from the JobSet's current spec; nothing about it may change.
+            self._write_status(job, raw, jobset, self._created(job))
+            return
+        try:
+            runtime = self._runtime(job)
+        except runtime_snapshot.SnapshotError as err:
+            self._write_status(job, raw, jobset, status_mod.Transition(
+                status_mod.CONDITION_CREATED, "False", status_mod.REASON_BUILD_FAILED, str(err)))
+            return
+        except ApiException as err:
+            if namespace_terminating(err):
+                return  # the TrainJob goes with its namespace; nothing to build
+            raise
         if runtime is None:
             ref = job.spec.runtime_ref
             where = f" in namespace {namespace}" if ref.kind == c.TRAININGRUNTIME_KIND else ""
             self._write_status(job, raw, jobset, status_mod.Transition(
                 status_mod.CONDITION_CREATED, "False", status_mod.REASON_RUNTIME_NOT_FOUND,
-                f"{ref.kind} {ref.name} not found{where}; the job starts when it exists"))
+                f"{ref.kind} {ref.name} not found{where} (or not a Trainer runtime); the job "
+                "starts when it exists"))
             return
         try:
             info = build_runtime_info(job, runtime)
@@ -117,11 +140,20 @@ class TrainJobReconciler:
             jobset = self._update_jobset(job, raw, jobset, desired, info.objects)
         # Level-based: whenever our JobSet exists, Created is True (also after a crash
         # between creating the JobSet and writing the status).
-        self._write_status(job, raw, jobset, status_mod.Transition(
-            status_mod.CONDITION_CREATED, "True", status_mod.REASON_JOBSET_CREATED,
-            f"JobSet {namespace}/{name} created"))
+        self._write_status(job, raw, jobset, self._created(job))
 
     # --- pieces ---------------------------------------------------------------------
+
+    @staticmethod
+    def _created(job: TrainJob) -> status_mod.Transition:
+        return status_mod.Transition(
+            status_mod.CONDITION_CREATED, "True", status_mod.REASON_JOBSET_CREATED,
+            f"JobSet {job.metadata.namespace}/{job.metadata.name} created")
+
+    @staticmethod
+    def _running(job: TrainJob, jobset: dict) -> bool:
+        """Neither the job nor its JobSet suspended: the JobSet's spec stays as it is."""
+        return not job.spec.suspend and not (jobset.get("spec") or {}).get("suspend")
 
     @staticmethod
     def _owned(jobset: dict, job: TrainJob) -> bool:
@@ -129,14 +161,20 @@ class TrainJobReconciler:
                    for ref in jobset.get("metadata", {}).get("ownerReferences") or [])
 
     def _runtime(self, job: TrainJob) -> TrainingRuntime | None:
-        ref = job.spec.runtime_ref
-        if ref.api_group != c.TRAINER_GROUP:
-            return None
-        if ref.kind == c.TRAININGRUNTIME_KIND:
-            raw = self.caches.runtimes.get(job.metadata.namespace or "", ref.name)
-        else:
-            raw = self.caches.cluster_runtimes.get("", ref.name)
-        return TrainingRuntime.model_validate(raw) if raw is not None else None
+        """The job's snapshot of its runtime; at the first build, the runtime from the cache,
+        snapshotted."""
+        raw = runtime_snapshot.read(self.core, job)
+        if raw is None:
+            try:
+                _, raw = runtime_ref.find(job.spec.runtime_ref, job.metadata.namespace or "",
+                                          self.caches.runtime)
+            except runtime_ref.UnsupportedRuntimeRef:
+                return None
+            if raw is None:
+                return None
+            raw = runtime_snapshot.create(self.core, job, raw,
+                                          jobset_builder.owner_reference(job))
+        return TrainingRuntime.model_validate(raw)
 
     def _apply(self, desired: dict[str, Any]) -> dict[str, Any]:
         applied = apply_custom_object(self.api, c.JOBSET_GROUP, c.JOBSET_VERSION, c.JOBSETS,
@@ -145,15 +183,10 @@ class TrainJobReconciler:
         return applied
 
     def _update_jobset(self, job: TrainJob, raw: dict, jobset: dict, desired: dict,
-                       objects: list[dict]) -> dict:
-        running = not job.spec.suspend and not (jobset.get("spec") or {}).get("suspend")
+                       objects: list) -> dict:
         current_hash = (jobset["metadata"].get("annotations") or {}).get(
             jobset_builder.SPEC_HASH_ANNOTATION)
         wanted_hash = desired["metadata"]["annotations"][jobset_builder.SPEC_HASH_ANNOTATION]
-        if running:
-            # Neither side suspended: the pods are running from the current spec; only the
-            # suspend flag (already false on both) could change, so there is nothing to do.
-            return jobset
         if current_hash == wanted_hash and bool(jobset["spec"].get("suspend")) == job.spec.suspend:
             return jobset  # a resync: nothing changed
         self._apply_objects(job, objects)
@@ -170,27 +203,11 @@ class TrainJobReconciler:
                                 f"the change: {refusal_summary(err)}")
             return jobset
 
-    def _apply_objects(self, job: TrainJob, objects: list[dict]) -> None:
-        """Plug-in objects (MPI's SSH Secret and hostfile ConfigMap), owned by the job."""
+    def _apply_objects(self, job: TrainJob, objects: list) -> None:
+        """The plug-ins' objects beside the JobSet, owned by the job."""
+        owner = jobset_builder.owner_reference(job)
         for obj in objects:
-            body = {**obj, "metadata": {**obj["metadata"],
-                                        "ownerReferences": [jobset_builder.owner_reference(job)]}}
-            namespace = body["metadata"]["namespace"]
-            if body["metadata"].get("annotations", {}).get(CREATE_ONLY_ANNOTATION) == "true":
-                if body["kind"] == "Secret" and not body.get("data"):
-                    body["data"] = mpi_plugin.generate_ssh_secret_data()
-                create = (self.core.create_namespaced_secret if body["kind"] == "Secret"
-                          else self.core.create_namespaced_config_map)
-                try:
-                    create(namespace, body)
-                except ApiException as err:
-                    if err.status != 409:  # exists: created once, never rewritten
-                        raise
-                continue
-            patch = (self.core.patch_namespaced_secret if body["kind"] == "Secret"
-                     else self.core.patch_namespaced_config_map)
-            patch(body["metadata"]["name"], namespace, body, field_manager=FIELD_MANAGER,
-                  force=True, _content_type=APPLY_PATCH)
+            child_objects.write(self.api, obj, owner, FIELD_MANAGER)
 
     def _exceed_deadline(self, job: TrainJob, raw: dict, jobset: dict | None) -> None:
         """Past ``activeDeadlineSeconds``: the JobSet (and so every pod) goes, and the job

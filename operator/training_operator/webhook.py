@@ -1,4 +1,6 @@
-"""Validating admission for TrainJobs (DESIGN 2.1-2.4): the rules, with no HTTP in sight.
+"""Validating admission for TrainJobs (managedBy, names, trainer settings, overrides and
+runtime patches against their runtime, what the plug-ins refuse) and, through
+``runtime_webhook``, for runtimes: the rules, with no HTTP in sight.
 
 ``review`` takes an ``admission.k8s.io/v1`` AdmissionReview as a dict and returns the
 response AdmissionReview. It never raises: whatever arrives (the apiserver's request, or
@@ -17,7 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainjob import constants as c
+from training_operator import runtime_webhook
+from trainjob import constants as c, runtime_ref
 from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
@@ -78,6 +81,36 @@ class ApiLookups:
     def jobset(self, namespace: str, name: str) -> dict | None:
         return self._get(self._custom.get_namespaced_custom_object, c.JOBSET_GROUP,
                          c.JOBSET_VERSION, namespace, c.JOBSETS, name)
+
+
+class CacheLookups:
+    """``Lookups`` from the operator's informer caches (no API call per review); for a
+    namespace outside the operator's ``--namespace`` (not cached) it asks the API server."""
+
+    def __init__(self, api_client: Any, namespace: str | None, jobsets: Any, runtimes: Any):
+        self._api_client = api_client
+        self._namespace = namespace
+        self._jobsets = jobsets
+        self._runtimes = runtimes  # anything with runtime(kind, namespace, name)
+        self._api: ApiLookups | None = None
+
+    def _direct(self) -> ApiLookups:
+        if self._api is None:
+            self._api = ApiLookups(self._api_client)
+        return self._api
+
+    def _cached(self, namespace: str) -> bool:
+        return self._namespace in (None, namespace)
+
+    def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
+        if kind == c.CLUSTERTRAININGRUNTIME_KIND or self._cached(namespace):
+            return self._runtimes.runtime(kind, namespace, name)
+        return self._direct().runtime(namespace, kind, name)
+
+    def jobset(self, namespace: str, name: str) -> dict | None:
+        if self._cached(namespace):
+            return self._jobsets.get(namespace, name)
+        return self._direct().jobset(namespace, name)
 
 
 @dataclass(frozen=True)
@@ -167,12 +200,22 @@ def _review(admission_review: Any, lookups: Lookups, uid: str) -> dict:
     metadata = new["metadata"]
     namespace = _str(metadata.get("namespace")) or _str(request.get("namespace"))
     name = _str(metadata.get("name")) or _str(request.get("name"))
-    subject = f"TrainJob {namespace}/{name or '<unnamed>'}"
+    kind = _str((request.get("kind") or {}).get("kind")) if isinstance(
+        request.get("kind"), dict) else ""
+    kind = kind or _str(new.get("kind")) or c.TRAINJOB_KIND
 
-    if operation == "CREATE":
-        problems = validate_create(new, namespace, lookups)
+    if kind in runtime_webhook.KINDS:
+        scoped = namespace and kind == c.TRAININGRUNTIME_KIND  # the other is cluster-scoped
+        subject = f"{kind} {namespace + '/' if scoped else ''}{name or '<unnamed>'}"
+        problems = [Problem(field, reason) for field, reason in runtime_webhook.problems(new)] \
+            if runtime_webhook.checked(kind, operation) else []
     else:
-        problems = validate_update(old, new, namespace, name, lookups)
+        kind = c.TRAINJOB_KIND
+        subject = f"TrainJob {namespace}/{name or '<unnamed>'}"
+        if operation == "CREATE":
+            problems = validate_create(new, namespace, lookups)
+        else:
+            problems = validate_update(old, new, namespace, name, lookups)
     if not problems:
         return response(uid, allowed=True)
     forbidden = all(p.forbidden for p in problems)
@@ -182,7 +225,7 @@ def _review(admission_review: Any, lookups: Lookups, uid: str) -> dict:
         reason="Forbidden" if forbidden else "Invalid",
         message=f"{subject}: " + "; ".join(f"{p.field}: {p.reason}" for p in problems),
         causes=[{"reason": p.cause, "field": p.field, "message": p.reason} for p in problems],
-        details={"name": name, "group": c.TRAINER_GROUP, "kind": c.TRAINJOB_KIND},
+        details={"name": name, "group": c.TRAINER_GROUP, "kind": kind},
     )
 
 
@@ -291,7 +334,7 @@ def _valid_num_proc(value: Any) -> bool:
 
 def check_overrides_change(old: dict, new: dict, namespace: str, name: str,
                            lookups: Lookups) -> list[Problem]:
-    """DESIGN 2.2: podSpecOverrides change only while suspended and the JobSet is idle,
+    """podSpecOverrides change only while suspended and the JobSet is idle,
     because a queueing system injects scheduling constraints into a suspended job."""
     before = old["spec"].get("podSpecOverrides") or []
     after = new["spec"].get("podSpecOverrides") or []
@@ -358,20 +401,12 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     ref = spec.get("runtimeRef")
     if not isinstance(ref, dict):
         return [Problem("spec.runtimeRef", "must be set to the runtime this job runs on")]
-    name, kind = ref.get("name"), ref.get("kind", c.CLUSTERTRAININGRUNTIME_KIND)
-    group = ref.get("apiGroup", c.TRAINER_GROUP)
-    if not isinstance(name, str) or not name:
-        return [Problem("spec.runtimeRef.name", "must name a runtime")]
-    if group != c.TRAINER_GROUP:
-        return [Problem("spec.runtimeRef.apiGroup", f"unsupported value {_show(group)}: must "
-                                                    f"be {c.TRAINER_GROUP}", NOT_SUPPORTED)]
-    if kind not in (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND):
-        return [Problem("spec.runtimeRef.kind", f"unsupported value {_show(kind)}: must be "
-                                                f"{c.TRAININGRUNTIME_KIND} or "
-                                                f"{c.CLUSTERTRAININGRUNTIME_KIND}",
-                        NOT_SUPPORTED)]
-    described = (f"TrainingRuntime {namespace}/{name}" if kind == c.TRAININGRUNTIME_KIND
-                 else f"ClusterTrainingRuntime {name}")
+    try:
+        key = runtime_ref.runtime_key(ref, namespace)
+    except runtime_ref.UnsupportedRuntimeRef as err:
+        cause = INVALID if err.field.endswith(".name") else NOT_SUPPORTED
+        return [Problem(err.field, err.reason, cause)]
+    kind, name, described = key.kind, key.name, str(key)
     runtime = _lookup(lambda: lookups.runtime(namespace, kind, name), described)
     if runtime is None:
         return [Problem("spec.runtimeRef", f"{described} not found", NOT_FOUND)]
@@ -508,6 +543,9 @@ def _check_override_containers(override: dict, key: str, base: str, targets: lis
     return problems
 
 
+# The volume an initializer writes to and the trainer reads from (upstream's name).
+INITIALIZER_VOLUME = "initializer"
+
 # Containers whose environment only the trainer and initializer settings may set (upstream).
 ENV_OWNED_CONTAINERS = (c.NODE, c.DATASET_INITIALIZER, c.MODEL_INITIALIZER)
 
@@ -551,13 +589,29 @@ def check_initializers(spec: dict, jobs: dict[str, dict], described: str) -> lis
         return []
     if not isinstance(initializer, dict):
         return [Problem("spec.initializer", f"must be an object, got {_type(initializer)}")]
-    roles = {_role(name, job) for name, job in jobs.items()}
     problems = []
     for key, role in (("dataset", c.ROLE_DATASET_INITIALIZER),
                       ("model", c.ROLE_MODEL_INITIALIZER)):
-        if initializer.get(key) is not None and role not in roles:
+        if initializer.get(key) is None:
+            continue
+        runs = [job for name, job in jobs.items() if _role(name, job) == role]
+        if not runs:
             problems.append(Problem(f"spec.initializer.{key}",
                                     f"{described} has no {role} replicated job to run it"))
+            continue
+        # Upstream's rule: the initializer's container mounts the shared volume the trainer
+        # reads what it fetched from; without it the download is lost.
+        containers = _path(runs[0], "template", "spec", "template", "spec", "containers")
+        container = next((x for x in containers if isinstance(x, dict) and x.get("name") == role),
+                         None) if isinstance(containers, list) else None
+        mounts = container.get("volumeMounts") if container is not None else None
+        mounted = isinstance(mounts, list) and any(
+            isinstance(m, dict) and m.get("name") == INITIALIZER_VOLUME for m in mounts)
+        if container is not None and not mounted:
+            problems.append(Problem("spec.runtimeRef", f"{described}: container {role} of the "
+                                    f"{role} job must mount volume {INITIALIZER_VOLUME!r}, where "
+                                    f"spec.initializer.{key} puts what it fetches for the "
+                                    "trainer"))
     return problems
 
 

@@ -1,5 +1,5 @@
-"""The HTTPS endpoint the apiserver calls for TrainJob admission (the rules live in
-``webhook.py``).
+"""The HTTPS endpoint the apiserver calls for TrainJob and runtime admission (the rules live
+in ``webhook.py`` and ``runtime_webhook.py``).
 
 Standard library only: ``http.server.ThreadingHTTPServer`` with TLS. The TLS handshake runs
 in the connection's own thread, so a slow or broken client never stalls the accept loop.
@@ -25,6 +25,9 @@ from training_operator.webhook import Lookups, response, review_json
 log = logging.getLogger(__name__)
 
 VALIDATE_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+# Upstream's paths for its runtime webhooks; one review function answers all three.
+RUNTIME_PATHS = ("/validate-trainer-kubeflow-org-v1alpha1-trainingruntime",
+                 "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime")
 HEALTH_PATHS = ("/healthz", "/readyz")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
 DRAIN_FACTOR = 4
@@ -190,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
 
     def do_POST(self) -> None:  # noqa: N802
-        if urlsplit(self.path).path != VALIDATE_PATH:
+        if urlsplit(self.path).path not in (VALIDATE_PATH, *RUNTIME_PATHS):
             self._drain_or_close()
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
             return

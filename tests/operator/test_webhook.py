@@ -40,6 +40,8 @@ DENIED = f'admission webhook "{WEBHOOK}" denied the request'
 def replicated_job(name: str, init_containers: tuple[str, ...] = ()) -> dict:
     pod = {"restartPolicy": "Never",
            "containers": [{"name": name, "image": f"ghcr.io/example/{name}:1"}]}
+    if name.endswith("-initializer"):  # upstream's layout: the shared volume mounted
+        pod["containers"][0]["volumeMounts"] = [{"name": "initializer", "mountPath": "/workspace"}]
     if init_containers:
         pod["initContainers"] = [{"name": n, "image": "busybox"} for n in init_containers]
     return {"name": name, "replicas": 1,
@@ -268,14 +270,14 @@ def test_a_name_that_is_not_a_dns1035_label_is_refused(webhook, namespace, name)
 
 
 def test_a_name_without_room_for_the_jobset_children_is_refused(webhook, namespace):
-    # On the torch runtime the tightest child is the dataset initializer's one pod, whose
-    # hostname is <name>-dataset-initializer-0-0 (24 characters after the name): 39 fit.
-    fits, too_long = "a" * 39, "b" * 40
+    # On the torch runtime the tightest child is the dataset initializer's one pod, named
+    # <name>-dataset-initializer-0-0-<5 random> (30 characters after the name): 33 fit.
+    fits, too_long = "a" * 33, "b" * 34
     message = assert_refused_by_webhook(
         refusal(webhook.create, namespace, too_long), 422,
-        f"TrainJob {namespace}/{too_long}: metadata.name", "has 40 characters",
-        f"on ClusterTrainingRuntime {webhook.torch} at most 39 fit",
-        f"pod hostname {too_long}-dataset-initializer-0-0", "at most 63 characters")
+        f"TrainJob {namespace}/{too_long}: metadata.name", "has 34 characters",
+        f"on ClusterTrainingRuntime {webhook.torch} at most 33 fit",
+        f"pod {too_long}-dataset-initializer-0-0-xxxxx", "at most 63 characters")
     assert "DNS-1035" not in message, message
     assert_not_created(webhook, namespace, too_long)
     webhook.create(namespace, fits)
@@ -393,7 +395,7 @@ def test_a_multikueue_job_with_no_runtime_here_is_accepted(webhook, namespace):
     assert webhook.get(namespace, "remote")["spec"]["managedBy"] == MULTIKUEUE
 
 
-# --- podSpecOverrides on update (only while suspended) -----------------------------------------------
+# --- podSpecOverrides on update (only while suspended and idle) ---------------------------
 
 OVERRIDE = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "a"}}]
 INJECTED = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"},

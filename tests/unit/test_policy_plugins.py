@@ -1,4 +1,5 @@
-"""Unit tests of the torch and mpi policy plug-ins: pure functions over dicts, no cluster."""
+"""Unit tests of the runtime plug-ins (torch, mpi, jax, xgboost, coscheduling, volcano): pure
+functions over dicts, no cluster."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def node_container(info: RuntimeInfo) -> dict[str, Any]:
 
 def test_plugins_registered_and_enabled_by_framework():
     plugins = {p.name: p for p in registered()}
-    assert {"torch", "mpi", "plain"} <= set(plugins)
+    assert {"torch", "mpi", "jax", "xgboost"} <= set(plugins)
+    assert build_runtime_info(trainjob(), runtime(None)).policy.framework == "plain"
     assert build_runtime_info(trainjob(), torch_runtime()).policy.framework == "torch"
     info = build_runtime_info(trainjob(), mpi_runtime())
     assert info.policy.framework == "mpi"
@@ -246,8 +248,8 @@ def test_torch_apply_is_idempotent():
     job = trainjob({"numNodes": 5, "numProcPerNode": 2})
     info = build_runtime_info(job, torch_runtime())
     before = snapshot(info)
-    torch_plugin.TorchPlugin().apply(info, job)
-    torch_plugin.TorchPlugin().apply(info, job)
+    torch_plugin.TorchPlugin().enforce_ml_policy(info, job)
+    torch_plugin.TorchPlugin().enforce_ml_policy(info, job)
     assert snapshot(info) == before
 
 
@@ -310,7 +312,7 @@ def _mount(container, name):
 
 
 def _object(info, kind):
-    found = [o for o in info.objects if o["kind"] == kind]
+    found = [o.body for o in info.objects if o.body["kind"] == kind]
     assert len(found) == 1
     return found[0]
 
@@ -331,7 +333,7 @@ def test_mpi_adds_launcher_first_and_keeps_n_nodes():
 
 
 @pytest.mark.parametrize(("num_nodes", "as_node", "node_pods"), [
-    (4, False, 4), (4, True, 3), (1, False, 1), (1, True, 0),
+    (4, False, 4), (4, True, 3), (1, False, 1), (1, True, 1), (2, True, 1),
 ])
 def test_mpi_node_count_with_and_without_launcher_as_node(num_nodes, as_node, node_pods):
     info = build_runtime_info(trainjob({"numNodes": num_nodes}),
@@ -351,8 +353,7 @@ def test_mpi_uses_runtime_launcher_and_resets_its_count():
     assert [p.name for p in info.pod_sets] == [c.LAUNCHER, c.NODE]
     assert info.pod_set(c.LAUNCHER).count == 1
     container = info.pod_set(c.LAUNCHER).container(c.NODE)
-    assert _mount(container, "mpi-hostfile") == {
-        "name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": True}
+    assert _mount(container, "mpi-hostfile") == {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}
     assert env_of(container)["OMPI_MCA_orte_default_hostfile"] == "/etc/mpi/hostfile"
     assert info.totals.pods == 4
     assert info.totals.as_strings()["cpu"] == "3500m"
@@ -373,7 +374,7 @@ def test_mpi_hostfile_with_launcher_as_node_and_job_slots():
     assert _object(info, "ConfigMap")["data"]["hostfile"] == (
         f"{NAME}-launcher-0-0.{NAME} slots=8\n"
         f"{NAME}-node-0-0.{NAME} slots=8\n"
-        f"{NAME}-node-0-1.{NAME} slots=8\n")
+        f"{NAME}-node-0-1.{NAME} slots=8\n")  # the made launcher comes first in the template
     env = env_of(info.pod_set(c.LAUNCHER).container(c.LAUNCHER))
     assert env["OMPI_MCA_orte_set_default_slots"] == "8"
 
@@ -389,19 +390,20 @@ def test_mpi_slots_fallbacks(mpi_settings, expected):
         f"{NAME}-node-0-0.{NAME} slots={expected}\n")
 
 
-def test_mpi_secret_object_carries_no_key_material():
+def test_mpi_secret_is_created_once_with_fresh_keys():
     info = build_runtime_info(trainjob({"numNodes": 2}), mpi_runtime())
-    secret = _object(info, "Secret")
-    assert secret == {
+    (secret,) = [o for o in info.objects if o.body["kind"] == "Secret"]
+    assert secret.body == {
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": f"{NAME}-mpi-ssh-auth", "namespace": NAMESPACE,
-                     "annotations": {"trainer.kubeflow.org/create-only": "true"}},
+        "metadata": {"name": f"{NAME}-mpi-ssh-auth", "namespace": NAMESPACE},
         "type": "kubernetes.io/ssh-auth", "immutable": True,
     }
-    assert all("ownerReferences" not in o["metadata"] for o in info.objects)
+    assert secret.create_only and set(secret.make_content()["data"]) == {
+        "ssh-privatekey", "ssh-publickey"}
+    assert all("ownerReferences" not in o.body["metadata"] for o in info.objects)
     # Deterministic: a second build gives the same objects.
     again = build_runtime_info(trainjob({"numNodes": 2}), mpi_runtime())
-    assert again.objects == info.objects
+    assert [o.body for o in again.objects] == [o.body for o in info.objects]
 
 
 @pytest.mark.parametrize(("mount_path", "expected"), [
@@ -410,11 +412,11 @@ def test_mpi_ssh_and_hostfile_mounts(mount_path, expected):
     settings = {} if mount_path is None else {"sshAuthMountPath": mount_path}
     info = build_runtime_info(trainjob({"numNodes": 2}), mpi_runtime(**settings))
     ssh_volume = {"name": "mpi-ssh-auth", "secret": {
-        "secretName": f"{NAME}-mpi-ssh-auth",
-        "items": [{"key": "ssh-privatekey", "path": "id_rsa"},
-                  {"key": "authorized_keys", "path": "authorized_keys"}],
-        "defaultMode": 384}}
-    ssh_mount = {"name": "mpi-ssh-auth", "mountPath": expected, "readOnly": True}
+        "secretName": f"{NAME}-mpi-ssh-auth", "defaultMode": 0o400,
+        "items": [{"key": "ssh-privatekey", "path": "id_rsa", "mode": 0o640},
+                  {"key": "ssh-publickey", "path": "id_rsa.pub", "mode": 0o644},
+                  {"key": "ssh-publickey", "path": "authorized_keys", "mode": 0o644}]}}
+    ssh_mount = {"name": "mpi-ssh-auth", "mountPath": expected}
     launcher, node = info.pod_set(c.LAUNCHER), info.pod_set(c.NODE)
     for pod_set, container in ((launcher, c.LAUNCHER), (node, c.NODE)):
         assert _volume(pod_set, "mpi-ssh-auth") == ssh_volume
@@ -460,8 +462,8 @@ def test_mpi_apply_is_idempotent(as_node):
     job = trainjob({"numNodes": 4})
     info = build_runtime_info(job, mpi_runtime(runLauncherAsNode=as_node))
     before = snapshot(info)
-    mpi_plugin.MPIPlugin().apply(info, job)
-    mpi_plugin.MPIPlugin().apply(info, job)
+    mpi_plugin.MPIPlugin().enforce_ml_policy(info, job)
+    mpi_plugin.MPIPlugin().enforce_ml_policy(info, job)
     assert snapshot(info) == before
     assert info.pod_set(c.NODE).count == (3 if as_node else 4)
 
@@ -475,15 +477,131 @@ def test_mpi_validate():
     assert [p for p, _ in problems] == ["spec.trainer.numProcPerNode"]
 
 
-def test_generate_ssh_secret_data_is_a_matching_openssh_pair():
+def test_generate_ssh_secret_data_is_a_matching_pair_as_upstream_lays_it_out():
     data = mpi_plugin.generate_ssh_secret_data()
-    assert set(data) == {"ssh-privatekey", "authorized_keys"}
+    assert set(data) == {"ssh-privatekey", "ssh-publickey"}
     private_pem = base64.b64decode(data["ssh-privatekey"])
-    authorized = base64.b64decode(data["authorized_keys"])
-    assert private_pem.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
-    key = serialization.load_ssh_private_key(private_pem, password=None)
+    authorized = base64.b64decode(data["ssh-publickey"])
+    assert private_pem.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    key = serialization.load_pem_private_key(private_pem, password=None)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH)
     assert authorized == public + b"\n"
-    assert authorized.startswith(b"ecdsa-sha2-nistp256 ")
+    assert authorized.startswith(b"ecdsa-sha2-nistp521 ")
     assert mpi_plugin.generate_ssh_secret_data() != data  # fresh every call
+
+
+# ---------------------------------------------------------------- jax, xgboost
+
+
+def test_jax_environment_on_the_trainer_only():
+    info = build_runtime_info(trainjob({"numNodes": 3}), runtime({"jax": {}}))
+    container = node_container(info)
+    assert env_of(container) == {
+        "JAX_NUM_PROCESSES": "3",
+        "JAX_PROCESS_ID": {"fieldRef": {"fieldPath": torch_plugin.COMPLETION_INDEX_FIELD}},
+        "JAX_COORDINATOR_ADDRESS": f"{NAME}-node-0-0.{NAME}:29500"}
+    assert container["ports"] == [{"containerPort": 29500}]
+    initializer = info.pod_set(c.DATASET_INITIALIZER).container(c.DATASET_INITIALIZER)
+    assert not any(name.startswith("JAX_") for name in env_of(initializer))
+
+
+def test_xgboost_workers_count_gpus_and_reserved_names_are_refused():
+    job = trainjob({"numNodes": 2, "resourcesPerNode": {"limits": {"nvidia.com/gpu": "4"}}})
+    info = build_runtime_info(job, runtime({"xgboost": {}}))
+    env = env_of(node_container(info))
+    assert (env["DMLC_TRACKER_URI"], env["DMLC_TRACKER_PORT"], env["DMLC_NUM_WORKER"]) == (
+        f"{NAME}-node-0-0.{NAME}", "29500", "8")
+    bad = trainjob({"env": [{"name": "DMLC_TASK_ID", "value": "0"}]})
+    problems = validate_policies(build_runtime_info(bad, runtime({"xgboost": {}})), bad)
+    assert [p for p, _ in problems] == ["spec.trainer.env[0].name"]
+
+
+# ---------------------------------------------------------------- torch: envInjection, torchtune
+
+
+def test_torch_env_injection_reaches_the_named_sidecar():
+    node = _node()
+    node["template"]["spec"]["template"]["spec"]["containers"].append(
+        {"name": "monitor", "image": "monitor:1"})
+    rt = runtime({"torch": {"envInjection": {"targets": [
+        {"jobName": c.NODE, "containerNames": ["monitor"]}]}}}, [node])
+    info = build_runtime_info(trainjob({"numNodes": 2}), rt)
+    monitor = info.pod_set(c.NODE).container("monitor")
+    assert env_of(monitor)["PET_NNODES"] == "2"
+    assert env_of(monitor)["PET_MASTER_PORT"] == "29500"
+    missing = runtime({"torch": {"envInjection": {"targets": [
+        {"jobName": c.NODE, "containerNames": ["absent"]}]}}}, [_node()])
+    job = trainjob()
+    with pytest.raises(ValueError, match="absent"):
+        build_runtime_info(job, missing)
+
+
+def _torchtune_runtime() -> TrainingRuntime:
+    node = _node(["tune", "run", "--rdzv_endpoint=localhost:29500", "full_finetune_distributed",
+                  "--config", "llama3_2/1B_full", "output_dir=/workspace/output",
+                  "tokenizer.path=/workspace/model/tokenizer.model"])
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": 2}}
+    model = runtime({"numNodes": 1, "torch": {}}, [node]).model_dump(by_alias=True)
+    model["metadata"]["name"] = "torchtune-llama3.2-1b"
+    return TrainingRuntime.model_validate(model)
+
+
+@pytest.mark.parametrize(("trainer", "expected"), [
+    ({}, ["tune", "run", f"--rdzv_endpoint={NAME}-node-0-0.{NAME}:29500",
+          "full_finetune_distributed", "--config", "llama3_2/1B_full"]),
+    ({"numProcPerNode": 1}, ["tune", "run", "full_finetune_single_device", "--config",
+                             "llama3_2/1B_full_single_device"]),
+    ({"numProcPerNode": 1, "args": ["model.lora_attn_modules=[q_proj]"]},
+     ["tune", "run", "lora_finetune_single_device", "--config",
+      "llama3_2/1B_lora_single_device"]),
+])
+def test_torchtune_command_is_made_from_tune_run(trainer, expected):
+    job = trainjob({"command": ["tune", "run"], **trainer},
+                   runtimeRef={"name": "torchtune-llama3.2-1b"})
+    info = build_runtime_info(job, _torchtune_runtime())
+    container = node_container(info)
+    assert container["command"] == expected + ["output_dir=/workspace/output",
+                                               "tokenizer.path=/workspace/model/tokenizer.model"]
+    assert "PET_MASTER_ADDR" not in env_of(container)
+    assert env_of(container)["PET_NNODES"] == "1"
+
+
+def test_torchtune_refuses_what_upstream_refuses():
+    job = trainjob({"command": ["tune", "run"], "numNodes": 2,
+                    "args": ["output_dir=/elsewhere"]},
+                   runtimeRef={"name": "torchtune-llama3.2-1b"})
+    problems = validate_policies(build_runtime_info(job, _torchtune_runtime()), job)
+    assert [p for p, _ in problems] == ["spec.trainer.numNodes", "spec.trainer.args[0]"]
+
+
+# ---------------------------------------------------------------- pod groups
+
+
+def test_coscheduling_labels_every_pod_and_builds_the_pod_group():
+    spec = torch_runtime().model_dump(by_alias=True)
+    spec["spec"]["podGroupPolicy"] = {"coscheduling": {"scheduleTimeoutSeconds": 30}}
+    info = build_runtime_info(trainjob({"numNodes": 4}), TrainingRuntime.model_validate(spec))
+    for pod_set in info.pod_sets:
+        labels = pod_set.job_spec["template"]["metadata"]["labels"]
+        assert labels["scheduling.x-k8s.io/pod-group"] == NAME
+    (group,) = [o.body for o in info.objects if o.body["kind"] == "PodGroup"]
+    assert group == {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {"minMember": 6, "minResources": {"cpu": "7", "memory": str(6 * GI)},
+                 "scheduleTimeoutSeconds": 30}}
+
+
+def test_volcano_annotates_pods_and_takes_the_queue_from_the_job():
+    spec = torch_runtime().model_dump(by_alias=True)
+    spec["spec"]["podGroupPolicy"] = {"volcano": {}}
+    info = build_runtime_info(
+        trainjob({"numNodes": 1}, annotations={"scheduling.volcano.sh/queue-name": "q1"}),
+        TrainingRuntime.model_validate(spec))
+    annotations = info.pod_set(c.NODE).job_spec["template"]["metadata"]["annotations"]
+    assert annotations == {"scheduling.k8s.io/group-name": NAME}
+    (group,) = [o.body for o in info.objects if o.body["kind"] == "PodGroup"]
+    assert (group["apiVersion"], group["spec"]["queue"], group["spec"]["minMember"]) == (
+        "scheduling.volcano.sh/v1beta1", "q1", 3)

@@ -1,5 +1,5 @@
-"""``review()``, the TrainJob admission rules, as a pure function: managedBy, runtimeRef,
-names and podSpecOverrides.
+"""``review()``, the admission rules as a pure function: TrainJobs (managedBy, names,
+overrides and runtime patches against the runtime, mutability) and runtimes.
 
 The lookups here are an in-memory table of runtimes and JobSets; what the real apiserver does
 with the answers is proven in tests/operator/test_webhook.py.
@@ -24,6 +24,8 @@ NS = "team-a"
 
 def replicated_job(name: str, init_containers: tuple[str, ...] = ()) -> dict:
     pod = {"containers": [{"name": name, "image": f"example.com/{name}:1"}]}
+    if name.endswith("-initializer"):  # upstream's layout: the shared volume mounted
+        pod["containers"][0]["volumeMounts"] = [{"name": "initializer", "mountPath": "/workspace"}]
     if init_containers:
         pod["initContainers"] = [{"name": n, "image": "busybox"} for n in init_containers]
     return {"name": name, "template": {"spec": {"template": {"spec": pod}}}}
@@ -166,16 +168,17 @@ def test_unknown_managed_by_is_invalid(value):
         in status["message"]
 
 
-@pytest.mark.parametrize("name", ["a", "job-1", "x" * 39])
+@pytest.mark.parametrize("name", ["a", "job-1", "x" * 33])
 def test_dns1035_names_are_allowed(name):
     allowed(trainjob(name))
 
 
 def test_a_dns1035_name_is_refused_when_a_child_name_would_not_fit():
-    # 63 characters make a valid label, but not with -dataset-initializer-0-0 after it.
+    # 63 characters make a valid label, but not with -dataset-initializer-0-0-<5 random>
+    # after it (every job states its completions, so its pods are named by index).
     status = refused(trainjob("x" * 63))
     assert fields(status) == ["metadata.name"]
-    assert "at most 39 fit" in status["message"], status["message"]
+    assert "at most 33 fit" in status["message"], status["message"]
 
 
 @pytest.mark.parametrize("name", ["1st-job", "my.job", "Job", "job-", "-job", "x" * 64, "a_b"])
@@ -296,6 +299,21 @@ def test_an_initializer_job_found_by_its_ancestor_label_counts():
         "labelled", [job, replicated_job("node")])
     allowed(trainjob(runtimeRef={"name": "labelled"}, initializer={"dataset": {}}),
             lookups=lookups)
+
+
+def test_an_initializer_container_without_the_shared_volume_is_refused():
+    # Upstream's example 05 defines such a runtime, and upstream refuses its TrainJob.
+    job = replicated_job("dataset-initializer")
+    del job["template"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    lookups = TableLookups()
+    lookups.runtimes[("ClusterTrainingRuntime", "", "unmounted")] = runtime(
+        "unmounted", [job, replicated_job("node")])
+    status = refused(trainjob(runtimeRef={"name": "unmounted"},
+                              initializer={"dataset": {"storageUri": "hf://d"}}),
+                     lookups=lookups)
+    assert fields(status) == ["spec.runtimeRef"]
+    assert ("container dataset-initializer of the dataset-initializer job must mount volume "
+            "'initializer'") in status["message"], status["message"]
 
 
 def test_reserved_torch_environment_is_refused_for_torch_runtimes_only():
@@ -640,3 +658,50 @@ def test_a_review_takes_a_few_milliseconds_at_most():
         p50, p99 = latencies(body, lookups)
         print(f"review() {label}: p50 {p50:.3f} ms, p99 {p99:.3f} ms")
         assert p50 < 5, f"{label}: p50 {p50:.3f} ms"
+
+
+# --- runtimes ------------------------------------------------------------------------------
+
+
+def _runtime_review(runtime_obj: dict, operation: str = "CREATE") -> dict:
+    review_request = admission(runtime_obj, runtime_obj if operation == "UPDATE" else None)
+    review_request["request"]["kind"] = {"group": "trainer.kubeflow.org", "version": "v1alpha1",
+                                         "kind": runtime_obj["kind"]}
+    result = review(review_request, TableLookups())
+    assert_well_formed(result, "7d2c-uid")
+    return result["response"]
+
+
+def _labelled(name: str, step: str, container: str, replicas: int | None = None) -> dict:
+    job = replicated_job(container)
+    job["name"] = name
+    job["template"]["metadata"] = {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": step}}
+    if replicas is not None:
+        job["replicas"] = replicas
+    return job
+
+
+def test_a_runtime_step_without_its_container_or_with_replicas_is_refused():
+    bad = runtime("bad", [_labelled("node", "trainer", "main", replicas=2),
+                          _labelled("fetch", "dataset-initializer", "dataset-initializer")])
+    answer = _runtime_review(bad)
+    assert not answer["allowed"]
+    status = answer["status"]
+    assert status["code"] == 422 and status["message"].startswith("ClusterTrainingRuntime bad: ")
+    assert fields(status) == ["spec.template.spec.replicatedJobs[0].replicas",
+                              "spec.template.spec.replicatedJobs[0].template.spec.template.spec."
+                              "containers"]
+    assert "a trainer step needs a container named node" in status["message"]
+    assert status["details"]["kind"] == "ClusterTrainingRuntime"
+
+
+def test_runtime_rules_apply_as_upstream_applies_them():
+    # Unlabelled jobs are not steps; a good runtime passes; a TrainingRuntime is checked
+    # on create only, a ClusterTrainingRuntime on update too.
+    good = runtime("good", [_labelled("node", "trainer", "node"), replicated_job("helper")])
+    assert _runtime_review(good)["allowed"]
+    bad_ns = runtime("bad", [_labelled("node", "trainer", "main")], kind="TrainingRuntime")
+    assert not _runtime_review(bad_ns)["allowed"]
+    assert _runtime_review(bad_ns, "UPDATE")["allowed"]
+    bad_cluster = runtime("bad", [_labelled("node", "trainer", "main")])
+    assert not _runtime_review(bad_cluster, "UPDATE")["allowed"]

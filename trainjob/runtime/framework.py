@@ -5,9 +5,12 @@ Order of the steps, each a function over RuntimeInfo:
      label, else from the job name);
   2. the trainer count (``trainer.numNodes``, else ``mlPolicy.numNodes``, else 1);
   3. the TrainJob's trainer and initializer settings;
-  4. the policy plug-ins (torch, mpi, ...), in registration order, each only when enabled;
+  4. the plug-ins that take part (``extension_points``): ML policy, then pod-group policy,
+     each in registration order;
   5. labels and annotations (runtime's, then the runtime patches', then the TrainJob's);
-  6. podSpecOverrides last, so what a queueing system injects is what the pods get.
+  6. podSpecOverrides, so what a queueing system injects is what the pods get;
+  7. every job's count written as parallelism and completions, then the plug-ins' extra
+     objects, built from the final pods.
 Before step 1, ``spec.runtimePatches`` are merged into the runtime template in list order
 (``runtime_patches``), as upstream Trainer does.
 """
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import Any
 
 from trainjob import constants as c
 from trainjob.api import ContainerOverride, Initializer, TrainingRuntime, TrainJob
+from trainjob.runtime.extension_points import Plugin, Problems
+from trainjob.runtime.plugins import registered
+from trainjob.runtime.pod_template import apply_node_settings, merge_by_name, merge_env
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 from trainjob.runtime.runtime_patches import patched_metadata, patched_template_spec
 
@@ -29,21 +35,6 @@ _ROLE_BY_NAME = {
     c.DATASET_INITIALIZER: c.ROLE_DATASET_INITIALIZER,
     c.MODEL_INITIALIZER: c.ROLE_MODEL_INITIALIZER,
 }
-
-
-class PolicyPlugin(Protocol):
-    """A framework's contribution. Register with ``trainjob.runtime.plugins.register``."""
-
-    name: str
-
-    def enabled(self, policy: RuntimePolicy) -> bool:
-        """Whether this plug-in applies to a runtime with ``policy``."""
-
-    def apply(self, info: RuntimeInfo, job: TrainJob) -> None:
-        """Mutate ``info`` for ``job`` (env, ports, extra jobs, extra objects, counts)."""
-
-    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[tuple[str, str]]:
-        """(field path, reason) for each thing this framework refuses in ``job``."""
 
 
 def role_of(replicated_job: dict[str, Any], labelled: Collection[str] = ()) -> str:
@@ -93,10 +84,9 @@ def trainer_count(job: TrainJob, runtime: TrainingRuntime) -> int:
 
 
 def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
-                       plugins: list[PolicyPlugin] | None = None) -> RuntimeInfo:
-    """RuntimeInfo for ``job`` on ``runtime``: PodSets with counts, settings and policies."""
-    from trainjob.runtime.plugins import registered
-
+                       plugins: list[Plugin] | None = None) -> RuntimeInfo:
+    """RuntimeInfo for ``job`` on ``runtime``: PodSets with counts, settings and policies,
+    and the objects the plug-ins build beside the JobSet."""
     # Runtime patches first: every later step sees the template as the managers patched it.
     patched = patched_template_spec(runtime.spec.template.spec, job)
     runtime = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={
@@ -111,47 +101,54 @@ def build_runtime_info(job: TrainJob, runtime: TrainingRuntime,
         ),
         pod_sets=pod_sets_from_template(runtime),
         jobset_spec=template_spec,
+        runtime_jobs=copy.deepcopy(patched.get("replicatedJobs") or []),
     )
     for pod_set in info.by_role(c.ROLE_TRAINER):
         pod_set.set_count(trainer_count(job, runtime))
     apply_trainer(info, job)
     apply_initializers(info, job)
-    for plugin in plugins if plugins is not None else registered():
-        if plugin.enabled(info.policy):
-            plugin.apply(info, job)
+    active = enabled_plugins(info, plugins)
+    for plugin in active:
+        _call(plugin, "enforce_ml_policy", info, job)
+    for plugin in active:
+        _call(plugin, "enforce_pod_group_policy", info, job)
     template_meta = runtime.spec.template.metadata
     info.labels = {**patched_metadata("labels", template_meta.labels, job), **job.spec.labels}
     info.annotations = {**patched_metadata("annotations", template_meta.annotations, job),
                         **job.spec.annotations}
     apply_pod_spec_overrides(info, job)
+    sync_counts(info)
+    info.objects = [obj for plugin in active for obj in _call(plugin, "build", info, job) or []]
     return info
 
 
+def enabled_plugins(info: RuntimeInfo, plugins: list[Plugin] | None = None) -> list[Plugin]:
+    """The registered plug-ins (or ``plugins``) that take part for ``info``'s policy."""
+    return [p for p in (plugins if plugins is not None else registered())
+            if p.enabled(info.policy)]
+
+
+def _call(plugin: Plugin, extension_point: str, *args: Any) -> Any:
+    method = getattr(plugin, extension_point, None)
+    return method(*args) if method is not None else None
+
+
+def sync_counts(info: RuntimeInfo) -> None:
+    """Every replicated job states its pod count as ``parallelism`` and ``completions``,
+    as upstream writes them, so the JobSet says how many pods each Job runs."""
+    for pod_set in info.pod_sets:
+        pods = pod_set.parallelism
+        pod_set.job_spec["parallelism"] = pods
+        pod_set.job_spec["completions"] = pods
+
+
 def validate_policies(info: RuntimeInfo, job: TrainJob,
-                      plugins: list[PolicyPlugin] | None = None) -> list[tuple[str, str]]:
-    from trainjob.runtime.plugins import registered
-
-    problems: list[tuple[str, str]] = []
-    for plugin in plugins if plugins is not None else registered():
-        if plugin.enabled(info.policy):
-            problems += plugin.validate(info, job)
+                      plugins: list[Plugin] | None = None) -> Problems:
+    """(field path, reason) for what the plug-ins taking part refuse in ``job``."""
+    problems: Problems = []
+    for plugin in enabled_plugins(info, plugins):
+        problems += _call(plugin, "validate", info, job) or []
     return problems
-
-
-def merge_by_name(target: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
-    """Add ``items`` to ``target``, replacing entries of the same ``name``."""
-    for item in items:
-        for i, old in enumerate(target):
-            if old.get("name") == item.get("name"):
-                target[i] = copy.deepcopy(item)
-                break
-        else:
-            target.append(copy.deepcopy(item))
-
-
-def merge_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
-    """Set each variable in ``env`` on ``container``, replacing one of the same name."""
-    merge_by_name(container.setdefault("env", []), env)
 
 
 def apply_trainer(info: RuntimeInfo, job: TrainJob) -> None:
@@ -171,32 +168,6 @@ def apply_trainer(info: RuntimeInfo, job: TrainJob) -> None:
         if trainer.args is not None:
             container["args"] = list(trainer.args)
         apply_node_settings(pod_set, job)
-
-
-def apply_node_settings(pod_set: PodSet, job: TrainJob) -> None:
-    """``trainer.env`` and ``trainer.resourcesPerNode`` on ``pod_set``'s ``node`` container:
-    the trainer step's, and any other job a policy runs training processes in (MPI's node
-    job when the launcher runs as a node)."""
-    trainer = job.spec.trainer
-    container = pod_set.container(c.NODE)
-    if trainer is None or container is None:
-        return
-    merge_env(container, trainer.env)
-    if trainer.resources_per_node is not None:
-        container["resources"] = merge_resources(container.get("resources") or {},
-                                                 trainer.resources_per_node.dump())
-
-
-def merge_resources(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``override`` laid over ``base`` as upstream merges resourcesPerNode onto the runtime's
-    resources: limits and requests per resource name, claims by name."""
-    merged = copy.deepcopy(base)
-    for key in ("limits", "requests"):
-        if override.get(key):
-            merged[key] = {**(merged.get(key) or {}), **override[key]}
-    if override.get("claims"):
-        merge_by_name(merged.setdefault("claims", []), override["claims"])
-    return merged
 
 
 def _apply_initializer(pod_set: PodSet, settings: Initializer) -> None:
@@ -232,7 +203,8 @@ def _override_containers(containers: list[dict[str, Any]],
         if container is None:
             continue  # the webhook refuses unknown names at create; never invent a container
         merge_env(container, override.env)
-        merge_by_name(container.setdefault("volumeMounts", []), override.volume_mounts)
+        if override.volume_mounts:
+            merge_by_name(container.setdefault("volumeMounts", []), override.volume_mounts)
 
 
 def apply_pod_spec_overrides(info: RuntimeInfo, job: TrainJob) -> None:

@@ -27,11 +27,17 @@ class RuntimePolicy:
 
     @property
     def framework(self) -> str:
-        if self.ml_policy.torch is not None:
-            return "torch"
-        if self.ml_policy.mpi is not None:
-            return "mpi"
-        return "plain"
+        """The ML policy source the runtime sets (its key under ``mlPolicy``, e.g. the name
+        a plug-in answers to), or "plain" when it sets none."""
+        sources = [key for key, value in self.ml_policy.dump().items() if key != "numNodes"
+                   and value is not None]
+        return sources[0] if sources else "plain"
+
+    @property
+    def pod_group_source(self) -> str:
+        """The key set under ``podGroupPolicy`` (e.g. "coscheduling"), or ""."""
+        policy = self.pod_group_policy or {}
+        return next((key for key, value in policy.items() if value is not None), "")
 
 
 @dataclass
@@ -59,7 +65,8 @@ class PodSet:
 
     @property
     def init_containers(self) -> list[dict[str, Any]]:
-        return self.pod_spec.setdefault("initContainers", [])
+        """The init containers (read-only view: no empty list is added to the template)."""
+        return self.pod_spec.get("initContainers") or []
 
     @property
     def volumes(self) -> list[dict[str, Any]]:
@@ -160,11 +167,14 @@ class RuntimeInfo:
     pod_sets: list[PodSet]
     # The JobSet template's spec other than replicatedJobs (network, successPolicy, ...).
     jobset_spec: dict[str, Any] = field(default_factory=dict)
+    # The runtime's replicated jobs as written (after runtime patches), for plug-ins that
+    # read the runtime's own values once the TrainJob's have replaced them.
+    runtime_jobs: list[dict[str, Any]] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    # Extra objects a plug-in needs next to the JobSet (e.g. MPI's SSH Secret and hostfile
-    # ConfigMap); the operator applies them with the same owner as the JobSet.
-    objects: list[dict[str, Any]] = field(default_factory=list)
+    # Objects the plug-ins build beside the JobSet (``extension_points.ExtraObject``); the
+    # operator owns them by the TrainJob, as the JobSet.
+    objects: list[Any] = field(default_factory=list)
 
     def pod_set(self, name: str) -> PodSet | None:
         return next((p for p in self.pod_sets if p.name == name), None)

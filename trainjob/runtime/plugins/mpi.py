@@ -1,30 +1,31 @@
-"""The mpi policy: a launcher, SSH between the pods and a hostfile.
+"""The mpi policy: SSH between the launcher and the node pods, and a hostfile, laid out as
+upstream Trainer v2.3 lays them out so that a Secret made by either controller works.
 
-What ``apply`` does to RuntimeInfo (deterministically, and idempotently):
+``enforce_ml_policy``:
 
-* **Counts.** The core set every trainer PodSet to N pods (``trainer.numNodes``, else
-  ``mlPolicy.numNodes``, else 1). With ``mlPolicy.mpi.runLauncherAsNode`` the launcher is one
-  of the N nodes, so the node job runs max(N-1, 0) pods; otherwise N. N is recomputed from
-  the TrainJob and the policy, never read back from the PodSet, so applying twice does not
-  subtract twice.
-* **Launcher.** If the runtime template has no replicated job named ``launcher``, one is made
-  from a copy of the node job (container ``node`` renamed ``launcher``, no trainer ancestor
-  label) and put first in ``info.pod_sets``. The launcher always runs one pod.
-* **SSH.** A Secret ``<trainjob>-mpi-ssh-auth`` (type ``kubernetes.io/ssh-auth``) is mounted
-  read-only at ``mlPolicy.mpi.sshAuthMountPath`` (default ``/root/.ssh``) in the launcher and
-  node containers as volume ``mpi-ssh-auth``: ``ssh-privatekey`` as ``id_rsa`` and
-  ``authorized_keys`` as ``authorized_keys`` (one key pair for both sides), mode 0600.
-* **Hostfile.** A ConfigMap ``<trainjob>-mpi-hostfile`` with key ``hostfile`` (one line per
-  node pod, the launcher first when it runs as a node) is mounted at ``/etc/mpi`` in the
-  launcher, and the launcher container gets the implementation's hostfile environment.
+* **Counts.** With ``trainer.numNodes`` N the ``node`` job runs N pods, or max(N-1, 1) with
+  ``mlPolicy.mpi.runLauncherAsNode`` (the launcher is one of the nodes, and the node job
+  keeps at least one pod). Without it each job keeps the core's count. The launcher always
+  runs one pod.
+* **Slots** (processes per node): ``trainer.numProcPerNode``, else the policy's
+  ``numProcPerNode``; when that is 1 (upstream's default) and a node has more than one GPU,
+  the GPU count.
+* **SSH.** The ``node`` and ``launcher`` jobs get volume ``mpi-ssh-auth`` from Secret
+  ``<trainjob>-mpi-ssh-auth`` (default mode 0400): ``ssh-privatekey`` as ``id_rsa`` (0640),
+  ``ssh-publickey`` as ``id_rsa.pub`` and ``authorized_keys`` (0644); their ``node``
+  containers mount it at ``sshAuthMountPath`` (default ``/root/.ssh``).
+* **Hostfile.** The launcher gets ConfigMap ``<trainjob>-mpi-hostfile`` (key ``hostfile``,
+  mode 0444) mounted at ``/etc/mpi`` in its ``node`` container, with the implementation's
+  hostfile environment.
 
-**Key material.** RuntimeInfo stays a pure function of the TrainJob and the runtime, so the
-Secret in ``info.objects`` carries *no* ``data``: it only has its name, namespace, type,
-``immutable: true`` and the annotation ``trainer.kubeflow.org/create-only: "true"``. The
-operator, when it finds such a Secret missing, fills ``data`` with
-:func:`generate_ssh_secret_data` and creates it; it never updates an existing one (a fresh
-key on every reconcile would lock running launchers out of their nodes). Ownership
-(ownerReferences) is the operator's job, as for the JobSet.
+``build`` returns the two objects: the hostfile ConfigMap (one line per node pod, jobs in
+template order, the launcher among them when it runs as a node), applied on every build;
+and the ``kubernetes.io/ssh-auth`` Secret, immutable, created once with a fresh key pair
+(ECDSA P-521: ``ssh-privatekey`` PEM, ``ssh-publickey`` an authorized_keys line) and never
+rewritten, since a new key would lock running launchers out of their nodes.
+
+A runtime without a ``launcher`` job (the seed runtimes) gets one, copied from the node job.
+The project keeps Intel MPI and MPICH beside upstream's OpenMPI.
 """
 
 from __future__ import annotations
@@ -38,19 +39,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.framework import apply_node_settings, merge_by_name, merge_env
+from trainjob.runtime.extension_points import ExtraObject, Problems
+from trainjob.runtime.node_resources import gpus_per_node
 from trainjob.runtime.plugins import register
+from trainjob.runtime.pod_template import apply_node_settings, merge_by_name, merge_env
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
-
-CREATE_ONLY_ANNOTATION = "trainer.kubeflow.org/create-only"
 
 SSH_SECRET_SUFFIX = "-mpi-ssh-auth"
 SSH_SECRET_TYPE = "kubernetes.io/ssh-auth"
 SSH_PRIVATE_KEY = "ssh-privatekey"  # the key Kubernetes requires in an ssh-auth Secret
-SSH_AUTHORIZED_KEYS = "authorized_keys"
+SSH_PUBLIC_KEY = "ssh-publickey"
 SSH_VOLUME = "mpi-ssh-auth"
 SSH_DEFAULT_MOUNT_PATH = "/root/.ssh"
-SSH_MODE = 0o600
+SSH_DEFAULT_MODE = 0o400
+SSH_PRIVATE_KEY_MODE = 0o640
+SSH_PUBLIC_KEY_MODE = 0o644
 
 HOSTFILE_SUFFIX = "-mpi-hostfile"
 HOSTFILE_KEY = "hostfile"
@@ -61,6 +64,9 @@ HOSTFILE_PATH = f"{HOSTFILE_DIR}/{HOSTFILE_KEY}"
 OPENMPI = "OpenMPI"
 INTEL = "Intel"
 MPICH = "MPICH"
+# Set by the policy on the launcher; a user's value would be overwritten.
+RESERVED_ENV = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args",
+                "OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_set_default_slots")
 
 
 def ssh_secret_name(job: TrainJob) -> str:
@@ -72,65 +78,51 @@ def hostfile_name(job: TrainJob) -> str:
 
 
 def generate_ssh_secret_data() -> dict[str, str]:
-    """A fresh ECDSA P-256 key pair as the ``data`` of the ssh-auth Secret (base64 values).
-
-    ``ssh-privatekey`` is the private key in OpenSSH format; ``authorized_keys`` is the
-    matching OpenSSH public key line. Call this only when creating the Secret."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+    """A fresh ECDSA P-521 key pair as the ``data`` of the ssh-auth Secret (base64 values):
+    the private key as PEM, the public key as an authorized_keys line."""
+    key = ec.generate_private_key(ec.SECP521R1())
+    private = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.TraditionalOpenSSL,
                                 serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH) + b"\n"
     return {SSH_PRIVATE_KEY: base64.b64encode(private).decode(),
-            SSH_AUTHORIZED_KEYS: base64.b64encode(public).decode()}
+            SSH_PUBLIC_KEY: base64.b64encode(public).decode()}
 
 
-def requested_nodes(info: RuntimeInfo, job: TrainJob) -> int:
-    """N, as the core computes the trainer count (the framework's ``trainer_count``)."""
-    if job.spec.trainer is not None and job.spec.trainer.num_nodes:
-        return job.spec.trainer.num_nodes
-    return info.policy.ml_policy.num_nodes or 1
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 def slots(info: RuntimeInfo, job: TrainJob) -> int:
-    """Processes per node: the TrainJob's integer numProcPerNode, else the policy's, else 1."""
+    """Processes per node, as upstream computes them."""
     trainer = job.spec.trainer
-    if trainer is not None:
-        value = trainer.num_proc_per_node
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return value
-        if isinstance(value, str) and value.isascii() and value.isdigit() and int(value) >= 1:
-            return int(value)
-    mpi = info.policy.ml_policy.mpi
-    if mpi is not None and mpi.num_proc_per_node:
-        return mpi.num_proc_per_node
-    return 1
+    if trainer is not None and _int(trainer.num_proc_per_node):
+        return _int(trainer.num_proc_per_node)
+    per_node = info.policy.ml_policy.mpi.num_proc_per_node or 1
+    if per_node == 1:
+        gpus = gpus_per_node(_node_resources(info, job))
+        if gpus > 1:
+            return gpus
+    return per_node
 
 
-def main_container(pod_set: PodSet) -> dict[str, Any] | None:
-    """The container named like the job, else ``node`` (an upstream-style launcher), else
-    the first one."""
-    return (pod_set.container(pod_set.name) or pod_set.container(c.NODE)
-            or (pod_set.containers[0] if pod_set.containers else None))
-
-
-def _subdomain(info: RuntimeInfo, job: TrainJob) -> str:
-    network = info.jobset_spec.get("network") or {}
-    return network.get("subdomain") or job.metadata.name
-
-
-def _metadata(job: TrainJob, name: str) -> dict[str, Any]:
-    return {"name": name, "namespace": job.metadata.namespace}
-
-
-def _upsert_object(objects: list[dict[str, Any]], obj: dict[str, Any]) -> None:
-    key = (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-    for i, old in enumerate(objects):
-        if (old.get("apiVersion"), old.get("kind"), (old.get("metadata") or {}).get("name")) \
-                == key:
-            objects[i] = obj
-            return
-    objects.append(obj)
+def _node_resources(info: RuntimeInfo, job: TrainJob) -> dict[str, Any]:
+    """A node's resources: the TrainJob's resourcesPerNode, else the trainer step's."""
+    trainer = job.spec.trainer
+    if trainer is not None and trainer.resources_per_node is not None:
+        return trainer.resources_per_node.dump()
+    for pod_set in info.by_role(c.ROLE_TRAINER):
+        container = pod_set.container(c.NODE)
+        if container is not None:
+            return container.get("resources") or {}
+    return {}
 
 
 def _make_launcher(node: PodSet) -> PodSet:
@@ -143,106 +135,126 @@ def _make_launcher(node: PodSet) -> PodSet:
     container = launcher.container(c.NODE)
     if container is not None:
         container["name"] = c.LAUNCHER
-    launcher.set_count(1)
     return launcher
+
+
+def _main_container(pod_set: PodSet) -> dict[str, Any] | None:
+    """The ``node`` container (upstream's runtimes), else one named like the job (a launcher
+    made from a seed runtime)."""
+    return pod_set.container(c.NODE) or pod_set.container(pod_set.name)
+
+
+def _node_job(info: RuntimeInfo) -> PodSet | None:
+    """The job of node pods: ``node``, else (a seed runtime) the trainer job that is not the
+    launcher."""
+    return info.pod_set(c.NODE) or next(
+        (p for p in info.by_role(c.ROLE_TRAINER) if p.name != c.LAUNCHER), None)
+
+
+def _as_node(info: RuntimeInfo) -> bool:
+    return bool(info.policy.ml_policy.mpi.run_launcher_as_node)
 
 
 class MPIPlugin:
     name = "mpi"
 
     def enabled(self, policy: RuntimePolicy) -> bool:
-        return policy.framework == "mpi"
+        return policy.framework == self.name
 
-    def apply(self, info: RuntimeInfo, job: TrainJob) -> None:
+    def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         mpi = info.policy.ml_policy.mpi
-        as_node = bool(mpi.run_launcher_as_node)
-        # The node job by name (upstream's runtimes label only the launcher as the trainer),
-        # or a seed runtime's trainer job that is not the launcher.
-        nodes = [p for p in info.pod_sets if p.name != c.LAUNCHER
-                 and (p.name == c.NODE or p.role == c.ROLE_TRAINER)]
-        n = requested_nodes(info, job)
-        for pod_set in nodes:
-            pod_set.set_count(max(n - 1, 0) if as_node else n)
-            if as_node and pod_set.role != c.ROLE_TRAINER:
-                # Training processes run here too: they get the trainer's env and resources
-                # (not its command: the node pods keep their sshd).
-                apply_node_settings(pod_set, job)
-
+        as_node = _as_node(info)
+        node = _node_job(info)
         launcher = info.pod_set(c.LAUNCHER)
-        if launcher is None and nodes:
-            launcher = _make_launcher(nodes[0])
+        if launcher is None and node is not None:
+            launcher = _make_launcher(node)
             info.pod_sets.insert(0, launcher)
+        trainer = job.spec.trainer
+        if node is not None and trainer is not None and trainer.num_nodes:
+            pods = max(trainer.num_nodes - 1, 1) if as_node else trainer.num_nodes
+            node.job_spec["parallelism"] = node.job_spec["completions"] = pods
+        if node is not None and as_node and node.role != c.ROLE_TRAINER:
+            # Training processes run here too: the trainer's env and resources (not its
+            # command: the node pods keep their sshd).
+            apply_node_settings(node, job)
         if launcher is not None:
-            # One launcher pod, even when the runtime labels it as a trainer step (upstream
-            # runtimes do) and the core therefore gave it the trainer count.
-            launcher.set_count(1)
+            launcher.job_spec["parallelism"] = launcher.job_spec["completions"] = 1
 
         per_node = slots(info, job)
-        implementation = mpi.mpi_implementation or OPENMPI
-        domain = _subdomain(info, job)
-        hosts: list[str] = []
-        if as_node and launcher is not None:
-            hosts.append(f"{job.metadata.name}-{launcher.name}-0-0.{domain}")
-        for pod_set in nodes:
-            hosts += [f"{job.metadata.name}-{pod_set.name}-0-{i}.{domain}"
-                      for i in range(pod_set.count)]
-        if implementation == OPENMPI:
-            lines = [f"{host} slots={per_node}" for host in hosts]
-        else:  # Hydra (Intel MPI, MPICH): host:procs
-            lines = [f"{host}:{per_node}" for host in hosts]
-
-        secret = {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {**_metadata(job, ssh_secret_name(job)),
-                         "annotations": {CREATE_ONLY_ANNOTATION: "true"}},
-            "type": SSH_SECRET_TYPE,
-            "immutable": True,
-        }
-        config_map = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _metadata(job, hostfile_name(job)),
-            "data": {HOSTFILE_KEY: "".join(line + "\n" for line in lines)},
-        }
-        _upsert_object(info.objects, secret)
-        _upsert_object(info.objects, config_map)
-
         ssh_volume = {"name": SSH_VOLUME, "secret": {
             "secretName": ssh_secret_name(job),
-            "items": [{"key": SSH_PRIVATE_KEY, "path": "id_rsa"},
-                      {"key": SSH_AUTHORIZED_KEYS, "path": "authorized_keys"}],
-            "defaultMode": SSH_MODE,
+            "defaultMode": SSH_DEFAULT_MODE,
+            "items": [
+                {"key": SSH_PRIVATE_KEY, "path": "id_rsa", "mode": SSH_PRIVATE_KEY_MODE},
+                {"key": SSH_PUBLIC_KEY, "path": "id_rsa.pub", "mode": SSH_PUBLIC_KEY_MODE},
+                {"key": SSH_PUBLIC_KEY, "path": "authorized_keys", "mode": SSH_PUBLIC_KEY_MODE},
+            ],
         }}
-        ssh_mount = {"name": SSH_VOLUME, "mountPath": mpi.ssh_auth_mount_path
-                     or SSH_DEFAULT_MOUNT_PATH, "readOnly": True}
-        for pod_set in nodes + ([launcher] if launcher is not None else []):
+        ssh_mount = {"name": SSH_VOLUME,
+                     "mountPath": mpi.ssh_auth_mount_path or SSH_DEFAULT_MOUNT_PATH}
+        for pod_set in (p for p in (node, launcher) if p is not None):
             merge_by_name(pod_set.volumes, [ssh_volume])
-            container = main_container(pod_set)
+            container = _main_container(pod_set)
             if container is not None:
                 merge_by_name(container.setdefault("volumeMounts", []), [ssh_mount])
-
         if launcher is None:
             return
         merge_by_name(launcher.volumes, [{"name": HOSTFILE_VOLUME, "configMap": {
             "name": hostfile_name(job),
             "items": [{"key": HOSTFILE_KEY, "path": HOSTFILE_KEY, "mode": 0o444}],
         }}])
-        container = main_container(launcher)
-        if container is None:
-            return
-        merge_by_name(container.setdefault("volumeMounts", []),
-                      [{"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR, "readOnly": True}])
-        merge_env(container, _launcher_env(implementation, per_node))
+        container = _main_container(launcher)
+        if container is not None:
+            merge_by_name(container.setdefault("volumeMounts", []),
+                          [{"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR}])
+            merge_env(container, _launcher_env(mpi.mpi_implementation or OPENMPI, per_node))
 
-    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[tuple[str, str]]:
+    def build(self, info: RuntimeInfo, job: TrainJob) -> list[ExtraObject]:
+        as_node = _as_node(info)
+        per_node = slots(info, job)
+        domain = (info.jobset_spec.get("network") or {}).get("subdomain") or job.metadata.name
+        hydra = (info.policy.ml_policy.mpi.mpi_implementation or OPENMPI) != OPENMPI
+        node = _node_job(info)
+        lines = []
+        for pod_set in info.pod_sets:  # template order, as upstream writes the hostfile
+            if pod_set is not node and not (as_node and pod_set.name == c.LAUNCHER):
+                continue
+            for replica in range(pod_set.replicas):
+                for pod in range(pod_set.parallelism):
+                    host = f"{job.metadata.name}-{pod_set.name}-{replica}-{pod}.{domain}"
+                    lines.append(f"{host}:{per_node}" if hydra else f"{host} slots={per_node}")
+        metadata = {"namespace": job.metadata.namespace}
+        return [
+            ExtraObject({"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {**metadata, "name": ssh_secret_name(job)},
+                         "type": SSH_SECRET_TYPE, "immutable": True},
+                        "secrets", make_content=lambda: {"data": generate_ssh_secret_data()}),
+            ExtraObject({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {**metadata, "name": hostfile_name(job)},
+                         "data": {HOSTFILE_KEY: "".join(line + "\n" for line in lines)}},
+                        "configmaps"),
+        ]
+
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> Problems:
+        problems: Problems = []
         trainer = job.spec.trainer
-        value = trainer.num_proc_per_node if trainer is not None else None
-        if isinstance(value, str) and not (value.isascii() and value.isdigit()):
-            return [("spec.trainer.numProcPerNode",
-                     f"{value!r} is not a number of MPI slots: the mpi policy needs a "
-                     "positive integer")]
-        if value is not None and int(value) < 1:
-            return [("spec.trainer.numProcPerNode", "must be a positive integer")]
-        return []
+        if trainer is None:
+            return problems
+        value = trainer.num_proc_per_node
+        if value is not None and (_int(value) is None or _int(value) < 1):
+            problems.append(("spec.trainer.numProcPerNode",
+                             f"{value!r} is not a number of MPI slots: the mpi policy needs a "
+                             "positive integer"))
+        reserved = sorted({v.get("name") for v in trainer.env} & set(RESERVED_ENV))
+        if reserved:
+            problems.append(("spec.trainer.env", f"{', '.join(reserved)} "
+                             f"{'is' if len(reserved) == 1 else 'are'} reserved: the mpi policy "
+                             "sets them on the launcher"))
+        if (trainer.num_nodes or 1) >= 2 and _as_node(info) and (
+                info.pod_set(c.LAUNCHER) is None or info.pod_set(c.NODE) is None):
+            problems.append(("spec.trainer.numNodes", "must be 1: the runtime runs the launcher "
+                             "as a node but lacks a launcher or a node job"))
+        return problems
 
 
 def _launcher_env(implementation: str, per_node: int) -> list[dict[str, Any]]:
@@ -252,9 +264,9 @@ def _launcher_env(implementation: str, per_node: int) -> list[dict[str, Any]]:
         return [{"name": "HYDRA_HOST_FILE", "value": HOSTFILE_PATH}]
     return [
         {"name": "OMPI_MCA_orte_default_hostfile", "value": HOSTFILE_PATH},
-        {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
         {"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true"},
         {"name": "OMPI_MCA_orte_set_default_slots", "value": str(per_node)},
+        {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
     ]
 
 

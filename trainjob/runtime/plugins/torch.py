@@ -22,37 +22,40 @@ are applied after the policies). Other ``PET_*`` names are the user's.
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.framework import merge_env
-from trainjob.runtime.plugins import register
+from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node
+from trainjob.runtime.pod_template import merge_env
+from trainjob.runtime.extension_points import Problems
+from trainjob.runtime.plugins import register, rendezvous, torchtune
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 
-MASTER_PORT = 29500
+MASTER_PORT = rendezvous.PORT
 RESERVED_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
                   "PET_MASTER_PORT")
-COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+COMPLETION_INDEX_FIELD = rendezvous.COMPLETION_INDEX_FIELD
 # numProcPerNode words torchrun understands (the runtime CRD allows the same set).
 PROC_WORDS = ("auto", "cpu", "gpu")
+pod_hostname = rendezvous.pod_hostname
+_trainer_pod_sets = rendezvous.trainer_pod_sets
+_ensure_port = rendezvous.ensure_port
 
 
-def subdomain(info: RuntimeInfo, job: TrainJob) -> str:
-    """The JobSet's pod subdomain: ``network.subdomain`` of the template, else its name."""
-    network = info.jobset_spec.get("network") or {}
-    return network.get("subdomain") or job.metadata.name
-
-
-def pod_hostname(info: RuntimeInfo, job: TrainJob, job_name: str, pod_index: int = 0) -> str:
-    """DNS name of pod ``pod_index`` of the first Job of replicated job ``job_name``."""
-    return f"{job.metadata.name}-{job_name}-0-{pod_index}.{subdomain(info, job)}"
+def node_resources(info: RuntimeInfo, job: TrainJob, container: dict[str, Any]) -> dict:
+    """A node's resources as upstream reads them: the TrainJob's resourcesPerNode when it has
+    one, else the trainer container's."""
+    trainer = job.spec.trainer
+    if trainer is not None and trainer.resources_per_node is not None:
+        return trainer.resources_per_node.dump()
+    return container.get("resources") or {}
 
 
 def num_proc_per_node(info: RuntimeInfo, job: TrainJob, container: dict[str, Any]) -> str:
+    """``trainer.numProcPerNode``, else the runtime's (seed runtimes), else ``auto``; ``auto``
+    on a node without GPUs becomes its CPU count, as upstream derives it."""
     trainer = job.spec.trainer
     value: int | str = "auto"
     torch = info.policy.ml_policy.torch
@@ -62,81 +65,80 @@ def num_proc_per_node(info: RuntimeInfo, job: TrainJob, container: dict[str, Any
         value = torch.num_proc_per_node
     if value != "auto":
         return str(value)
-    # Upstream reads the TrainJob's resourcesPerNode when it has one, else the runtime's;
-    # the container already holds the two merged, which agrees wherever it matters.
-    resources = container.get("resources") or {}
-    if trainer is not None and trainer.resources_per_node is not None:
-        resources = trainer.resources_per_node.dump()
+    resources = node_resources(info, job, container)
     if gpus_per_node(resources) > 0:
         return "auto"
     return str(max(1, cpus_per_node(resources)))
 
 
-def gpus_per_node(resources: dict[str, Any]) -> int:
-    """GPUs of one node: the first resource whose name contains "gpu", from the requests,
-    else from the limits (upstream's reading)."""
-    def first_gpu(amounts: dict[str, Any] | None) -> int:
-        for name, amount in (amounts or {}).items():
-            if "gpu" in name.lower():
-                return _whole(amount)
-        return 0
-    return first_gpu(resources.get("requests")) or first_gpu(resources.get("limits"))
-
-
-def cpus_per_node(resources: dict[str, Any]) -> int:
-    """CPUs of one node, rounded up: the cpu request, else the cpu limit, else 0."""
-    request = (resources.get("requests") or {}).get("cpu")
-    if request is not None and parse_quantity(request) != 0:
-        return _whole(request)
-    limit = (resources.get("limits") or {}).get("cpu")
-    return _whole(limit) if limit is not None else 0
-
-
-def _whole(amount: Any) -> int:
-    return int(parse_quantity(amount).to_integral_value(rounding=ROUND_CEILING))
-
-
-def _trainer_pod_sets(info: RuntimeInfo) -> list[PodSet]:
-    return [p for p in info.by_role(c.ROLE_TRAINER) if p.container(c.NODE) is not None]
-
-
-def _ensure_port(container: dict[str, Any]) -> None:
-    ports = container.setdefault("ports", [])
-    if not any(p.get("containerPort") == MASTER_PORT for p in ports):
-        ports.append({"containerPort": MASTER_PORT})
+def _runtime_command(info: RuntimeInfo, job_name: str) -> list[str]:
+    for job in info.runtime_jobs:
+        if job.get("name") == job_name:
+            spec = ((job.get("template") or {}).get("spec") or {}).get("template") or {}
+            for container in (spec.get("spec") or {}).get("containers") or []:
+                if container.get("name") == c.NODE:
+                    return list(container.get("command") or [])
+    return []
 
 
 class TorchPlugin:
     name = "torch"
 
     def enabled(self, policy: RuntimePolicy) -> bool:
-        return policy.framework == "torch"
+        return policy.framework == self.name
 
-    def apply(self, info: RuntimeInfo, job: TrainJob) -> None:
+    def enforce_ml_policy(self, info: RuntimeInfo, job: TrainJob) -> None:
         pod_sets = _trainer_pod_sets(info)
         if not pod_sets:
             return
-        master = pod_hostname(info, job, pod_sets[0].name)
+        master = [{"name": "PET_MASTER_ADDR", "value": pod_hostname(info, job, pod_sets[0].name)},
+                  {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)}]
         for pod_set in pod_sets:
             container = pod_set.container(c.NODE)
-            merge_env(container, [
+            procs = num_proc_per_node(info, job, container)
+            pet = [
                 {"name": "PET_NNODES", "value": str(pod_set.count)},
-                {"name": "PET_NPROC_PER_NODE",
-                 "value": num_proc_per_node(info, job, container)},
+                {"name": "PET_NPROC_PER_NODE", "value": procs},
                 {"name": "PET_NODE_RANK",
                  "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}},
-                {"name": "PET_MASTER_ADDR", "value": master},
-                {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
-            ])
+            ]
+            merge_env(container, pet)
+            if torchtune.applies(job):
+                # torchtune's own rendezvous: the endpoint goes on its command line instead.
+                container["command"] = torchtune.command(
+                    info, job, pod_set.count, int(procs) if procs.isdigit() else None,
+                    gpus_per_node(node_resources(info, job, container)),
+                    _runtime_command(info, pod_set.name))
+            else:
+                merge_env(container, master)
             _ensure_port(container)
+            self._inject(info, pet + master)
 
-    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[tuple[str, str]]:
-        problems: list[tuple[str, str]] = []
+    @staticmethod
+    def _inject(info: RuntimeInfo, env: list[dict[str, Any]]) -> None:
+        """``torch.envInjection``: the same torchrun environment in the named containers of
+        other jobs (sidecars, helpers) too."""
+        injection = info.policy.ml_policy.torch.env_injection
+        for target in injection.targets if injection is not None else []:
+            pod_set = info.pod_set(target.job_name)
+            for name in target.container_names:
+                container = pod_set.container(name) if pod_set is not None else None
+                if container is None:
+                    raise ValueError(f"mlPolicy.torch.envInjection: job {target.job_name!r} has "
+                                     f"no container {name!r}")
+                merge_env(container, env)
+
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> Problems:
+        problems: Problems = []
         trainer = job.spec.trainer
         if trainer is not None:
             for i, var in enumerate(trainer.env):
                 problems += _reserved(f"spec.trainer.env[{i}].name", var)
             problems += _check_nproc(trainer.num_proc_per_node)
+            if torchtune.applies(job):
+                nodes = max((p.count for p in _trainer_pod_sets(info)), default=1)
+                problems += torchtune.validate(job, nodes)
+        problems += _check_env_injection(info)
         trainer_jobs = {p.name for p in info.by_role(c.ROLE_TRAINER)}
         for i, override in enumerate(job.spec.pod_spec_overrides):
             if not trainer_jobs & {t.name for t in override.target_jobs}:
@@ -150,6 +152,21 @@ class TorchPlugin:
                     problems += _reserved(
                         f"spec.podSpecOverrides[{i}].containers[{j}].env[{k}].name", var)
         return problems
+
+
+def _check_env_injection(info: RuntimeInfo) -> Problems:
+    """Each envInjection target of the runtime names a job and container it has (upstream
+    refuses the TrainJob, whose runtime it cannot apply)."""
+    injection = info.policy.ml_policy.torch.env_injection
+    problems: Problems = []
+    for i, target in enumerate(injection.targets if injection is not None else []):
+        pod_set = info.pod_set(target.job_name)
+        for j, name in enumerate(target.container_names):
+            if pod_set is None or pod_set.container(name) is None:
+                problems.append(("spec.runtimeRef", f"the runtime's mlPolicy.torch.envInjection."
+                                 f"targets[{i}].containerNames[{j}]: container {name!r} of job "
+                                 f"{target.job_name!r} not found in its template"))
+    return problems
 
 
 def _reserved(path: str, var: dict[str, Any]) -> list[tuple[str, str]]:

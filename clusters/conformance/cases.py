@@ -1,0 +1,230 @@
+"""The objects the conformance run applies to both controllers.
+
+A case is a TrainJob (or none, for a runtime-only case) with the runtimes it needs. Three
+sources:
+
+* every runtime shipped in the Trainer module (``manifests/base/runtimes``), each with a
+  TrainJob of two nodes that uses it;
+* every TrainJob or runtime YAML under the module's ``examples/``, unchanged but for the
+  TrainJob's name (two examples share one);
+* the project's own cases: each plug-in's corners, runtimePatches, podGroupPolicy,
+  podSpecOverrides and objects that must be refused.
+
+Upstream's objects are read from the module at run time, never copied into this repository.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from clusters import upstream_trainer
+from trainjob import constants as c
+
+RUNTIME_KINDS = (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND)
+
+# Why some of the project's cases differ on purpose (the README lists the same).
+OVERRIDES_PRUNED = ("podSpecOverrides is the v2.0 API the project keeps; upstream v2.3's CRD "
+                    "prunes it, so only the operator's JobSet has the override")
+PATCH_OF_UNKNOWN_JOB = ("a runtime patch naming a replicated job the runtime lacks is refused "
+                        "at admission; upstream merges it in as a new job and then cannot "
+                        "build a valid JobSet")
+ZERO_NODES = ("trainer.numNodes 0 is refused by the project's CRD (a job of no trainer "
+              "pods); upstream's CRD accepts it and runs a JobSet of zero pods")
+EXAMPLES_DIR = "examples"
+
+
+@dataclass
+class Case:
+    """One TrainJob (``job`` None for a runtime-only case) and the runtimes it needs."""
+
+    name: str
+    source: str
+    job: dict | None = None
+    runtimes: list[dict] = field(default_factory=list)
+    # Where this case differs on purpose, and why: the objects (labels, as the table names
+    # them; all of the case's when empty) whose differences the reason explains.
+    intended: str = ""
+    intended_objects: tuple[str, ...] = ()
+
+
+def _trainjob(name: str, runtime: str, trainer: dict | None = None,
+              kind: str = c.CLUSTERTRAININGRUNTIME_KIND, **spec) -> dict:
+    body = {"runtimeRef": {"name": runtime, "kind": kind, "apiGroup": c.TRAINER_GROUP}, **spec}
+    if trainer is not None:
+        body["trainer"] = trainer
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+            "metadata": {"name": name}, "spec": body}
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def _load(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+
+
+def upstream_runtime_cases() -> list[Case]:
+    """Each shipped runtime, run by a two-node TrainJob with a command of its own."""
+    module = upstream_trainer.module_dir()
+    cases = []
+    for path in _yaml_files(module / upstream_trainer.RUNTIMES_DIR):
+        for runtime in _load(path):
+            if runtime.get("kind") not in RUNTIME_KINDS:
+                continue
+            name = runtime["metadata"]["name"]
+            job_name = "rt-" + name.replace(".", "-")
+            cases.append(Case(job_name, f"{upstream_trainer.RUNTIMES_DIR}/"
+                                        f"{path.relative_to(module / upstream_trainer.RUNTIMES_DIR)}",
+                              _trainjob(job_name, name, {"numNodes": 2}, kind=runtime["kind"]),
+                              [runtime]))
+    return cases
+
+
+def upstream_example_cases() -> list[Case]:
+    """Each example file's TrainJobs with the runtime they name: one of the examples', else
+    a shipped one. A file of runtimes only is a runtime-only case."""
+    module = upstream_trainer.module_dir()
+    files = {path: _load(path) for path in _yaml_files(module / EXAMPLES_DIR)}
+    runtimes = {r["metadata"]["name"]: r for case in upstream_runtime_cases()
+                for r in case.runtimes}
+    runtimes.update({d["metadata"]["name"]: d for documents in files.values()
+                     for d in documents if d.get("kind") in RUNTIME_KINDS})
+    cases = []
+    for path, documents in files.items():
+        jobs = [d for d in documents if d.get("kind") == c.TRAINJOB_KIND]
+        source = str(path.relative_to(module))
+        stem = "ex-" + path.stem.replace("_", "-").replace(".", "-")
+        if not jobs:
+            cases.append(Case(stem, source, None,
+                              [d for d in documents if d.get("kind") in RUNTIME_KINDS]))
+        for i, job in enumerate(jobs):
+            job = copy.deepcopy(job)
+            job["metadata"]["name"] = stem if len(jobs) == 1 else f"{stem}-{i}"
+            ref = job["spec"].get("runtimeRef", {}).get("name")
+            cases.append(Case(job["metadata"]["name"], source, job,
+                              [runtimes[ref]] if ref in runtimes else []))
+    return cases
+
+
+def _runtime(name: str, ml_policy: dict, jobs: list[dict], **spec) -> dict:
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.CLUSTERTRAININGRUNTIME_KIND,
+            "metadata": {"name": name},
+            "spec": {"mlPolicy": ml_policy, **spec,
+                     "template": {"spec": {"replicatedJobs": jobs}}}}
+
+
+def _job(name: str, role: str | None = None, container: str | None = None,
+         **container_fields) -> dict:
+    template: dict = {"spec": {"template": {"spec": {"containers": [
+        {"name": container or name, "image": f"{name}:v1", **container_fields}]}}}}
+    if role:
+        template["metadata"] = {"labels": {c.ANCESTOR_LABEL: role}}
+    return {"name": name, "template": template}
+
+
+def project_cases() -> list[Case]:
+    """Corners of each plug-in and of the TrainJob API, and objects both must refuse."""
+    gpu = {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
+    torch = _runtime("cf-torch", {"numNodes": 1, "torch": {}},
+                     [_job("node", c.ROLE_TRAINER, resources={"requests": {"cpu": "3"}})])
+    torch_gpu = _runtime("cf-torch-gpu", {"numNodes": 1, "torch": {}},
+                         [_job("node", c.ROLE_TRAINER, resources=gpu)])
+    mpi = _runtime("cf-mpi", {"numNodes": 1, "mpi": {"numProcPerNode": 2,
+                                                     "mpiImplementation": "OpenMPI",
+                                                     "runLauncherAsNode": False}},
+                   [_job("launcher", c.ROLE_LAUNCHER, container="node"),
+                    _job("node", c.ROLE_TRAINER, resources=gpu)])
+    mpi_as_node = _runtime("cf-mpi-as-node", {"numNodes": 1, "mpi": {
+        "numProcPerNode": 1, "mpiImplementation": "OpenMPI", "runLauncherAsNode": True}},
+        [_job("node", container="node"), _job("launcher", c.ROLE_TRAINER, container="node")])
+    mpi_gpus = _runtime("cf-mpi-gpus", {"numNodes": 1, "mpi": {"runLauncherAsNode": True}},
+                        [_job("node", container="node", resources=gpu),
+                         _job("launcher", c.ROLE_TRAINER, container="node", resources=gpu)])
+    coscheduling = _runtime("cf-coscheduling", {"numNodes": 2, "torch": {}},
+                            [_job("node", c.ROLE_TRAINER)],
+                            podGroupPolicy={"coscheduling": {"scheduleTimeoutSeconds": 60}})
+    env_injection = _runtime(
+        "cf-torch-env-injection",
+        {"numNodes": 1, "torch": {"envInjection": {"targets": [
+            {"jobName": "node", "containerNames": ["sidecar"]}]}}},
+        [{**_job("node", c.ROLE_TRAINER), "template": {
+            "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "node", "image": "node:v1"},
+                {"name": "sidecar", "image": "sidecar:v1"}]}}}}}])
+    cases = [
+        Case("cf-torch-cpu", "project", _trainjob("cf-torch-cpu", "cf-torch", {
+            "numNodes": 3, "env": [{"name": "PET_LOG_LEVEL", "value": "INFO"}]}), [torch]),
+        Case("cf-torch-procs", "project", _trainjob("cf-torch-procs", "cf-torch", {
+            "numNodes": 2, "numProcPerNode": 4,
+            "resourcesPerNode": {"requests": {"memory": "1Gi"}}}), [torch]),
+        Case("cf-torch-gpu", "project", _trainjob("cf-torch-gpu", "cf-torch-gpu",
+                                                  {"numNodes": 2}), [torch_gpu]),
+        Case("cf-torch-env-injection", "project", _trainjob(
+            "cf-torch-env-injection", "cf-torch-env-injection", {"numNodes": 2}),
+            [env_injection]),
+        Case("cf-mpi-2", "project", _trainjob("cf-mpi-2", "cf-mpi", {"numNodes": 2}), [mpi]),
+        Case("cf-mpi-default", "project", _trainjob("cf-mpi-default", "cf-mpi", {}), [mpi]),
+        Case("cf-mpi-as-node-1", "project", _trainjob("cf-mpi-as-node-1", "cf-mpi-as-node",
+                                                      {"numNodes": 1}), [mpi_as_node]),
+        Case("cf-mpi-as-node-3", "project", _trainjob("cf-mpi-as-node-3", "cf-mpi-as-node",
+                                                      {"numNodes": 3}), [mpi_as_node]),
+        Case("cf-mpi-gpu-slots", "project", _trainjob("cf-mpi-gpu-slots", "cf-mpi-gpus",
+                                                      {"numNodes": 2}), [mpi_gpus]),
+        Case("cf-torchtune", "project", _trainjob(
+            "cf-torchtune", "torchtune-llama3.2-1b", {"command": ["tune", "run"]}),
+            [upstream_trainer.runtime("torchtune/llama3_2/llama3_2_1B.yaml")]),
+        Case("cf-coscheduling", "project", _trainjob("cf-coscheduling", "cf-coscheduling",
+                                                     {}), [coscheduling]),
+        Case("cf-patches-sidecar", "project", _trainjob(
+            "cf-patches-sidecar", "cf-torch", {"numNodes": 1},
+            runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
+                "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {
+                    "spec": {"template": {"spec": {
+                        "nodeSelector": {"pool": "b"},
+                        "tolerations": [{"key": "a", "operator": "Exists"}]}}}}}]}}}},
+                {"manager": "example.com/two", "trainingRuntimeSpec": {
+                    "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {
+                        "spec": {"template": {"spec": {
+                            "nodeSelector": {"pool": "a"}}}}}}]}}}}]),
+            [torch]),
+        Case("cf-suspended", "project", _trainjob("cf-suspended", "cf-torch", {"numNodes": 2},
+                                                  suspend=True), [torch]),
+        Case("cf-overrides", "project", _trainjob(
+            "cf-overrides", "cf-torch", {"numNodes": 1},
+            podSpecOverrides=[{"targetJobs": [{"name": "node"}],
+                               "nodeSelector": {"pool": "a"}}]), [torch],
+             intended=OVERRIDES_PRUNED, intended_objects=("JobSet",)),
+        # Refused by both.
+        Case("cf-bad-reserved-env", "project", _trainjob(
+            "cf-bad-reserved-env", "cf-torch", {"env": [{"name": "PET_NNODES", "value": "2"}]}),
+            [torch]),
+        Case("cf-bad-managed-by", "project", _trainjob(
+            "cf-bad-managed-by", "cf-torch", {}, managedBy="example.com/other"), [torch]),
+        Case("cf-bad-patch-job", "project", _trainjob(
+            "cf-bad-patch-job", "cf-torch", {},
+            runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
+                "template": {"spec": {"replicatedJobs": [{"name": "no-such-job"}]}}}}]),
+            [torch], intended=PATCH_OF_UNKNOWN_JOB),
+        Case("cf-bad-num-nodes", "project", _trainjob("cf-bad-num-nodes", "cf-torch",
+                                                      {"numNodes": 0}), [torch],
+             intended=ZERO_NODES),
+        Case("cf-bad-runtime-step", "project", None, [_runtime(
+            "cf-bad-step", {"numNodes": 1, "torch": {}},
+            [_job("node", c.ROLE_TRAINER, container="main")])]),
+        Case("cf-bad-runtime-two-policies", "project", None, [_runtime(
+            "cf-bad-two-policies", {"numNodes": 1, "torch": {}, "mpi": {}},
+            [_job("node", c.ROLE_TRAINER)])]),
+        Case("cf-missing-runtime", "project", _trainjob("cf-missing-runtime", "cf-no-such",
+                                                        {}), []),
+    ]
+    return cases
+
+
+def all_cases() -> list[Case]:
+    return upstream_runtime_cases() + upstream_example_cases() + project_cases()

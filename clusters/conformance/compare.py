@@ -1,0 +1,137 @@
+"""Comparing what the two controllers made for one case, field by field, after removing
+what identifies an object in its own cluster and the intended differences listed in
+``INTENDED``. Pure functions: they see snapshots, never a cluster.
+
+A snapshot of one side is a mapping from an object label ("JobSet", "Secret <job>-mpi-ssh",
+"TrainJob status", "admission TrainJob", ...) to the object as read back (None when it does
+not exist).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+# Fields that identify an object in its cluster or record when and by whom it was written:
+# equal objects differ there by construction.
+STATUS = "TrainJob status"
+SNAPSHOT_SUFFIX = "-runtime-snapshot"
+IDENTITY_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation",
+                     "managedFields", "selfLink")
+
+
+@dataclass(frozen=True)
+class Intended:
+    """One documented difference between this operator and upstream, removed before
+    comparing: ``paths`` of objects whose label starts with ``label``."""
+
+    label: str
+    paths: tuple[tuple[str, ...], ...]
+    why: str
+
+
+# The README's table of intended differences says the same; keep the two in step.
+INTENDED = (
+    Intended("JobSet", (("metadata", "annotations", "trainer.kubeflow.org/total-pods"),
+                        ("metadata", "annotations", "trainer.kubeflow.org/total-requests"),
+                        ("metadata", "annotations", "trainer.kubeflow.org/jobset-spec-hash"),
+                        ("metadata", "labels", "trainer.kubeflow.org/trainjob-name")),
+             "the job's totals (the dispatcher's placement reads them from the JobSet), a hash "
+             "that lets a resync that changes nothing write nothing, and the TrainJob's name "
+             "as a label for selecting a job's JobSet"),
+    Intended("TrainJob status", (("conditions", "type=Created"),),
+             "the Created condition says whether the JobSet exists, or why not (runtime "
+             "missing, build failed); upstream only logs this"),
+    Intended("ConfigMap <job>-runtime-snapshot", (("data", "runtime", "spec", "template"),),
+             "the runtime's JobSet template as each cluster's CRD stored it: upstream's schema "
+             "types it and fills in JobSet's defaults (replicas, groupName, ...), the "
+             "project's keeps it as written; both JobSets are compared in full"),
+    # No path removed: the values of a Secret's data are replaced by its sorted keys below.
+    Intended("Secret", (),
+             "SSH key material is random: only the keys of the Secret's data are compared"),
+)
+
+
+def normalise(label: str, obj: Any) -> Any:
+    """``obj`` without identity fields and intended differences; None stays None."""
+    if not isinstance(obj, dict):
+        return obj
+    obj = copy.deepcopy(obj)
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        for key in IDENTITY_METADATA:
+            metadata.pop(key, None)
+        for ref in metadata.get("ownerReferences") or []:
+            ref.pop("uid", None)
+    if label == STATUS:
+        for condition in obj.get("conditions") or []:
+            condition.pop("lastTransitionTime", None)
+            condition.pop("observedGeneration", None)
+    else:
+        obj.pop("status", None)  # a child's status is its own controller's, not compared
+    if label.endswith(SNAPSHOT_SUFFIX) and isinstance((obj.get("data") or {}).get("runtime"),
+                                                      str):
+        # The runtime as each controller read it: compared as an object, without identity.
+        runtime = yaml.safe_load(obj["data"]["runtime"])
+        obj["data"]["runtime"] = normalise("runtime", runtime)
+    for intended in INTENDED:
+        if label.startswith(intended.label):
+            for path in intended.paths:
+                _remove(obj, path)
+    if isinstance(metadata, dict):
+        for key in ("annotations", "labels"):
+            if not metadata.get(key):
+                metadata.pop(key, None)
+    if label == STATUS and not obj.get("conditions"):
+        obj.pop("conditions", None)  # what is left once the intended conditions are gone
+    if label.startswith("Secret") and isinstance(obj.get("data"), dict):
+        obj["data"] = sorted(obj["data"])
+    return obj
+
+
+def _remove(obj: Any, path: tuple[str, ...]) -> None:
+    """Delete ``path`` from ``obj``; a last step ``type=X`` drops the list items whose type
+    is X."""
+    *parents, last = path
+    for step in parents:
+        obj = obj.get(step) if isinstance(obj, dict) else None
+    if isinstance(obj, list) and last.startswith("type="):
+        obj[:] = [x for x in obj if not (isinstance(x, dict) and x.get("type") == last[5:])]
+    elif isinstance(obj, dict):
+        obj.pop(last, None)
+
+
+def differing_paths(left: Any, right: Any, path: str = "") -> list[str]:
+    """Paths where ``left`` and ``right`` differ: lists of objects with names compare by
+    name, other lists item by item."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        found = []
+        for key in sorted(set(left) | set(right), key=str):
+            found += differing_paths(left.get(key), right.get(key), f"{path}.{key}")
+        return found
+    if isinstance(left, list) and isinstance(right, list):
+        if _named(left) and _named(right):
+            by_name_l = {x.get("name", x.get("type")): x for x in left}
+            by_name_r = {x.get("name", x.get("type")): x for x in right}
+            found = []
+            for name in list(dict.fromkeys([*by_name_l, *by_name_r])):
+                found += differing_paths(by_name_l.get(name), by_name_r.get(name),
+                                         f"{path}[{name}]")
+            if not found and [*by_name_l] != [*by_name_r]:
+                found.append(f"{path} (order)")
+            return found
+        if len(left) != len(right):
+            return [path or "."]
+        found = []
+        for i, (a, b) in enumerate(zip(left, right)):
+            found += differing_paths(a, b, f"{path}[{i}]")
+        return found
+    return [] if left == right else [path or "."]
+
+
+def _named(items: list) -> bool:
+    return bool(items) and all(isinstance(x, dict) and isinstance(x.get("name", x.get("type")),
+                                                                  str) for x in items)

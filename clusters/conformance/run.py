@@ -1,0 +1,412 @@
+"""One conformance run: upstream's trainer-controller-manager on one worker (serving upstream's
+CRDs), this operator on another (serving the project's), the same objects applied to both,
+and what each made read back for ``compare``.
+
+Everything the run adds (a namespace, a kwok Node per worker, the cases' cluster runtimes,
+webhook configurations, the two controllers) is removed afterwards, and the upstream worker
+serves the CRDs it served before.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters import crds, fixtures, upstream_trainer
+from clusters.conformance import compare
+from clusters.conformance.cases import Case
+from clusters.controlplane import free_port
+from clusters.local import BIND_ADDRESS, LocalClusters
+from clusters.testing import ServiceProcess
+from clusters.trainer_controller import TrainerController, require_alive
+from clusters.worker_stack import install_webhook_configurations
+from trainjob import constants as c
+from trainjob.kubeclient import api_client
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = "upstream"
+OPERATOR = "operator"
+SIDES = (UPSTREAM, OPERATOR)
+TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
+JOBSET = (c.JOBSET_GROUP, c.JOBSET_VERSION)
+NODE_CAPACITY = {"cpu": "512", "memory": "2Ti", "nvidia.com/gpu": "128", "pods": "1000"}
+# Labels the examples' runtime patches select nodes by, so their pods run too.
+NODE_LABELS = {"node-type": "training", "pool": "a"}
+OPERATOR_WEBHOOK = "validating-webhook.yaml"
+# How long jobs may take to finish; those with unschedulable pods or without a JobSet stop
+# being waited for sooner (``_settled``).
+SETTLE_SECONDS = 90
+NO_JOBSET_GRACE = 8
+
+
+@dataclass
+class Row:
+    """One line of the table: a case's object, equal or not, and where they differ."""
+
+    case: str
+    label: str
+    paths: list[str]
+    upstream: Any = None
+    operator: Any = None
+    # Why the differences are on purpose (the case's documented reason), or "".
+    intended: str = ""
+
+    @property
+    def equal(self) -> bool:
+        return not self.paths
+
+    @property
+    def unexplained(self) -> list[str]:
+        """The differing paths no documented reason explains."""
+        return [] if self.intended else self.paths
+
+
+@dataclass
+class Side:
+    name: str
+    cluster: str
+    api: client.ApiClient
+    admission: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+
+def _refusal(err: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(err.body or "{}")
+    except ValueError:
+        body = {}
+    return {"allowed": False, "code": err.status,
+            "message": body.get("message", str(err.reason))}
+
+
+def _create(side: Side, obj: dict, namespace: str) -> dict[str, Any]:
+    kind = obj["kind"]
+    plural = {c.TRAINJOB_KIND: c.TRAINJOBS, c.TRAININGRUNTIME_KIND: c.TRAININGRUNTIMES,
+              c.CLUSTERTRAININGRUNTIME_KIND: c.CLUSTERTRAININGRUNTIMES}[kind]
+    try:
+        if kind == c.CLUSTERTRAININGRUNTIME_KIND:
+            side.custom.create_cluster_custom_object(*TRAINER, plural, obj)
+        else:
+            side.custom.create_namespaced_custom_object(*TRAINER, namespace, plural, obj)
+    except ApiException as err:
+        if err.status == 409:
+            return {"allowed": True}
+        if err.status in (400, 403, 422):
+            return _refusal(err)
+        raise
+    return {"allowed": True}
+
+
+def apply_cases(side: Side, cases: list[Case], namespace: str) -> None:
+    """Every runtime once (by kind and name), then every TrainJob; admission answers are
+    kept by the object's label."""
+    seen: set[tuple[str, str]] = set()
+    for case in cases:
+        for runtime in case.runtimes:
+            key = (runtime["kind"], runtime["metadata"]["name"])
+            if key in seen:
+                continue
+            seen.add(key)
+            side.admission[f"admission {key[0]} {key[1]}"] = _create(side, runtime, namespace)
+    for case in cases:
+        if case.job is not None:
+            side.admission[f"admission {case.name}"] = _create(side, case.job, namespace)
+
+
+def _get(read, *args) -> dict | None:
+    try:
+        return read(*args)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def _trainjob(side: Side, namespace: str, name: str) -> dict | None:
+    return _get(side.custom.get_namespaced_custom_object, *TRAINER, namespace, c.TRAINJOBS, name)
+
+
+def _jobset(side: Side, namespace: str, name: str) -> dict | None:
+    return _get(side.custom.get_namespaced_custom_object, *JOBSET, namespace, c.JOBSETS, name)
+
+
+def _condition_true(job: dict, type_: str) -> bool:
+    return any(x.get("type") == type_ and x.get("status") == "True"
+               for x in (job.get("status") or {}).get("conditions") or [])
+
+
+def _unschedulable_jobsets(side: Side, namespace: str) -> set[str]:
+    """JobSets with a pod the scheduler cannot place (no volume, say): they never finish."""
+    stuck = set()
+    for pod in side.core.list_namespaced_pod(namespace).items:
+        for condition in pod.status.conditions or []:
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                stuck.add((pod.metadata.labels or {}).get("jobset.sigs.k8s.io/jobset-name"))
+    return stuck
+
+
+def _unsettled(side: Side, namespace: str, names: list[str]) -> tuple[list[str], list[str]]:
+    """(jobs still running towards an end, jobs with no JobSet yet)."""
+    stuck = _unschedulable_jobsets(side, namespace)
+    running, without = [], []
+    for name in names:
+        job = _trainjob(side, namespace, name)
+        if job is None:
+            continue
+        if _condition_true(job, c.CONDITION_COMPLETE) or _condition_true(job, c.CONDITION_FAILED):
+            continue
+        jobset = _jobset(side, namespace, name)
+        if jobset is None:
+            without.append(name)
+        elif not job["spec"].get("suspend") and name not in stuck:
+            running.append(name)
+    return running, without
+
+
+def wait_settled(sides: list[Side], namespace: str, names: list[str],
+                 timeout: float = SETTLE_SECONDS) -> None:
+    """Until every admitted job on both sides has finished, is suspended, cannot be
+    scheduled, or has had no JobSet for ``NO_JOBSET_GRACE`` seconds after the rest settled."""
+    deadline = time.monotonic() + timeout
+    quiet_since = None
+    while time.monotonic() < deadline:
+        running, without = [], []
+        for side in sides:
+            r, w = _unsettled(side, namespace, names)
+            running += r
+            without += w
+        if not running and not without:
+            return
+        if not running:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= NO_JOBSET_GRACE:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.5)
+
+
+def _owned_by(obj: Any, job: str) -> bool:
+    refs = obj.metadata.owner_references or []
+    return any(ref.kind == c.TRAINJOB_KIND and ref.name == job for ref in refs)
+
+
+def _podgroups(side: Side, namespace: str, name: str) -> dict[str, dict | None]:
+    found = {}
+    for group, version, label in (("scheduling.x-k8s.io", "v1alpha1", "PodGroup coscheduling"),
+                                  ("scheduling.volcano.sh", "v1beta1", "PodGroup volcano")):
+        try:
+            found[label] = side.custom.get_namespaced_custom_object(
+                group, version, namespace, "podgroups", name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    return found
+
+
+def snapshot(side: Side, namespace: str, case: Case) -> dict[str, Any]:
+    """What ``side`` made for ``case``: labelled objects, None where nothing exists."""
+    shot: dict[str, Any] = {k: v for k, v in side.admission.items()
+                            if k == f"admission {case.name}" or any(
+                                k == f"admission {r['kind']} {r['metadata']['name']}"
+                                for r in case.runtimes)}
+    if case.job is None:
+        return shot
+    name = case.name
+    job = _trainjob(side, namespace, name)
+    shot[compare.STATUS] = (job or {}).get("status") if job else None
+    shot["JobSet"] = _jobset(side, namespace, name)
+    api = side.api
+    for kind, items in (("Secret", side.core.list_namespaced_secret(namespace).items),
+                        ("ConfigMap", side.core.list_namespaced_config_map(namespace).items)):
+        for item in items:
+            if _owned_by(item, name):
+                label = f"{kind} {item.metadata.name.replace(name, '<job>', 1)}"
+                shot[label] = api.sanitize_for_serialization(item)
+    shot.update({k: v for k, v in _podgroups(side, namespace, name).items()})
+    return shot
+
+
+def compare_case(case: Case, upstream: dict[str, Any], operator: dict[str, Any]) -> list[Row]:
+    rows = []
+    for label in list(dict.fromkeys([*upstream, *operator])):
+        left = upstream.get(label)
+        right = operator.get(label)
+        if label.startswith("admission"):
+            paths = [] if (left or {}).get("allowed") == (right or {}).get("allowed") \
+                else ["allowed"]
+        else:
+            left, right = compare.normalise(label, left), compare.normalise(label, right)
+            if (left is None) == (right is None):
+                paths = compare.differing_paths(left, right)
+            else:
+                paths = [f"(made by {UPSTREAM if right is None else OPERATOR} only)"]
+        explained = bool(paths) and bool(case.intended) and (
+            not case.intended_objects or label in case.intended_objects)
+        rows.append(Row(case.name, label, paths, left, right,
+                        case.intended if explained else ""))
+    return rows
+
+
+def _operator_webhooks(url: str, ca: bytes, namespace: str) -> list[dict]:
+    """The project's TrainJob webhook configuration as shipped, calling ``url`` and limited
+    to the run's namespace (other tests' namespaces on a shared cluster are not ours)."""
+    from clusters.crds import manifests_dir
+
+    documents = [d for d in yaml.safe_load_all(
+        (manifests_dir() / "operator" / OPERATOR_WEBHOOK).read_text()) if d]
+    for document in documents:
+        document["metadata"]["name"] += "-conformance"
+        document["metadata"].pop("annotations", None)
+        for webhook in document["webhooks"]:
+            path = webhook["clientConfig"]["service"].get("path", "")
+            webhook["clientConfig"] = {"url": url + path,
+                                       "caBundle": base64.b64encode(ca).decode()}
+            if webhook["rules"][0].get("scope") != "Cluster":
+                webhook["namespaceSelector"] = {"matchLabels": {
+                    "kubernetes.io/metadata.name": namespace}}
+    return documents
+
+
+def _delete_webhooks(api: client.ApiClient, documents: list[dict]) -> None:
+    admission = client.AdmissionregistrationV1Api(api)
+    for document in documents:
+        try:
+            admission.delete_validating_webhook_configuration(document["metadata"]["name"])
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
+        cases: list[Case], work_dir: Path) -> list[Row]:
+    """Apply ``cases`` to both controllers and compare what they made; the table's rows."""
+    namespace = f"conformance-{secrets.token_hex(3)}"
+    node = f"{namespace}-node"
+    previous = harness.use_trainer_crds(upstream_cluster, crds.UPSTREAM)
+    sides = [Side(UPSTREAM, upstream_cluster, api_client(harness.kubeconfig(upstream_cluster))),
+             Side(OPERATOR, operator_cluster, api_client(harness.kubeconfig(operator_cluster)))]
+    cleanups = []
+    try:
+        for side in sides:
+            fixtures.ensure_namespace(side.api, namespace)
+            cleanups.append(lambda side=side: side.core.delete_namespace(namespace))
+            fixtures.add_node(side.api, node, NODE_CAPACITY, labels=NODE_LABELS)
+            cleanups.append(lambda side=side: fixtures.remove_node(side.api, node))
+        upstream, ours = sides
+        # The coscheduling PodGroup CRD on both, before the controllers start (upstream's
+        # looks for it once, at start).
+        podgroup_crds = upstream_trainer.coscheduling_crds()
+        for side in sides:
+            added = _install_missing_crds(side.api, podgroup_crds)
+            cleanups.append(lambda side=side, added=added: _delete_crds(side.api, added))
+        trainer = TrainerController(harness, upstream_cluster).start()
+        cleanups.append(trainer.stop)
+
+        cert_dir = work_dir / "operator-webhook"
+        ca = harness.issue_serving_certificate(operator_cluster, cert_dir)
+        webhook_port = free_port(BIND_ADDRESS)
+        operator = ServiceProcess("training_operator", harness.kubeconfig(operator_cluster),
+                                  work_dir / "training-operator.log",
+                                  ("--namespace", namespace, "--webhook-cert-dir", str(cert_dir),
+                                   "--webhook-port", str(webhook_port))).start()
+        cleanups.append(operator.stop)
+        webhooks = _operator_webhooks(f"https://{BIND_ADDRESS}:{webhook_port}", ca.read_bytes(),
+                                      namespace)
+        install_webhook_configurations(ours.api, webhooks)
+        cleanups.append(lambda: _delete_webhooks(ours.api, webhooks))
+        _wait_webhooks_enforced(sides, namespace)
+        log.info("both controllers serve; applying %d cases", len(cases))
+
+        cluster_runtimes = {r["metadata"]["name"] for case in cases for r in case.runtimes
+                            if r["kind"] == c.CLUSTERTRAININGRUNTIME_KIND}
+        cleanups.append(lambda: [_delete_cluster_runtime(s, n) for s in sides
+                                 for n in cluster_runtimes])
+        with ThreadPoolExecutor(len(sides)) as pool:
+            list(pool.map(lambda side: apply_cases(side, cases, namespace), sides))
+        names = [case.name for case in cases if case.job is not None]
+        log.info("applied; waiting for the jobs to settle")
+        wait_settled(sides, namespace, names)
+        log.info("settled; comparing")
+        require_alive(trainer)
+        rows = []
+        for case in cases:
+            rows += compare_case(case, snapshot(upstream, namespace, case),
+                                 snapshot(ours, namespace, case))
+        return rows
+    finally:
+        for cleanup in reversed(cleanups):
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - the rest of the cleanup still runs
+                pass
+        harness.use_trainer_crds(upstream_cluster, previous)
+        for side in sides:
+            side.api.close()
+
+
+def _install_missing_crds(api: client.ApiClient, documents: list[dict]) -> list[str]:
+    """Install the CRDs of ``documents`` the cluster lacks; the names of those installed."""
+    extensions = client.ApiextensionsV1Api(api)
+    present = {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
+    missing = [d for d in documents if d["metadata"]["name"] not in present]
+    if missing:
+        crds.install_crds(api, missing, 60)
+    return [d["metadata"]["name"] for d in missing]
+
+
+def _delete_crds(api: client.ApiClient, names: list[str]) -> None:
+    for name in names:
+        try:
+            client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def _delete_cluster_runtime(side: Side, name: str) -> None:
+    try:
+        side.custom.delete_cluster_custom_object(*TRAINER, c.CLUSTERTRAININGRUNTIMES, name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def _wait_webhooks_enforced(sides: list[Side], namespace: str, timeout: float = 30) -> None:
+    """Until both webhooks refuse a TrainJob with an unknown managedBy... through the CRD
+    that could be the schema; a runtimeRef-less probe with a reserved name is refused only
+    by a webhook."""
+    probe = {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+             "metadata": {"generateName": "probe-"},
+             "spec": {"runtimeRef": {"name": "conformance-probe-no-such-runtime"},
+                      "trainer": {"env": [{"name": "PET_NNODES", "value": "1"}]}}}
+    deadline = time.monotonic() + timeout
+    for side in sides:
+        while True:
+            answer = _create(side, copy.deepcopy(probe), namespace)
+            if not answer["allowed"]:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{side.cluster}: the {side.name} webhook does not refuse a "
+                                   f"TrainJob after {timeout:.0f}s")
+            time.sleep(0.2)
