@@ -11,6 +11,7 @@ What wakes a job up:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 import socket
@@ -87,7 +88,8 @@ class DispatcherController:
             if config.mode == "kueue" else None
         self._workers = workers
         self._threads: list[threading.Thread] = []
-        self._scheduler = BackgroundScheduler(daemon=True)
+        # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
+        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
         self._started = False
         self._stopping = False
         self.lost_leadership = threading.Event()

@@ -26,6 +26,7 @@ is placed on it any more.
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import hashlib
 import logging
@@ -157,7 +158,8 @@ class WorkerRegistry:
             client.CoreV1Api(manager).list_namespaced_secret, config.namespace))
         for informer in (self.clusters, self.configs, self.secrets):
             informer.add_handler(lambda *_: self.sync())
-        self._scheduler = BackgroundScheduler(daemon=True)
+        # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
+        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
         self._probes = ThreadPoolExecutor(max_workers=16, thread_name_prefix="probe")
         self._probing: set[str] = set()
         self._started = False

@@ -116,3 +116,50 @@ def idle_workers(env) -> None:
         eventually(lambda w=worker: active(env, w), lambda cond: cond.get("status") == "True",
                    timeout=60, expected=f"{worker} Active=True before the test")
     wait_no_namespace_terminating(env)
+
+
+Look = tuple[str, float, float, str | None]  # worker, GET sent, answer seen, copy's uid
+
+
+def look_at_copies(env, namespace: str, name: str, done, timeout: float = 60,
+                   expected: str = "") -> list[Look]:
+    """GET the job's copy on every worker, round after round, until ``done({worker: uid})``
+    holds for a round; every look with when it was sent and answered."""
+    looks: list[Look] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for worker in env.multicluster.workers:
+            sent = time.monotonic()
+            obj = get(worker, namespace, name)
+            uid = obj["metadata"]["uid"] if obj else None
+            looks.append((worker.name, sent, time.monotonic(), uid))
+            if uid:
+                found[worker.name] = uid
+        if done(found):
+            return looks
+        assert time.monotonic() < deadline, (
+            f"expected {expected or 'the copies to settle'} within {timeout:.0f}s; "
+            f"last seen: {found}")
+        time.sleep(0.02)
+
+
+def copies_at_once(looks: list[Look]) -> list[str]:
+    """Proof from ``looks`` that copies on two workers existed at one moment: a copy (one
+    uid) seen on one worker both before and after a look found another worker's copy. A
+    look pairs a sent and an answered time, so only such a bracket proves it."""
+    proofs = []
+    for worker, _, answered, uid in looks:
+        if uid is None:
+            continue
+        for other, sent, other_answered, other_uid in looks:
+            if other_uid is None or other == worker:
+                continue
+            before = any(w == worker and u == uid and a <= sent for w, _, a, u in looks)
+            after = any(w == worker and u == uid and s >= other_answered for w, s, _, u in looks)
+            if before and after:
+                proofs.append(f"{worker}'s copy {uid} seen before and after {other}'s "
+                              f"copy {other_uid}")
+        if proofs:
+            break
+    return proofs

@@ -13,8 +13,8 @@ from clusters.testing import eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    CONFIG, MK, active, condition, create, get, idle_workers, placement, remotes, trainjob,
-    wait_placed)
+    CONFIG, MK, active, condition, copies_at_once, create, get, idle_workers, look_at_copies,
+    placement, remotes, trainjob, wait_placed)
 
 WORKERS = ["worker-1", "worker-2"]
 
@@ -84,13 +84,6 @@ def test_a_worker_leaving_the_registry_is_drained_before_its_jobs_move(dispatch_
     assert worker == "worker-1"
     eventually(lambda: jobset_uid(env, "worker-1", namespace, "mover"), bool,
                expected="the copy's JobSet on worker-1")
-    seen: list[list[str]] = []
-
-    def observe() -> dict:
-        copies = remotes(env, namespace, "mover")
-        seen.append(sorted(copies))
-        return copies
-
     fixtures.register_config(env.manager.api, CONFIG, ["worker-2"])  # worker-1 leaves
     try:
         held = eventually(lambda: get(env.manager, namespace, "mover"),
@@ -98,10 +91,9 @@ def test_a_worker_leaving_the_registry_is_drained_before_its_jobs_move(dispatch_
                               "reason") == "WorkerRemoved", timeout=15,
                           expected="WorkerReachable=False, reason WorkerRemoved, at once")
         assert "worker-1 left the registry" in condition(held, "WorkerReachable")["message"]
-        eventually(observe, lambda copies: list(copies) == ["worker-2"], timeout=60,
-                   expected="the job's only copy on worker-2")
-        both = [s for s in seen if len(s) > 1]
-        assert not both, f"copies on two workers at once ({len(both)} of {len(seen)} looks)"
+        looks = look_at_copies(env, namespace, "mover", lambda c: list(c) == ["worker-2"],
+                               expected="the job's only copy on worker-2")
+        assert not copies_at_once(looks), copies_at_once(looks)
         assert placement(get(env.manager, namespace, "mover")) == "worker-2"
         assert events(env, namespace, "mover", "WorkerRemoved"), "no WorkerRemoved Event"
         eventually(lambda: jobset_uid(env, "worker-1", namespace, "mover"),
@@ -125,16 +117,9 @@ def test_a_dispatcher_started_without_a_worker_in_use_drains_it(dispatch_env, na
         "only-worker-2" if arg == CONFIG else arg for arg in original)
     try:
         env.restart_dispatcher()
-        seen: list[list[str]] = []
-
-        def observe() -> dict:
-            copies = remotes(env, namespace, "restarted")
-            seen.append(sorted(copies))
-            return copies
-
-        eventually(observe, lambda copies: list(copies) == ["worker-2"], timeout=60,
-                   expected="the job's only copy on worker-2")
-        assert not [s for s in seen if len(s) > 1], "copies on two workers at once"
+        looks = look_at_copies(env, namespace, "restarted", lambda c: list(c) == ["worker-2"],
+                               expected="the job's only copy on worker-2")
+        assert not copies_at_once(looks), copies_at_once(looks)
         moved = get(env.manager, namespace, "restarted")
         assert placement(moved) == "worker-2"
         assert events(env, namespace, "restarted", "WorkerRemoved")
