@@ -79,7 +79,7 @@ class DispatcherController:
                                              self.metrics, self.kueue)
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
-                                           self.recorder, self.metrics) \
+                                           self.recorder, self.metrics, self.kueue_mode_idle) \
             if config.mode == "kueue" else None
         self._workers = workers
         self._threads: list[threading.Thread] = []
