@@ -94,7 +94,7 @@ def test_a_same_named_object_without_our_label_is_never_touched(dispatch_env, na
     assert c.MULTIKUEUE_ORIGIN_LABEL not in (after["metadata"].get("labels") or {})
     message = (condition(manager_obj, "Placed") or {}).get("message", "")
     if placement(manager_obj) is None:
-        assert "worker-2: TrainJob" in message and "without our origin label" in message
+        assert "worker-2: TrainJob" in message and "not a copy made by this dispatcher" in message
 
 
 def test_capacity_decides(dispatch_env, namespace):
