@@ -485,6 +485,28 @@ def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
         env.manager.custom.delete_cluster_custom_object(*mk, name)
 
 
+def test_a_path_outside_the_kubeconfig_dirs_is_refused(dispatch_env, namespace):
+    """Path locations are confined to --kubeconfig-dir: a file elsewhere is never read
+    (anyone who may write MultiKueueClusters could otherwise make it read any file)."""
+    env = dispatch_env
+    name = f"outside-{namespace}"[:60]
+    mk = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
+    env.manager.custom.create_cluster_custom_object(*mk, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {"location": "/etc/hostname",
+                                                  "locationType": "Path"}}}})
+    fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
+    try:
+        refused = eventually(lambda: active(env, name),
+                             lambda cond: cond.get("reason") == "BadKubeConfig",
+                             expected=f"{name} Active=False BadKubeConfig (Path outside)")
+        assert "/etc/hostname: outside the directories" in refused["message"], refused
+    finally:
+        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
+        env.manager.custom.delete_cluster_custom_object(*mk, name)
+
+
 def test_metrics_count_jobs_requests_and_latencies(dispatch_env, namespace):
     env = dispatch_env
     create(env.manager, namespace, trainjob("metered"))
