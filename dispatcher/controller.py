@@ -168,6 +168,7 @@ class DispatcherController:
         MultiKueueCluster conditions start here, from warm caches."""
         log.info("leading: dispatching")
         if self.nominator is not None:
+            # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
             self._threads = start_workers(self.nominator.queue, self.nominator.reconcile,
                                           self._workers, "nominate", self._on_error)
             for obj in self.nominator.workloads.list():
