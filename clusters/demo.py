@@ -27,7 +27,7 @@ from clusters import fixtures, nodes, worker_stack
 from clusters.crds import manifests_dir
 from clusters.local import LocalClusters
 from clusters.testing import ServiceProcess
-from dispatcher.status_report import job_state
+from dispatcher.job_state import job_state
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 

@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--origin", help="value of the kueue.x-k8s.io/multikueue-origin label "
                      "on remote copies; only objects with it are ever changed "
                      "(default: multikueue)")
+    run.add_argument("--kubeconfig-dir", action="append", dest="kubeconfig_dirs",
+                     metavar="DIR", help="a directory MultiKueueCluster kubeconfigs with "
+                     "locationType Path may be read from (repeatable; default: none, so Path "
+                     "locations are refused: anyone who may write MultiKueueClusters could "
+                     "otherwise make the dispatcher read any file it can)")
     run.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                      help="how to choose among workers that fit (default: best-fit)")
     run.add_argument("--worker-lost-timeout", type=command_line.seconds, dest="worker_lost_timeout_seconds",
@@ -114,6 +119,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         overrides = {
             "mode": args.mode, "dispatcher_name": args.dispatcher_name,
+            "kubeconfig_dirs": args.kubeconfig_dirs,
             "admission_timeout_seconds": args.admission_timeout_seconds,
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,

@@ -67,6 +67,10 @@ class DispatcherConfig(_Strict):
     origin: str = Field(DEFAULT_ORIGIN, min_length=1, max_length=63,
                         description="value of the kueue.x-k8s.io/multikueue-origin label")
     workers: list[StaticWorker] = Field(default_factory=list)
+    kubeconfig_dirs: list[Path] = Field(
+        default_factory=list,
+        description="the directories a MultiKueueCluster's Path kubeConfig location may be "
+                    "in; none: Path locations are refused")
     client: ClientLimits = Field(default_factory=ClientLimits)
     placement_policy: Literal["best-fit", "worst-fit", "first-fit"] = "best-fit"
     gc_interval_seconds: float = Field(60.0, ge=0, description="0 disables the sweep")

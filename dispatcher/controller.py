@@ -84,7 +84,7 @@ class DispatcherController:
                                              self.metrics, self.kueue)
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
-                                           self.recorder, self.metrics) \
+                                           self.recorder, self.metrics, self.kueue_mode_idle) \
             if config.mode == "kueue" else None
         self._workers = workers
         self._threads: list[threading.Thread] = []
@@ -174,6 +174,7 @@ class DispatcherController:
         MultiKueueCluster conditions start here, from warm caches."""
         log.info("leading: dispatching")
         if self.nominator is not None:
+            # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
             self._threads = start_workers(self.nominator.queue, self.nominator.reconcile,
                                           self._workers, "nominate", self._on_error)
             for obj in self.nominator.workloads.list():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher.registry import WorkerCluster
-from dispatcher.job_state import job_summary
+from dispatcher.job_state import job_summary, workloads_by_job
 from trainjob import constants as c
 from trainjob.observability import Response, Route
 
@@ -94,10 +94,11 @@ def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
     }
 
 
-def job_view(job: dict, sync_lag: SyncLag | None = None) -> dict[str, Any]:
+def job_view(job: dict, sync_lag: SyncLag | None = None,
+             workload: dict | None = None) -> dict[str, Any]:
     """One multicluster TrainJob: the status command's summary (same state derivation),
     split into state and reason, plus conditions, creation time and sync lag."""
-    view = job_summary(job)
+    view = job_summary(job, workload)
     state, _, reason = view["state"].partition(" (")
     meta, status = job["metadata"], job.get("status") or {}
     conditions = [{key: item.get(key, "") for key in
@@ -130,9 +131,14 @@ def _explanation(state: str, conditions: list[dict[str, str]]) -> str:
 
 def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
                 ready: tuple[bool, str], origin: str,
-                sync_lag: SyncLag | None = None) -> dict[str, Any]:
-    """The whole picture the page shows, from cached objects only."""
-    jobs = sorted((job_view(job, sync_lag) for job in trainjobs
+                sync_lag: SyncLag | None = None,
+                workloads: list[dict] | None = None) -> dict[str, Any]:
+    """The whole picture the page shows, from cached objects only (``workloads``: Kueue's,
+    in kueue mode)."""
+    by_job = workloads_by_job(workloads or [])
+    jobs = sorted((job_view(job, sync_lag, by_job.get((job["metadata"].get("namespace", ""),
+                                                       job["metadata"]["name"])))
+                   for job in trainjobs
                    if (job.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE),
                   key=lambda j: (j["namespace"], j["name"]))
     placed: dict[str, int] = {}
@@ -160,8 +166,10 @@ def _timestamp(seconds: float) -> str:
 def routes(controller: DispatcherController) -> dict[str, Route]:
     """The page and its JSON, for the metrics server of ``controller``'s process."""
     def state(_query: dict[str, list[str]]) -> Response:
+        nominator = controller.nominator
         body = build_state(controller.trainjobs.list(), controller.registry.snapshot(),
-                           controller.ready(), controller.config.origin, controller.sync_lag)
+                           controller.ready(), controller.config.origin, controller.sync_lag,
+                           nominator.workloads.list() if nominator else None)
         return 200, "application/json", json.dumps(body).encode()
 
     table: dict[str, Route] = {STATE_PATH: state}

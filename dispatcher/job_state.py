@@ -54,11 +54,41 @@ def job_state(job: dict) -> str:
     return "Dispatched" if from_worker else "Placed (no copy reported yet)"
 
 
-def job_summary(job: dict) -> dict[str, Any]:
-    """One multicluster TrainJob as the status command and the dashboard show it."""
+def kueue_job_state(job: dict, workload: dict) -> tuple[str, str]:
+    """(state, worker) of a TrainJob Kueue's MultiKueue dispatches, from its Workload:
+    the worker Kueue assigned, or the workers nominated for it (kueue mode's choice)."""
+    status = workload.get("status") or {}
+    worker = status.get("clusterName") or ""
+    for wanted in (c.CONDITION_COMPLETE, c.CONDITION_FAILED):
+        if condition(job, wanted).get("status") == "True":
+            return wanted, worker
+    if worker:
+        jobs = (job.get("status") or {}).get("jobsStatus") or []
+        return ("Running" if any(j.get("active") for j in jobs) else "Admitted (Kueue)"), worker
+    if nominated := status.get("nominatedClusterNames"):
+        return "Nominated (Kueue)", ",".join(nominated)
+    if condition(workload, "QuotaReserved").get("status") == "True":
+        return "QuotaReserved (Kueue)", ""
+    return "Queued (Kueue)", ""
+
+
+def workloads_by_job(workloads: list[dict]) -> dict[tuple[str, str], dict]:
+    """Kueue's Workloads by the TrainJob that owns each."""
+    return {(w["metadata"].get("namespace", ""), ref["name"]): w for w in workloads
+            for ref in w["metadata"].get("ownerReferences") or []
+            if ref.get("kind") == c.TRAINJOB_KIND and ref.get("controller")}
+
+
+def job_summary(job: dict, workload: dict | None = None) -> dict[str, Any]:
+    """One multicluster TrainJob as the status command and the dashboard show it;
+    ``workload``: Kueue's, when Kueue dispatches it."""
     meta = job["metadata"]
+    if workload is not None:
+        state, worker = kueue_job_state(job, workload)
+    else:
+        state = job_state(job)
+        worker = (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, "")
     return {"namespace": meta["namespace"], "name": meta["name"],
-            "state": job_state(job),
-            "worker": (meta.get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, ""),
+            "state": state, "worker": worker,
             "jobsStatus": (job.get("status") or {}).get("jobsStatus") or [],
             "age": age(meta.get("creationTimestamp"))}

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher import kueue_workloads as wl
 from dispatcher.config import DispatcherConfig
+from dispatcher.kueue_presence import RECHECK_SECONDS
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.placement import message_shape
 from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerRegistry
 from trainjob import constants as c
@@ -58,8 +60,10 @@ Key = tuple[str, str]
 class WorkloadNominator:
     def __init__(self, manager: client.ApiClient, registry: WorkerRegistry, placer: Placer,
                  config: DispatcherConfig, recorder: EventRecorder,
-                 metrics: DispatcherMetrics):
+                 metrics: DispatcherMetrics, idle: Callable[[], tuple[bool, str]]):
         self.custom = client.CustomObjectsApi(manager)
+        # (True, why) while Kueue does not wait for this dispatcher: nothing is nominated.
+        self.idle = idle
         self.registry = registry
         self.placer = placer
         self.config = config
@@ -68,7 +72,9 @@ class WorkloadNominator:
         self.queue = WorkQueue()
         list_of = functools.partial(self.custom.list_cluster_custom_object, c.KUEUE_GROUP,
                                     c.KUEUE_VERSION)
-        self.workloads = Informer("manager/workloads", functools.partial(list_of, WORKLOADS))
+        # Our own managed-fields entry says when we nominated (the rest is left out).
+        self.workloads = Informer("manager/workloads", functools.partial(list_of, WORKLOADS),
+                                  keep_field_managers=(FIELD_MANAGER,))
         self.checks = Informer("manager/admissionchecks",
                                functools.partial(list_of, ADMISSIONCHECKS))
         self.workloads.add_handler(self._on_workload)
@@ -113,6 +119,10 @@ class WorkloadNominator:
 
     def reconcile(self, namespace: str, name: str) -> None:
         key = (namespace, name)
+        idle, why = self.idle()
+        if idle:
+            # Kueue nominates (or does not run) now; look again once it may have changed.
+            raise Requeue(RECHECK_SECONDS, f"idle: {why}")
         obj = self.workloads.get(namespace, name)
         if obj is None or wl.finished(obj) or obj["metadata"].get("deletionTimestamp"):
             self._release(key)
@@ -216,7 +226,7 @@ class WorkloadNominator:
         return written
 
     def _say_pending(self, obj: dict, key: Key, reason: str, message: str) -> None:
-        shape = f"{reason}: {re.sub(r'[0-9.]+[A-Za-z]*', '#', message)}"
+        shape = f"{reason}: {message_shape(message)}"
         if self._pending_shape.get(key) == shape:
             return
         self._pending_shape[key] = shape

@@ -7,6 +7,7 @@ none fits, the per-worker reasons become the pending condition's message.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Protocol
@@ -145,6 +146,12 @@ def describe_reasons(reasons: dict[str, str]) -> str:
     if not reasons:
         return "no worker clusters"
     return "; ".join(f"{name}: {reasons[name]}" for name in sorted(reasons))
+
+
+def message_shape(message: str) -> str:
+    """A pending message with its amounts blanked out: free amounts move with every pod,
+    so only a change of shape (a different reason) is worth a write or an Event."""
+    return re.sub(r"\d+(\.\d+)?[A-Za-z]*", "#", message)
 
 
 def format_amount(resource: str, amount: Decimal) -> str:

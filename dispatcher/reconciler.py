@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 import time
 
 from kubernetes import client
@@ -30,6 +29,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.job_timing import JobTimings
 from dispatcher.kueue_presence import KueueOnManager
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.placement import message_shape
 from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import conditions
@@ -218,7 +218,7 @@ class DispatchReconciler:
         # job (and emitting an Event) for a changed number would be a write storm. Only a
         # changed reason is written; the numbers shown are those of the last such change.
         if current and current.get("status") == "False" and \
-                _shape(current.get("message", "")) == _shape(message):
+                message_shape(current.get("message", "")) == message_shape(message):
             return
         self._set_condition(raw, {"type": CONDITION_PLACED, "status": "False",
                                   "reason": REASON_NO_WORKER, "message": message,
@@ -322,7 +322,3 @@ class DispatchReconciler:
         self.trainjobs.observe(written)
         self.metrics.manager_writes.labels(kind=kind).inc()
 
-
-def _shape(message: str) -> str:
-    """A pending message with its amounts blanked out."""
-    return re.sub(r"\d+(\.\d+)?[A-Za-z]*", "#", message)

@@ -275,6 +275,8 @@ class WorkerRegistry:
         source = (((obj.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {})
         location = source.get("location", "")
         if source.get("locationType", "Secret") == "Path":
+            if refusal := self._path_refusal(location):
+                return None, BAD_KUBECONFIG, refusal
             try:
                 return Path(location).read_text(), "", ""
             except OSError as err:
@@ -292,6 +294,19 @@ class WorkerRegistry:
         except (ValueError, UnicodeDecodeError):
             return None, BAD_KUBECONFIG, (
                 f"Secret {self.config.namespace}/{location} key {KUBECONFIG_KEY!r} is not text")
+
+    def _path_refusal(self, location: str) -> str | None:
+        """Why a Path location may not be read: only files inside the configured
+        directories are (links resolved first, so none leads out)."""
+        allowed = [Path(d).resolve() for d in self.config.kubeconfig_dirs]
+        if not allowed:
+            return (f"spec.clusterSource.kubeConfig.location {location}: Path locations are "
+                    "refused (no --kubeconfig-dir is configured)")
+        resolved = Path(location).resolve()
+        if not any(resolved.is_relative_to(d) for d in allowed):
+            return (f"spec.clusterSource.kubeConfig.location {location}: outside the "
+                    f"directories Path locations may name ({', '.join(map(str, allowed))})")
+        return None
 
     def sync(self) -> None:
         """Re-derive the workers from the manager's objects; connect, reconnect, drain,

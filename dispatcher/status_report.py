@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from dispatcher.job_state import age, condition, job_summary
+from dispatcher.job_state import age, condition, job_summary, workloads_by_job
 from trainjob import constants as c
 from trainjob import required_apis
 
@@ -40,9 +41,18 @@ def collect(api: client.ApiClient) -> dict[str, Any]:
                                             f"{config['metadata']['name']}, but no "
                                             "MultiKueueCluster has that name",
                                  "age": "-"})
-    jobs = [job_summary(obj) for obj in custom.list_cluster_custom_object(
-        c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
-        if (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE]
+    try:
+        workloads = workloads_by_job(custom.list_cluster_custom_object(
+            c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads")["items"])
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        workloads = {}  # no Kueue on this manager
+    jobs = [job_summary(obj, workloads.get((obj["metadata"]["namespace"],
+                                            obj["metadata"]["name"])))
+            for obj in custom.list_cluster_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
+            if (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE]
     return {"clusters": clusters, "trainJobs": jobs}
 
 

@@ -40,14 +40,18 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 SUMMARY_INTERVAL = 60.0
 
 
-def without_managed_fields(obj: dict) -> dict:
+def without_managed_fields(obj: dict, keep: tuple[str, ...] = ()) -> dict:
     """The object as controllers read it: ``metadata.managedFields`` (often a third of an
-    object's size, and read by no reconciler here) left out of the cache. Writes built
-    from a cached object then carry no managedFields, which the apiserver keeps as they
-    are."""
+    object's size) left out of the cache, but for the entries of the field managers in
+    ``keep`` (an owner that needs to know when it wrote last). Writes built from a cached
+    object then carry no managedFields, which the apiserver keeps as they are."""
     meta = obj.get("metadata")
     if meta and "managedFields" in meta:
-        del meta["managedFields"]
+        kept = [entry for entry in meta["managedFields"] if entry.get("manager") in keep]
+        if kept:
+            meta["managedFields"] = kept
+        else:
+            del meta["managedFields"]
     return obj
 
 
@@ -75,8 +79,10 @@ class Informer:
         silence_timeout: float = 90.0,
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
+        keep_field_managers: tuple[str, ...] = (),
     ):
         self.name = name
+        self._keep = keep_field_managers
         self._list_fn = list_fn
         self._page_size = page_size
         self._watch_timeout = watch_timeout
@@ -120,7 +126,7 @@ class Informer:
         delivered something as new. Without it, a reconcile that runs before the watch
         catches up would act on the old state and write the same change twice."""
         key = object_key(obj)
-        obj = without_managed_fields(obj)
+        obj = without_managed_fields(obj, self._keep)
         with self._lock:
             cached = self._store.get(key)
             if cached is None or _newer(obj, cached):
@@ -189,7 +195,7 @@ class Informer:
             response = self._list_fn(**kwargs)
             body = json.loads(response.data)
             for item in body.get("items") or []:
-                items[object_key(item)] = without_managed_fields(item)
+                items[object_key(item)] = without_managed_fields(item, self._keep)
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -294,7 +300,7 @@ class Informer:
             self.resource_version = resource_version
             return
         key = object_key(obj)
-        without_managed_fields(obj)
+        without_managed_fields(obj, self._keep)
         with self._lock:
             previous = self._store.get(key)
             if kind == DELETED:

@@ -73,6 +73,10 @@ def dispatch_env(multicluster, tmp_path_factory):
     # collection also runs under every other test here, which must not disturb them.
     dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
                                 ("--multikueue-config", CONFIG, "--gc-interval", "2",
+                                 # Where tests put kubeconfigs named by Path: the harness's
+                                 # state and the tests' own temporary files.
+                                 "--kubeconfig-dir", str(tmp_path_factory.getbasetemp()),
+                                 "--kubeconfig-dir", str(multicluster.harness.state_dir),
                                  "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT),
                                  *LEASE_ARGS, "--log-level", "debug")).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)

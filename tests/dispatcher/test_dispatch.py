@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
+    MK, QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
     remotes, trainjob, wait_no_namespace_terminating, wait_placed)
 
 def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
@@ -94,7 +95,7 @@ def test_a_same_named_object_without_our_label_is_never_touched(dispatch_env, na
     assert c.MULTIKUEUE_ORIGIN_LABEL not in (after["metadata"].get("labels") or {})
     message = (condition(manager_obj, "Placed") or {}).get("message", "")
     if placement(manager_obj) is None:
-        assert "worker-2: TrainJob" in message and "is not a copy made by this dispatcher" in message
+        assert "worker-2: TrainJob" in message and "not a copy made by this dispatcher" in message
 
 
 def test_capacity_decides(dispatch_env, namespace):
@@ -462,17 +463,27 @@ def test_status_command_lists_clusters_and_jobs_from_the_manager(dispatch_env, n
     assert next(line for line in table.splitlines() if " shown " in line).split()[2] == worker
 
 
+@contextlib.contextmanager
+def registered_by_path(env, name: str, location: str):
+    """A MultiKueueCluster ``name`` whose kubeconfig is the file ``location``, in the
+    MultiKueueConfig for the duration."""
+    env.manager.custom.create_cluster_custom_object(*MK, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": name},
+        "spec": {"clusterSource": {"kubeConfig": {"location": location,
+                                                  "locationType": "Path"}}}})
+    fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
+    try:
+        yield
+    finally:
+        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
+        env.manager.custom.delete_cluster_custom_object(*MK, name)
+
+
 def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
     env = dispatch_env
     name = f"by-path-{namespace}"[:60]
-    mk = ("kueue.x-k8s.io", "v1beta2", "multikueueclusters")
-    env.manager.custom.create_cluster_custom_object(*mk, {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
-        "metadata": {"name": name},
-        "spec": {"clusterSource": {"kubeConfig": {
-            "location": str(env.multicluster["worker-2"].kubeconfig), "locationType": "Path"}}}})
-    fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2", name])
-    try:
+    with registered_by_path(env, name, str(env.multicluster["worker-2"].kubeconfig)):
         # It reaches worker-2 (a cluster already registered): only a connection through
         # the file could tell it is the same cluster, so the refusal proves the file used.
         refused = eventually(
@@ -480,9 +491,18 @@ def test_a_kubeconfig_given_by_path_is_used(dispatch_env, namespace):
             expected=f"{name} (kubeconfig from a file path) connected and refused as a second "
                      "registration of worker-2")
         assert refused["status"] == "False" and "worker-2" in refused["message"], refused
-    finally:
-        fixtures.register_config(env.manager.api, "e2e", ["worker-1", "worker-2"])
-        env.manager.custom.delete_cluster_custom_object(*mk, name)
+
+
+def test_a_path_outside_the_kubeconfig_dirs_is_refused(dispatch_env, namespace):
+    """Path locations are confined to --kubeconfig-dir: a file elsewhere is never read
+    (anyone who may write MultiKueueClusters could otherwise make it read any file)."""
+    env = dispatch_env
+    name = f"outside-{namespace}"[:60]
+    with registered_by_path(env, name, "/etc/hostname"):
+        refused = eventually(lambda: active(env, name),
+                             lambda cond: cond.get("reason") == "BadKubeConfig",
+                             expected=f"{name} Active=False BadKubeConfig (Path outside)")
+        assert "/etc/hostname: outside the directories" in refused["message"], refused
 
 
 def test_metrics_count_jobs_requests_and_latencies(dispatch_env, namespace):

@@ -12,6 +12,7 @@ by the User-Agent each component sends, never from the components' own logs.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def finished(obj: dict | None) -> bool:
                for t in (c.CONDITION_COMPLETE, c.CONDITION_FAILED))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def kueue_dispatcher(kueue_env):
     """The dispatcher as Kueue's external dispatcher (the manager's Kueue starts with
     ``dispatcherName: KUEUE_TEST_DISPATCHER``)."""
@@ -161,6 +162,15 @@ def test_kueue_mode_full_path(kueue_env, kueue_dispatcher, kueue_namespace):
         f"expected Kueue to assign {nominated} and clear the nomination; saw "
         f"clusterName={admitted['status'].get('clusterName')}, "
         f"nominatedClusterNames={admitted['status'].get('nominatedClusterNames')}")
+    report = subprocess.run([sys.executable, "-m", "dispatcher", "status", "--kubeconfig",
+                             str(env.manager.kubeconfig), "-o", "json"],
+                            capture_output=True, text=True, timeout=60)
+    shown = [j for j in json.loads(report.stdout or "{}").get("trainJobs", [])
+             if j["namespace"] == ns]
+    assert [(j["name"], j["state"], j["worker"]) for j in shown] == [
+        ("full-path", c.CONDITION_COMPLETE, nominated)], (
+        f"expected `dispatcher status` to show the job Complete on {nominated} (from its "
+        f"Workload); saw {shown or report.stderr[-400:]}")
     ours = [w for w in audited_writes(env.manager, c.DISPATCHER_USER_AGENT)
             if w["namespace"] == ns]
     assert {(w["resource"], w["subresource"], w["verb"]) for w in ours} <= {
@@ -190,6 +200,48 @@ def test_kueue_mode_nominates_the_worker_with_room(kueue_env, kueue_dispatcher,
         f"expected Complete; saw {done.get('status')}")
     assert get(env.multicluster["worker-1"], ns, "big") is None, (
         "expected no copy on worker-1 at any point after the nomination")
+
+
+def test_kueue_mode_nominates_the_next_worker_when_one_does_not_admit(kueue_env,
+                                                                     kueue_namespace):
+    """A nominated worker whose Kueue does not admit within the admission timeout (its
+    ClusterQueue is held) is recorded as tried, and the next worker with room is
+    nominated; Kueue moves the copy there and the job completes."""
+    env, ns = kueue_env, kueue_namespace
+    held = env.multicluster["worker-1"]
+    queue = (c.KUEUE_GROUP, c.KUEUE_VERSION, "clusterqueues", kueue_queues.CLUSTER_QUEUE)
+    held.custom.patch_cluster_custom_object(*queue, {"spec": {"stopPolicy": "Hold"}})
+    dispatcher = ServiceProcess(
+        "dispatcher", env.manager.kubeconfig, env.log_dir / "kueue-mode-timeout.log",
+        ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--multikueue-config", CONFIG, "--admission-timeout", "6", "--no-leader-elect",
+         "--log-level", "debug")).start()
+    try:
+        # 6 cpu fits both workers' Nodes; best fit tries the tighter worker-1 first.
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                           queued_trainjob("retried", cpu="6"))
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 2,
+                          timeout=90, expected="a second Nominated Event after the timeout")
+        assert sorted(said) == ["nominated worker cluster worker-1",
+                                "nominated worker cluster worker-2"], (
+            f"expected worker-1 (tighter fit) then worker-2; saw {said}")
+        timed_out = [e.message for e in env.manager.core.list_namespaced_event(ns).items
+                     if e.reason == "NominationTimedOut"]
+        assert timed_out == ["worker worker-1 did not admit the Workload within 6s; "
+                             "nominating the next"], f"expected one timeout Event; saw {timed_out}"
+        done = eventually(lambda: get(env.manager, ns, "retried"), finished, timeout=90,
+                          expected="the manager TrainJob finished on worker-2")
+        workload = workload_of(env.manager, ns, "retried")
+        assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True" and \
+            workload["status"].get("clusterName") == "worker-2" and (
+                workload["metadata"].get("annotations") or {}).get(
+                "trainjob-dispatcher.io/tried-clusters") == "worker-1", (
+            f"expected Complete on worker-2 with worker-1 recorded as tried; saw "
+            f"{done.get('status')}, {workload['status'].get('clusterName')}, "
+            f"{workload['metadata'].get('annotations')}")
+    finally:
+        dispatcher.stop()
+        held.custom.patch_cluster_custom_object(*queue, {"spec": {"stopPolicy": "None"}})
 
 
 def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespace):

@@ -68,10 +68,25 @@ def test_embedded_certificates_are_accepted():
     (None, {"exec": {"command": "aws"}}, INSECURE_KUBECONFIG, "exec"),
     (None, {"auth-provider": {"name": "gcp"}}, INSECURE_KUBECONFIG, "auth-provider"),
     ({"server": ""}, None, BAD_KUBECONFIG, "empty server"),
+    ({"server": "https://bad_host!:6443"}, None, INSECURE_KUBECONFIG,
+     "neither an IP address nor a DNS name"),
 ])
 def test_kubeconfigs_multikueue_refuses(cluster, user, reason, words):
     verdict = check_kubeconfig(kubeconfig(cluster, user))
     assert not verdict.ok and verdict.reason == reason and words in verdict.message
+
+
+def test_every_cluster_and_user_is_checked_not_only_the_current_ones():
+    document = yaml.safe_load(kubeconfig())
+    document["clusters"].append({"name": "spare", "cluster": {
+        "server": "https://spare.example.com", "insecure-skip-tls-verify": True}})
+    verdict = check_kubeconfig(yaml.safe_dump(document))
+    assert not verdict.ok and "cluster 'spare'" in verdict.message, verdict
+    document = yaml.safe_load(kubeconfig())
+    document["users"].append({"name": "other", "user": {"tokenFile": "/var/run/token"}})
+    verdict = check_kubeconfig(yaml.safe_dump(document))
+    assert not verdict.ok and "user 'other' reads tokenFile" in verdict.message, verdict
+    assert check_kubeconfig(kubeconfig({"server": "https://Worker-1.Example.com:6443"})).ok
 
 
 @pytest.mark.parametrize("text", ["{", "- a list", "", "current-context: nope\ncontexts: []"])

@@ -90,3 +90,19 @@ def test_needs_are_the_sum_over_podsets_and_nodes_filtered_by_the_widest():
     assert (need.requests, need.pods, need.node_selector) == (
         {"cpu": Decimal("8.5")}, 5, {"pool": "gpu"}), need
     assert wl.podset_need(workload(podsets=[])) == "the Workload has no spec.podSets"
+
+
+def test_status_of_a_job_kueue_dispatches_comes_from_its_workload():
+    from dispatcher.job_state import job_summary
+
+    trainjob = job({c.KUEUE_QUEUE_NAME_LABEL: "q"})
+    trainjob["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    seen = {}
+    for name, wl_ in (("queued", workload(quota=False)), ("reserved", workload()),
+                      ("nominated", workload(nominated=["w2"])),
+                      ("admitted", workload(cluster="w2"))):
+        summary = job_summary(trainjob, wl_)
+        seen[name] = (summary["state"], summary["worker"])
+    assert seen == {"queued": ("Queued (Kueue)", ""), "reserved": ("QuotaReserved (Kueue)", ""),
+                    "nominated": ("Nominated (Kueue)", "w2"),
+                    "admitted": ("Admitted (Kueue)", "w2")}, seen
