@@ -214,6 +214,25 @@ def project_cases() -> list[Case]:
         Case("cf-bad-num-nodes", "project", _trainjob("cf-bad-num-nodes", "cf-torch",
                                                       {"numNodes": 0}), [torch],
              intended=ZERO_NODES),
+        Case("cf-bad-patch-manager", "project", _trainjob(
+            "cf-bad-patch-manager", "cf-torch", {},
+            runtimePatches=[{"manager": "no-domain", "trainingRuntimeSpec": {}}]), [torch]),
+        Case("cf-bad-mpi-env", "project", _trainjob(
+            "cf-bad-mpi-env", "cf-mpi", {"env": [{"name": "OMPI_MCA_orte_set_default_slots",
+                                                  "value": "4"}]}), [mpi]),
+        Case("cf-bad-xgboost-env", "project", _trainjob(
+            "cf-bad-xgboost-env", "xgboost-distributed",
+            {"env": [{"name": "DMLC_NUM_WORKER", "value": "4"}]}),
+            [upstream_trainer.runtime("xgboost_distributed.yaml")]),
+        Case("cf-bad-torchtune-nodes", "project", _trainjob(
+            "cf-bad-torchtune-nodes", "torchtune-llama3.2-1b",
+            {"command": ["tune", "run"], "numNodes": 2}),
+            [upstream_trainer.runtime("torchtune/llama3_2/llama3_2_1B.yaml")]),
+        Case("cf-bad-env-injection", "project", _trainjob(
+            "cf-bad-env-injection", "cf-bad-injection", {}), [_runtime(
+                "cf-bad-injection", {"numNodes": 1, "torch": {"envInjection": {"targets": [
+                    {"jobName": "node", "containerNames": ["absent"]}]}}},
+                [_job("node", c.ROLE_TRAINER)])]),
         Case("cf-bad-runtime-step", "project", None, [_runtime(
             "cf-bad-step", {"numNodes": 1, "torch": {}},
             [_job("node", c.ROLE_TRAINER, container="main")])]),

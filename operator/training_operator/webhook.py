@@ -30,6 +30,8 @@ ADMISSION_KIND = "AdmissionReview"
 # a Service name must be a DNS-1035 label.
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1035_MAX_LENGTH = 63
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DOMAIN_PATH_REST = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
 POSITIVE_INTEGER = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts "²"
 PROC_WORDS = ("auto", "cpu", "gpu")
 
@@ -250,6 +252,7 @@ def validate_create(job: dict, namespace: str, lookups: Lookups) -> list[Problem
     problems = check_managed_by(spec)
     problems += check_name(job)
     problems += check_trainer(spec)
+    problems += check_patch_managers(spec)
     if operator_manages(managed_by(spec)):
         problems += check_against_runtime(job, namespace, lookups, problems)
     return _unique(problems)
@@ -263,6 +266,7 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
     if was != now:
         problems.append(Problem("spec.managedBy", f"field is immutable (was {_show_managed(was)}, "
                                                   f"now {_show_managed(now)})", INVALID))
+    problems += check_patch_managers(new["spec"])
     problems += check_overrides_change(old, new, namespace, name, lookups)
     problems += check_runtime_patches_change(old, new, namespace, name, lookups)
     return _unique(problems)
@@ -345,6 +349,21 @@ def check_overrides_change(old: dict, new: dict, namespace: str, name: str,
         return [Problem(field, "may change only while the TrainJob is suspended "
                                "(spec.suspend is not true)", FORBIDDEN)]
     return _while_jobset_idle(field, namespace, name, lookups)
+
+
+def check_patch_managers(spec: dict) -> list[Problem]:
+    """Each runtime patch names its manager as a domain-prefixed path (``example.com/queue``),
+    as upstream requires, so two managers' patches never share a name by accident."""
+    problems = []
+    for i, patch in enumerate(spec.get("runtimePatches") or []):
+        manager = patch.get("manager") if isinstance(patch, dict) else None
+        domain, slash, rest = manager.partition("/") if isinstance(manager, str) else ("", "", "")
+        if not (slash and DNS1123_SUBDOMAIN.fullmatch(domain) and len(domain) <= 253
+                and DOMAIN_PATH_REST.fullmatch(rest)):
+            problems.append(Problem(f"spec.runtimePatches[{i}].manager",
+                                    f"{_show(manager)} must be a domain-prefixed path such as "
+                                    "example.com/queue"))
+    return problems
 
 
 def check_runtime_patches_change(old: dict, new: dict, namespace: str, name: str,

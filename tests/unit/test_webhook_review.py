@@ -705,3 +705,10 @@ def test_runtime_rules_apply_as_upstream_applies_them():
     assert _runtime_review(bad_ns, "UPDATE")["allowed"]
     bad_cluster = runtime("bad", [_labelled("node", "trainer", "main")])
     assert not _runtime_review(bad_cluster, "UPDATE")["allowed"]
+
+
+@pytest.mark.parametrize("manager", ["no-domain", "Example.com/x", "example.com/", 7])
+def test_a_runtime_patch_manager_must_be_a_domain_prefixed_path(manager):
+    status = refused(trainjob(runtimePatches=[{"manager": manager}]))
+    assert fields(status) == ["spec.runtimePatches[0].manager"]
+    assert "must be a domain-prefixed path such as example.com/queue" in status["message"]

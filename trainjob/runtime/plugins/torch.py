@@ -31,7 +31,7 @@ from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node
 from trainjob.runtime.pod_template import merge_env
 from trainjob.runtime.extension_points import Problems
 from trainjob.runtime.plugins import register, rendezvous, torchtune
-from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
+from trainjob.runtime.podsets import RuntimeInfo, RuntimePolicy
 
 MASTER_PORT = rendezvous.PORT
 RESERVED_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
