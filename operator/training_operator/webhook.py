@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kubernetes.utils.quantity import parse_quantity
+
 from training_operator import runtime_webhook
 from trainjob import constants as c, runtime_ref
 from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
@@ -324,7 +326,46 @@ def check_trainer(spec: dict) -> list[Problem]:
         problems.append(Problem("spec.trainer.numProcPerNode",
                                 f"{_show(procs)}: must be auto, cpu, gpu or a positive integer",
                                 NOT_SUPPORTED))
+    problems += check_unshared_resources(trainer.get("resourcesPerNode"))
     return problems
+
+
+# The API lets pods share (overcommit) only these; any other resource (GPUs, other extended
+# resources, hugepages) needs a limit equal to its request, or the Job is refused.
+OVERCOMMITTABLE = ("cpu", "memory", "ephemeral-storage")
+
+
+def check_unshared_resources(resources: Any) -> list[Problem]:
+    """A request the pod's Job could never carry: a resource that is not overcommittable,
+    without a limit equal to it. Caught here, the TrainJob is refused; missed, the JobSet
+    controller retries the refused Job forever and the TrainJob shows nothing."""
+    if not isinstance(resources, dict):
+        return []
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    if not isinstance(requests, dict) or not isinstance(limits, dict):
+        return []
+    problems = []
+    for name, amount in requests.items():
+        if name in OVERCOMMITTABLE:
+            continue
+        limit = limits.get(name)
+        if limit is None:
+            problems.append(Problem(f"spec.trainer.resourcesPerNode.limits[{name}]",
+                                    f"required, equal to the request ({_str(amount)}): {name} "
+                                    "cannot be overcommitted"))
+        elif _quantity(limit) != _quantity(amount):
+            problems.append(Problem(f"spec.trainer.resourcesPerNode.limits[{name}]",
+                                    f"{_str(limit)} must equal the request ({_str(amount)}): "
+                                    f"{name} cannot be overcommitted"))
+    return problems
+
+
+def _quantity(value: Any) -> Any:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        return value  # the CRD refuses what is not a quantity; compare as given
 
 
 def _valid_num_proc(value: Any) -> bool:

@@ -712,3 +712,29 @@ def test_a_runtime_patch_manager_must_be_a_domain_prefixed_path(manager):
     status = refused(trainjob(runtimePatches=[{"manager": manager}]))
     assert fields(status) == ["spec.runtimePatches[0].manager"]
     assert "must be a domain-prefixed path such as example.com/queue" in status["message"]
+
+
+# --- resources a pod cannot share -----------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.mark.parametrize("resources, words", [
+    ({"requests": {GPU: "2"}}, f"limits[{GPU}]: required, equal to the request (2)"),
+    ({"requests": {GPU: "2"}, "limits": {GPU: "1"}},
+     f"limits[{GPU}]: 1 must equal the request (2)"),
+    ({"requests": {"hugepages-2Mi": "1Gi"}}, "limits[hugepages-2Mi]: required"),
+])
+def test_a_resource_that_cannot_be_overcommitted_needs_its_limit(resources, words):
+    status = refused(trainjob(trainer={"resourcesPerNode": resources}))
+    assert f"spec.trainer.resourcesPerNode.{words}" in status["message"], status
+    assert "cannot be overcommitted" in status["message"], status
+
+
+@pytest.mark.parametrize("resources", [
+    {"requests": {"cpu": "2", "memory": "1Gi"}},
+    {"requests": {GPU: "2"}, "limits": {GPU: "2"}},
+    {"limits": {GPU: "1"}},
+])
+def test_shareable_or_limited_resources_pass(resources):
+    allowed(trainjob(trainer={"resourcesPerNode": resources}))
