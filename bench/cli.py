@@ -9,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from bench.plot import latency_plot, scaling_plot
+from bench.environment import ControllerStartError
+from bench.plot import write_plots
 from bench.report import render_table
 from bench.run import run_benchmark
 from bench.settings import FULL, preset
@@ -55,6 +56,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _contenders(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip().upper() for x in text.split(",") if x.strip())
+    if not values or set(values) - {"A", "B", "C", "D"}:
+        raise argparse.ArgumentTypeError(f"expected some of A,B,C,D, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--constrained-jobs", type=int,
                        help="jobs of mixed sizes in the constrained-placement run (full "
                        f"{FULL.constrained_jobs})")
+    compare = parser.add_argument_group(
+        "comparison with Kueue MultiKueue (A AllAtOnce, B Incremental, C Kueue with this "
+        "dispatcher as its external dispatcher, D this dispatcher standalone)")
+    compare.add_argument("--suite", choices=("all", "dispatcher", "compare"),
+                         help="what runs: this dispatcher's scenarios, the comparison, or "
+                         "both (default)")
+    compare.add_argument("--contenders", type=_contenders,
+                         help="which of A,B,C,D the comparison runs (default all four)")
+    compare.add_argument("--compare-jobs", type=int,
+                         help=f"jobs in each contender's burst (full {FULL.compare_jobs})")
+    compare.add_argument("--compare-rates", type=_ints,
+                         help="each contender's steady arrival rates in jobs/s (full "
+                         f"{','.join(map(str, FULL.compare_rates))})")
+    compare.add_argument("--compare-rate-seconds", type=float,
+                         help="seconds each of those rates lasts (full "
+                         f"{FULL.compare_rate_seconds:g})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -120,21 +144,39 @@ def main(argv: list[str] | None = None) -> int:
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
-        "constrained_jobs", "placement_policy", "profile")})
+        "constrained_jobs", "placement_policy", "profile", "suite", "contenders",
+        "compare_jobs", "compare_rates", "compare_rate_seconds")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
+    results: dict = {}
     try:
-        results = run_benchmark(settings, output, args.state_dir,
-                                mode="quick" if args.quick else "full")
+        run_benchmark(settings, output, args.state_dir,
+                      mode="quick" if args.quick else "full", results=results)
     except KeyboardInterrupt:
-        print("interrupted; clusters and processes stopped", file=sys.stderr)
+        _write_partial(output, results, "interrupted")
+        print("interrupted; clusters and processes stopped; what was measured is in "
+              f"{output / 'results.json'} (marked incomplete)", file=sys.stderr)
         return 130
+    except ControllerStartError as err:
+        _write_partial(output, results, str(err))
+        print(f"error: {err}; what was measured is in {output / 'results.json'} (marked "
+              "incomplete)", file=sys.stderr)
+        return 1
+    except Exception as err:
+        _write_partial(output, results, f"{type(err).__name__}: {err}")
+        raise
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = render_table(results)
     (output / "table.md").write_text(table + "\n")
-    latency_plot(results, output / "latency.png")
-    scaling_plot(results, output / "scaling.png")
+    plots = write_plots(results, output)
     print(table)
-    print(f"\nresults: {output / 'results.json'}; plots: {output / 'latency.png'}, "
-          f"{output / 'scaling.png'}")
+    print(f"\nresults: {output / 'results.json'}; plots: "
+          + ", ".join(str(p) for p in plots))
     return 0
+
+
+def _write_partial(output: Path, results: dict, reason: str) -> None:
+    """What a run that stopped early measured, marked incomplete with the reason."""
+    output.mkdir(parents=True, exist_ok=True)
+    results["incomplete"] = reason
+    (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")

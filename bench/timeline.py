@@ -150,11 +150,11 @@ class Timelines:
         return self.clusters["manager"]
 
     def remote(self, key: Key) -> tuple[str, float] | None:
-        """(worker, first seen) of the remote copy of ``key``, if any worker has one."""
-        for name, timeline in self.clusters.items():
-            if name != "manager" and key in timeline.added:
-                return name, timeline.added[key]
-        return None
+        """(worker, first seen) of the earliest remote copy of ``key``, if any worker has
+        one (a dispatcher that races workers makes several)."""
+        seen = [(timeline.added[key], name) for name, timeline in self.clusters.items()
+                if name != "manager" and key in timeline.added]
+        return (min(seen)[1], min(seen)[0]) if seen else None
 
     def wait(self, missing, timeout: float) -> set:
         """Block until ``missing()`` is empty or ``timeout``; returns what is still missing."""

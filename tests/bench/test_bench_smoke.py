@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-TINY = ["--quick", "--jobs", "4", "--burst-workers", "2", "--scaling-workers", "1,2",
+TINY = ["--quick", "--suite", "dispatcher", "--jobs", "4", "--burst-workers", "2", "--scaling-workers", "1,2",
         "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
         "--fill-to", "12", "--idle-seconds", "1"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
