@@ -38,12 +38,20 @@ Scenarios, in this order:
             operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
             withdrawn, makespan and mean Node utilisation
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
-Every target is printed with the measured value and whether it was met.
+  compare   on clusters of their own where the manager and every worker run Kueue, the
+            same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,
+            C Kueue with this dispatcher as its external dispatcher (--mode kueue) and
+            D this dispatcher standalone: a burst (throughput, latency, API cost, CPU of
+            every controller, Kueue's included), steady arrival and constrained placement
+Every target is printed with the measured value and whether it was met. A run that stops
+early (a controller that does not start, Ctrl-C) still writes results.json, marked
+incomplete; a controller that does not start is named with its log file.
 
 Output (--output): results.json (every figure, the environment, the dispatcher's
-configuration), table.md, latency.png, scaling.png, logs/. A full run takes 5-10 minutes
-on two cores; --quick (100 jobs; rates 10 and 50 for 5 s; 500 mirrored; 1, 2, 4 workers)
-a few minutes. The clusters and processes are removed at the end, Ctrl-C included.
+configuration), table.md, latency.png, scaling.png, comparison.png, logs/. This
+dispatcher's scenarios take 5-10 minutes on two cores; the comparison as long again and
+more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (100 jobs; rates 10 and 50
+for 5 s; 500 mirrored; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -103,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--constrained-jobs", type=int,
                        help="jobs of mixed sizes in the constrained-placement run (full "
                        f"{FULL.constrained_jobs})")
+    scale.add_argument("--constrained-timeout", type=float,
+                       help="seconds a constrained-placement run may take before its "
+                       f"unfinished jobs are reported (full {FULL.constrained_timeout:g})")
     compare = parser.add_argument_group(
         "comparison with Kueue MultiKueue (A AllAtOnce, B Incremental, C Kueue with this "
         "dispatcher as its external dispatcher, D this dispatcher standalone)")
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
-        "constrained_jobs", "placement_policy", "profile", "suite", "contenders",
+        "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()

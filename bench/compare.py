@@ -21,6 +21,7 @@ from bench.contenders import CONTENDERS, engage
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
 from bench.settings import BenchSettings
+from bench.stats import summary_ms
 from bench.timeline import Timelines
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         figures["harness_up_seconds"] = round(time.monotonic() - started, 1)
         figures["client_limits"] = client_limits(env)
         results.setdefault("environment", describe(env, settings))
-        timelines = Timelines({name: env.kubeconfig(name) for name in env.names}).start()
+        timelines = Timelines({name: env.kubeconfig(name) for name in env.names},
+                              workloads=True).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
         workers = env.worker_names
@@ -72,12 +74,15 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
             namespaces.append(namespace)
             mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs, workers,
                                             api_cost=True, submit=contender.submit)
+            _from_quota_reserved(ctx, mine["burst"], namespace)
             for rate in settings.compare_rates:
                 namespace = f"cmp-{contender.key.lower()}-rate-{rate}"
                 namespaces.append(namespace)
-                mine["steady"].append(scenarios.steady(
-                    ctx, rate, workers, seconds=settings.compare_rate_seconds,
-                    namespace=namespace, submit=contender.submit))
+                step = scenarios.steady(ctx, rate, workers,
+                                        seconds=settings.compare_rate_seconds,
+                                        namespace=namespace, submit=contender.submit)
+                _from_quota_reserved(ctx, step, namespace)
+                mine["steady"].append(step)
             env.stop_dispatcher()
             _clear(ctx, namespaces)
             figures["seconds"][f"{contender.key} burst+steady"] = round(
@@ -91,7 +96,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 namespace = f"cmp-{contender.key.lower()}-constrained"
                 figures["contenders"][contender.key]["constrained"] = constrained.constrained(
                     ctx, namespace, workers, settings.constrained_jobs,
-                    submit=contender.submit)
+                    submit=contender.submit, timeout=settings.constrained_timeout)
                 env.stop_dispatcher()
                 _clear(ctx, [namespace])
                 figures["seconds"][f"{contender.key} constrained"] = round(
@@ -104,6 +109,20 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         if timelines is not None:
             timelines.stop()
         env.close()
+
+
+def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: str) -> None:
+    """For jobs Kueue queued: latency from Kueue's quota reservation on the manager (the
+    moment a dispatcher may act on the Workload) to the first remote copy."""
+    samples = []
+    for name in scenarios.job_names("job", figures["jobs"]):
+        reserved = ctx.timelines.workloads.condition_seen.get(
+            (namespace, name, "QuotaReserved"))
+        remote = ctx.timelines.remote((namespace, name))
+        if reserved is not None and remote is not None:
+            samples.append(max(0.0, remote[1] - reserved))
+    if samples:
+        figures["latency_from_quota_reserved"] = summary_ms(samples)
 
 
 def _clear(ctx: scenarios.BenchContext, namespaces: list[str]) -> None:

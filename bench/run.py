@@ -30,7 +30,8 @@ def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:
     operators = constrained.prepare(ctx.env, workers)
     try:
         return constrained.constrained(ctx, "bench-constrained", workers,
-                                       ctx.settings.constrained_jobs)
+                                       ctx.settings.constrained_jobs,
+                                       timeout=ctx.settings.constrained_timeout)
     finally:
         constrained.tear_down(ctx.env, workers, operators)
 

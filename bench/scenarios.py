@@ -55,7 +55,7 @@ class BenchContext:
         return self.env.process_groups([])["kueue manager"][0]
 
 
-def _names(prefix: str, count: int) -> list[str]:
+def job_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{i:05d}" for i in range(count)]
 
 
@@ -140,10 +140,10 @@ def create_ceiling(ctx: BenchContext) -> dict:
         # Untimed warm-up: every load thread's client connected, the apiserver's TrainJob
         # storage and admission paths exercised once.
         ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
-                               _names("warm-up", 2 * ctx.settings.concurrency),
+                               job_names("warm-up", 2 * ctx.settings.concurrency),
                                multikueue=False))
         run = ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
-                                     _names("ceiling", count), multikueue=False))
+                                     job_names("ceiling", count), multikueue=False))
         figures[cluster] = {"jobs": count, "creates_per_second": round(run.rate(), 1),
                             "seconds": round(run.last_end - run.first_start, 2),
                             "retries": run.retries}
@@ -167,7 +167,7 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
     for the dispatcher under test (default: this one's ``managedBy``)."""
     env = ctx.env
     env.create_namespace(namespace, ["manager", *workers])
-    names = _names("job", count)
+    names = job_names("job", count)
     keys = [(namespace, n) for n in names]
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters) if api_cost else None
@@ -261,7 +261,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     namespace = namespace or f"bench-rate-{rate}"
     ctx.env.create_namespace(namespace, ["manager", *workers])
     count = max(1, int(rate * seconds))
-    names = _names("job", count)
+    names = job_names("job", count)
     keys = [(namespace, n) for n in names]
     with FootprintWindow(ctx.controller_pid) as window:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
