@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-dir", type=Path,
                         help="use clusters already running under this harness state "
                         "directory (python -m clusters up --workers N) and leave them running;"
-                        " default: start fresh ones and remove them at the end")
+                        " default: start fresh ones and remove them at the end; the comparison always "
+                        "starts clusters of its own, with Kueue")
     scale = parser.add_argument_group("scale (override the preset)")
     scale.add_argument("--jobs", type=int, dest="burst_jobs",
                        help=f"jobs in the burst and each ceiling run (full {FULL.burst_jobs})")
