@@ -9,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from bench.plot import latency_plot, scaling_plot
+from bench.environment import ControllerStartError
+from bench.plot import write_plots
 from bench.report import render_table
 from bench.run import run_benchmark
 from bench.settings import FULL, preset
@@ -37,12 +38,20 @@ Scenarios, in this order:
             operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
             withdrawn, makespan and mean Node utilisation
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
-Every target is printed with the measured value and whether it was met.
+  compare   on clusters of their own where the manager and every worker run Kueue, the
+            same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,
+            C Kueue with this dispatcher as its external dispatcher (--mode kueue) and
+            D this dispatcher standalone: a burst (throughput, latency, API cost, CPU of
+            every controller, Kueue's included), steady arrival and constrained placement
+Every target is printed with the measured value and whether it was met. A run that stops
+early (a controller that does not start, Ctrl-C) still writes results.json, marked
+incomplete; a controller that does not start is named with its log file.
 
 Output (--output): results.json (every figure, the environment, the dispatcher's
-configuration), table.md, latency.png, scaling.png, logs/. A full run takes 5-10 minutes
-on two cores; --quick (100 jobs; rates 10 and 50 for 5 s; 500 mirrored; 1, 2, 4 workers)
-a few minutes. The clusters and processes are removed at the end, Ctrl-C included.
+configuration), table.md, latency.png, scaling.png, comparison.png, logs/. This
+dispatcher's scenarios take 5-10 minutes on two cores; the comparison as long again and
+more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (100 jobs; rates 10 and 50
+for 5 s; 500 mirrored; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -52,6 +61,13 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _contenders(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip().upper() for x in text.split(",") if x.strip())
+    if not values or set(values) - {"A", "B", "C", "D"}:
+        raise argparse.ArgumentTypeError(f"expected some of A,B,C,D, got {text!r}")
     return values
 
 
@@ -66,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-dir", type=Path,
                         help="use clusters already running under this harness state "
                         "directory (python -m clusters up --workers N) and leave them running;"
-                        " default: start fresh ones and remove them at the end")
+                        " default: start fresh ones and remove them at the end; the comparison always "
+                        "starts clusters of its own, with Kueue")
     scale = parser.add_argument_group("scale (override the preset)")
     scale.add_argument("--jobs", type=int, dest="burst_jobs",
                        help=f"jobs in the burst and each ceiling run (full {FULL.burst_jobs})")
@@ -95,6 +112,25 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--constrained-jobs", type=int,
                        help="jobs of mixed sizes in the constrained-placement run (full "
                        f"{FULL.constrained_jobs})")
+    scale.add_argument("--constrained-timeout", type=float,
+                       help="seconds a constrained-placement run may take before its "
+                       f"unfinished jobs are reported (full {FULL.constrained_timeout:g})")
+    compare = parser.add_argument_group(
+        "comparison with Kueue MultiKueue (A AllAtOnce, B Incremental, C Kueue with this "
+        "dispatcher as its external dispatcher, D this dispatcher standalone)")
+    compare.add_argument("--suite", choices=("all", "dispatcher", "compare"),
+                         help="what runs: this dispatcher's scenarios, the comparison, or "
+                         "both (default)")
+    compare.add_argument("--contenders", type=_contenders,
+                         help="which of A,B,C,D the comparison runs (default all four)")
+    compare.add_argument("--compare-jobs", type=int,
+                         help=f"jobs in each contender's burst (full {FULL.compare_jobs})")
+    compare.add_argument("--compare-rates", type=_ints,
+                         help="each contender's steady arrival rates in jobs/s (full "
+                         f"{','.join(map(str, FULL.compare_rates))})")
+    compare.add_argument("--compare-rate-seconds", type=float,
+                         help="seconds each of those rates lasts (full "
+                         f"{FULL.compare_rate_seconds:g})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -120,21 +156,39 @@ def main(argv: list[str] | None = None) -> int:
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
-        "constrained_jobs", "placement_policy", "profile")})
+        "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
+        "compare_jobs", "compare_rates", "compare_rate_seconds")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
+    results: dict = {}
     try:
-        results = run_benchmark(settings, output, args.state_dir,
-                                mode="quick" if args.quick else "full")
+        run_benchmark(settings, output, args.state_dir,
+                      mode="quick" if args.quick else "full", results=results)
     except KeyboardInterrupt:
-        print("interrupted; clusters and processes stopped", file=sys.stderr)
+        _write_partial(output, results, "interrupted")
+        print("interrupted; clusters and processes stopped; what was measured is in "
+              f"{output / 'results.json'} (marked incomplete)", file=sys.stderr)
         return 130
+    except ControllerStartError as err:
+        _write_partial(output, results, str(err))
+        print(f"error: {err}; what was measured is in {output / 'results.json'} (marked "
+              "incomplete)", file=sys.stderr)
+        return 1
+    except Exception as err:
+        _write_partial(output, results, f"{type(err).__name__}: {err}")
+        raise
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = render_table(results)
     (output / "table.md").write_text(table + "\n")
-    latency_plot(results, output / "latency.png")
-    scaling_plot(results, output / "scaling.png")
+    plots = write_plots(results, output)
     print(table)
-    print(f"\nresults: {output / 'results.json'}; plots: {output / 'latency.png'}, "
-          f"{output / 'scaling.png'}")
+    print(f"\nresults: {output / 'results.json'}; plots: "
+          + ", ".join(str(p) for p in plots))
     return 0
+
+
+def _write_partial(output: Path, results: dict, reason: str) -> None:
+    """What a run that stopped early measured, marked incomplete with the reason."""
+    output.mkdir(parents=True, exist_ok=True)
+    results["incomplete"] = reason
+    (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -163,21 +163,28 @@ def _pool_allocatable(workers: list[str]) -> dict[str, Decimal]:
 
 
 def prepare(env, workers: list[str]) -> list[ServiceProcess]:
-    """The pool's Nodes and runtimes on each worker, and a training operator on each."""
+    """The pool's Nodes and runtimes on each worker, and a training operator on each (and
+    the runtimes on a manager that runs Kueue, which reads them to size a job)."""
+    if getattr(env, "kueue", False):
+        _install_runtimes(env.apis["manager"])
     operators = []
     for worker, sizes in zip(workers, POOL_NODES):
         api = env.apis[worker]
         for index, size in enumerate(sizes):
             fixtures.add_node(api, f"{worker}-pool-{index}", {**NODE_BASE, **size},
                               labels={POOL_LABEL: POOL})
-        for runtime, run_for in RUN_TIMES.items():
-            fixtures.install_runtime(api, fixtures.torch_runtime(
-                runtime, cpu="100m", memory="64Mi", node_selector={POOL_LABEL: POOL},
-                pod_annotations={worker_stack.RUN_FOR_ANNOTATION: run_for}))
+        _install_runtimes(api)
         operators.append(ServiceProcess(
             "training_operator", env.kubeconfig(worker),
             env.log_dir / f"operator-{worker}.log", ("--cluster-name", worker)).start())
     return operators
+
+
+def _install_runtimes(api) -> None:
+    for runtime, run_for in RUN_TIMES.items():
+        fixtures.install_runtime(api, fixtures.torch_runtime(
+            runtime, cpu="100m", memory="64Mi", node_selector={POOL_LABEL: POOL},
+            pod_annotations={worker_stack.RUN_FOR_ANNOTATION: run_for}))
 
 
 def tear_down(env, workers: list[str], operators: list[ServiceProcess]) -> None:

@@ -1,10 +1,17 @@
 """The clusters a run uses: a local harness (manager + workers), workers registered the
-MultiKueue way with Nodes of ample capacity and the runtime, and the dispatcher process."""
+MultiKueue way with Nodes of ample capacity and the runtime, and the dispatcher process.
+
+With ``kueue`` every cluster also runs Kueue, set up as a MultiKueue user would (a
+ClusterQueue using the MultiKueue AdmissionCheck on the manager, one per worker, a
+LocalQueue in every namespace the run makes), with quotas far above what a run asks for, so
+quota never decides where or when a job goes."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import platform
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from bench.load import RUNTIME
-from clusters import fixtures, worker_stack
+from clusters import fixtures, kueue, kueue_queues, worker_stack
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
 from clusters.testing import ServiceProcess, eventually
@@ -24,15 +31,32 @@ log = logging.getLogger(__name__)
 DISPATCHER_NAMESPACE = "kueue-system"
 # Room for far more jobs than any run places: 3 pods of 100m cpu each per job.
 NODE_CAPACITY = {"cpu": "100000", "memory": "1000Ti", "pods": "10000000"}
+# Kueue quota on every ClusterQueue: more than every Node of a run together, GPUs included
+# (a resource no ClusterQueue covers makes a Workload inadmissible).
+KUEUE_QUOTA = {"cpu": "1000000", "memory": "10000Ti", "nvidia.com/gpu": "100000"}
+# Standalone beside Kueue must label its copies with another origin than Kueue's.
+STANDALONE_ORIGIN = "bench-standalone"
+
+
+class ControllerStartError(RuntimeError):
+    """A controller of a scenario did not come up; names it and its log file."""
+
+    def __init__(self, controller: str, log_file: Path, cause: BaseException):
+        why = (str(cause).strip().splitlines() or [repr(cause)])[0]
+        super().__init__(f"{controller} failed to start (log: {log_file}): {why}")
+        self.controller = controller
+        self.log_file = log_file
 
 
 class BenchClusters:
     """A manager and ``workers`` workers: started here (and removed by ``close``) or, with
     ``reuse``, clusters already running under that state directory (left running)."""
 
-    def __init__(self, state_dir: Path, workers: int, log_dir: Path, *, reuse: bool = False):
+    def __init__(self, state_dir: Path, workers: int, log_dir: Path, *, reuse: bool = False,
+                 kueue: bool = False):
         self.harness = LocalClusters(state_dir, tied_to_caller=not reuse)
         self.workers = workers
+        self.kueue = kueue
         self.log_dir = log_dir
         self.reuse = reuse
         self.apis: dict[str, client.ApiClient] = {}
@@ -51,15 +75,26 @@ class BenchClusters:
                                    f"run needs {self.workers}")
         else:
             # No default Nodes: the benchmark adds one Node of ample capacity per worker.
-            self.harness.up(workers=self.workers, timeout=300, node_layout=NodeLayout(default=[]))
+            extra = ({"kueue_clusters": tuple(self.names),
+                      "kueue_dispatcher": kueue.DISPATCHER_ALL_AT_ONCE} if self.kueue else {})
+            self.harness.up(workers=self.workers, timeout=300, node_layout=NodeLayout(default=[]),
+                            **extra)
         for name in self.names:
             self.apis[name] = api_client(self.kubeconfig(name))
         for name in self.worker_names:
             fixtures.register_worker(self.apis["manager"], name, self.kubeconfig(name),
                                      DISPATCHER_NAMESPACE)
             fixtures.add_node(self.apis[name], f"{name}-bench", NODE_CAPACITY)
+        # Kueue on the manager reads the runtime to know a job's pods.
+        for name in self.names if self.kueue else self.worker_names:
             fixtures.install_runtime(self.apis[name],
                                      fixtures.torch_runtime(RUNTIME, cpu="100m", memory="128Mi"))
+        if self.kueue:
+            for name in self.worker_names:
+                kueue_queues.cluster_queue(self.apis[name], KUEUE_QUOTA)
+            kueue_queues.multikueue_manager(
+                self.apis["manager"], self.config_name(self.worker_names),
+                {name: self.kubeconfig(name) for name in self.worker_names}, KUEUE_QUOTA)
 
     @property
     def names(self) -> list[str]:
@@ -91,9 +126,15 @@ class BenchClusters:
                                         "workers apiserver+etcd": [],
                                         "controller-managers": [],
                                         "worker scheduler+jobset+kwok": []}
+        if self.kueue:
+            groups.update({"kueue manager": [], "kueue workers": []})
         for record in self.harness.load().clusters:
             for component, pid in record.pids.items():
-                if component == "kube-controller-manager":
+                if component == kueue.COMPONENT:
+                    if record.name == "manager" or record.name in workers:
+                        groups["kueue manager" if record.name == "manager"
+                               else "kueue workers"].append(pid)
+                elif component == "kube-controller-manager":
                     groups["controller-managers"].append(pid)
                 elif component in worker_stack.WORKER_COMPONENTS:
                     if record.name in workers:
@@ -111,6 +152,8 @@ class BenchClusters:
     def create_namespace(self, namespace: str, clusters: list[str] | None = None) -> None:
         for name in clusters or self.names:
             fixtures.ensure_namespace(self.apis[name], namespace)
+            if self.kueue:
+                kueue_queues.local_queue(self.apis[name], namespace)
         if namespace not in self.namespaces:
             self.namespaces.append(namespace)
 
@@ -155,21 +198,31 @@ class BenchClusters:
 
     # --- the dispatcher ----------------------------------------------------------------
 
+    @staticmethod
+    def config_name(workers: list[str]) -> str:
+        return f"bench-{len(workers)}"
+
     def dispatcher_args(self, config_name: str, placement_policy: str) -> tuple[str, ...]:
         return ("--multikueue-config", config_name, "--namespace", DISPATCHER_NAMESPACE,
                 "--placement-policy", placement_policy)
 
-    def start_dispatcher(self, workers: list[str], placement_policy: str) -> ServiceProcess:
-        """The dispatcher with a MultiKueueConfig of ``workers``, ready and every one of
-        them Active."""
+    def start_dispatcher(self, workers: list[str], placement_policy: str,
+                         extra_args: tuple[str, ...] = ()) -> ServiceProcess:
+        """The dispatcher with a MultiKueueConfig of ``workers`` (and ``extra_args``), ready
+        and every one of them Active; a ``ControllerStartError`` if it does not come up."""
         self.stop_dispatcher()
-        config_name = f"bench-{len(workers)}"
+        config_name = self.config_name(workers)
         fixtures.register_config(self.apis["manager"], config_name, workers)
         self._dispatcher_runs += 1
-        self.dispatcher = ServiceProcess(
-            "dispatcher", self.kubeconfig("manager"),
-            self.log_dir / f"dispatcher-{self._dispatcher_runs}-{config_name}.log",
-            self.dispatcher_args(config_name, placement_policy)).start()
+        log_file = self.log_dir / f"dispatcher-{self._dispatcher_runs}-{config_name}.log"
+        process = ServiceProcess("dispatcher", self.kubeconfig("manager"), log_file,
+                                 (*self.dispatcher_args(config_name, placement_policy),
+                                  *extra_args))
+        try:
+            self.dispatcher = process.start()
+        except (AssertionError, OSError) as err:
+            process.stop(kill=True)
+            raise ControllerStartError("dispatcher", log_file, err) from err
         custom = client.CustomObjectsApi(self.apis["manager"])
 
         def active(name: str) -> bool:
@@ -182,6 +235,19 @@ class BenchClusters:
             eventually(lambda n=name: active(n), bool, timeout=60, interval=0.2,
                        expected=f"MultiKueueCluster {name} Active=True")
         return self.dispatcher
+
+    def use_kueue_dispatcher(self, dispatcher: str) -> None:
+        """The manager's Kueue restarted with MultiKueue ``dispatcherName`` ``dispatcher``
+        (unless it runs with it already)."""
+        record = next(r for r in self.harness.load().clusters if r.name == "manager")
+        if record.kueue_dispatcher == dispatcher:
+            return
+        log_file = self.control_plane("manager").log_file(kueue.COMPONENT)
+        try:
+            self.harness.use_kueue_dispatcher("manager", dispatcher, timeout=120)
+        except Exception as err:  # noqa: BLE001 - reported as the controller that failed
+            raise ControllerStartError(f"Kueue on the manager ({dispatcher})", log_file,
+                                       err) from err
 
     def stop_dispatcher(self) -> None:
         if self.dispatcher is not None:
@@ -229,3 +295,31 @@ class BenchClusters:
                 api.close()
             if not self.reuse:
                 self.harness.down()
+
+
+def dispatcher_configuration(env: BenchClusters, workers: int, placement_policy: str) -> dict:
+    """Every setting the dispatcher ran with: its flags and the resulting configuration."""
+    from dispatcher.cli import build_parser
+    from dispatcher.config import load_config
+
+    args = env.dispatcher_args(env.config_name(env.worker_names[:workers]), placement_policy)
+    parsed = build_parser().parse_args(["run", *args])
+    config = load_config(None, {"namespace": parsed.namespace,
+                                "multikueue_config": parsed.multikueue_config,
+                                "placement_policy": parsed.placement_policy})
+    return {"flags": list(args), "reconcile_workers": parsed.workers,
+            "config": config.model_dump(mode="json")}
+
+
+def describe(env: BenchClusters, settings) -> dict:
+    """The machine, the clusters' Kubernetes and the dispatcher's configuration."""
+    return {
+        "kubernetes": env.kubernetes_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "clusters": len(env.names),
+        "dispatcher": dispatcher_configuration(env, settings.burst_workers,
+                                               settings.placement_policy),
+    }

@@ -124,7 +124,10 @@ def create_call(namespace: str, body: dict) -> Call:
     return call
 
 
-def creates(kubeconfig: Path, namespace: str, names: list[str], *,
-            multikueue: bool = True) -> list[tuple[Path, Call]]:
-    return [(kubeconfig, create_call(namespace, trainjob(name, multikueue=multikueue)))
-            for name in names]
+def creates(kubeconfig: Path, namespace: str, names: list[str], *, multikueue: bool = True,
+            submit: Callable[[dict], dict] | None = None) -> list[tuple[Path, Call]]:
+    """Create calls for ``names``; ``submit`` turns the dispatcher's TrainJob into what
+    another dispatcher is given (e.g. Kueue's queue-name label instead of managedBy)."""
+    bodies = [trainjob(name, multikueue=multikueue) for name in names]
+    return [(kubeconfig, create_call(namespace, submit(body) if submit else body))
+            for body in bodies]

@@ -67,3 +67,43 @@ def scaling_plot(results: dict, path: Path) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def comparison_plot(results: dict, path: Path) -> Path:
+    """Per contender: burst latency distribution, burst throughput and constrained
+    makespan, side by side."""
+    contenders = results["comparison"]["contenders"]
+    figure, (latency, throughput, makespan) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for key, mine in contenders.items():
+        if "burst" in mine:
+            _cdf(latency, mine["burst"]["latency_samples_ms"], f"{key}: {mine['title']}")
+    latency.set(title="Burst: create -> remote copy exists", xlabel="ms",
+                ylabel="fraction of jobs")
+    _log_ms_axis(latency)
+    latency.legend(fontsize=7)
+    latency.grid(alpha=0.3)
+    keys = list(contenders)
+    throughput.bar(keys, [(contenders[k].get("burst") or {}).get("throughput_jobs_per_second")
+                          or 0 for k in keys], color="tab:blue")
+    throughput.set(title="Burst throughput", ylabel="jobs/s")
+    throughput.grid(alpha=0.3, axis="y")
+    makespan.bar(keys, [(contenders[k].get("constrained") or {}).get("makespan_seconds")
+                        or 0 for k in keys], color="tab:green")
+    makespan.set(title="Constrained placement: makespan (0: not finished)", ylabel="s")
+    makespan.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def write_plots(results: dict, output: Path) -> list[Path]:
+    """Every plot the run's figures allow."""
+    plots = []
+    if "burst" in results and "sync" in results:
+        plots.append(latency_plot(results, output / "latency.png"))
+    if "scaling" in results and "ceiling" in results:
+        plots.append(scaling_plot(results, output / "scaling.png"))
+    if results.get("comparison", {}).get("contenders"):
+        plots.append(comparison_plot(results, output / "comparison.png"))
+    return plots

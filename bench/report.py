@@ -10,6 +10,68 @@ def _close(value, wanted: float, tolerance: float = 0.005) -> bool:
 def targets(results: dict) -> list[dict]:
     """Each target with what was measured and whether it was met (None: not measured at
     the scale the target is about)."""
+    rows = _dispatcher_targets(results) if "footprint" in results else []
+    if results.get("comparison", {}).get("contenders"):
+        rows += _comparison_targets(results)
+    return rows
+
+
+def _figure(results: dict, key: str, *path: str):
+    """A contender's figure at ``path``, None when it was not measured."""
+    value = results["comparison"]["contenders"].get(key)
+    for step in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(step)
+    return value
+
+
+def _steady_p99(results: dict, key: str, rate: int):
+    step = next((s for s in _figure(results, key, "steady") or [] if s["rate"] == rate), None)
+    return step["latency"]["p99_ms"] if step else None
+
+
+def _comparison_targets(results: dict) -> list[dict]:
+    rows = []
+    a = _figure(results, "A", "burst", "throughput_jobs_per_second")
+    d = _figure(results, "D", "burst", "throughput_jobs_per_second")
+    rows.append({"target": "D's burst throughput >= 2x A's (same clusters, jobs, load)",
+                 "measured": f"D {d} jobs/s, A {a} jobs/s"
+                             + (f" ({d / a:.1f}x)" if a and d is not None else ""),
+                 "met": (d >= 2 * a) if a and d is not None else None})
+    span_a = _figure(results, "A", "constrained", "makespan_seconds")
+    span_c = _figure(results, "C", "constrained", "makespan_seconds")
+    stuck_c = _figure(results, "C", "constrained", "pods_unschedulable")
+    ran_a = _figure(results, "A", "constrained") is not None
+    # A run that did not finish within the timeout has no makespan: longer than any.
+    unfinished = f"not finished in {results['settings']['constrained_timeout']:g} s"
+    rows.append({"target": "C's constrained makespan <= 0.8x A's, with 0 pods unschedulable",
+                 "measured": f"C {f'{span_c} s' if span_c else unfinished} ({stuck_c} pods "
+                             f"unschedulable), A {f'{span_a} s' if span_a else unfinished if ran_a else 'not run'}",
+                 "met": (span_c is not None and stuck_c == 0
+                         and (span_a is None or span_c <= 0.8 * span_a))
+                 if ran_a and stuck_c is not None else None})
+    ceiling = (results.get("ceiling") or {}).get("limit_creates_per_second")
+    rows.append({"target": "D's burst throughput >= 60% of the create ceiling",
+                 "measured": f"D {d} jobs/s = {d / ceiling:.1%} of {ceiling} creates/s "
+                             "(ceiling from this dispatcher's suite)"
+                             if ceiling and d is not None else "no create ceiling measured",
+                 "met": (d >= 0.6 * ceiling) if ceiling and d is not None else None})
+    p99_d = _steady_p99(results, "D", 50)
+    step_c = next((s for s in _figure(results, "C", "steady") or [] if s["rate"] == 50), {})
+    p99_c = (step_c.get("latency_from_quota_reserved") or {}).get("p99_ms")
+    rows.append({"target": "dispatch p99 <= 100 ms at 50 jobs/s for D and for C (C from "
+                           "Kueue's quota reservation)",
+                 "measured": f"D {p99_d} ms; C {p99_c} ms from quota reservation "
+                             f"({_steady_p99(results, 'C', 50)} ms from create)"
+                             if p99_d is not None or p99_c is not None
+                             else "50 jobs/s not run",
+                 "met": (p99_d <= 100 and p99_c <= 100)
+                 if p99_d is not None and p99_c is not None else None})
+    return rows
+
+
+def _dispatcher_targets(results: dict) -> list[dict]:
     rows = []
     ceiling = results["ceiling"]["limit_creates_per_second"]
     burst = results["burst"]
@@ -87,6 +149,85 @@ def _met(value) -> str:
 
 
 def render_table(results: dict) -> str:
+    parts = []
+    if results.get("incomplete"):
+        parts.append(f"INCOMPLETE RUN: {results['incomplete']}\n")
+    if "footprint" in results:
+        parts.append(_dispatcher_table(results))
+    if results.get("comparison", {}).get("contenders"):
+        parts.append(_comparison_table(results))
+    if results.get("targets"):
+        lines = ["| Target | Measured | Met |", "|---|---|---|"]
+        for row in results["targets"]:
+            lines.append(f"| {row['target']} | {row['measured']} | {_met(row['met'])} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _comparison_table(results: dict) -> str:
+    comparison = results["comparison"]
+    contenders = comparison["contenders"]
+    keys = list(contenders)
+    limits = comparison.get("client_limits", {})
+    manager = limits.get("kueue_manager_client", {})
+    lines = [f"Side by side with Kueue MultiKueue ({results['mode']}): the same "
+             f"{results['settings']['burst_workers']} workers, all running Kueue; Kueue's "
+             f"manager client qps {manager.get('qps')}, its worker clients qps "
+             f"{limits.get('kueue_worker_clients', {}).get('qps')} (fixed), this "
+             f"dispatcher's worker clients qps "
+             f"{results['environment']['dispatcher']['config']['client']['qps']:g}", "",
+             "| Figure | " + " | ".join(f"{k}: {contenders[k]['title']}" for k in keys) + " |",
+             "|---|" + "---|" * len(keys)]
+
+    def row(label: str, cell) -> None:
+        values = []
+        for key in keys:
+            try:
+                values.append(str(cell(contenders[key])))
+            except (KeyError, TypeError, IndexError):
+                values.append("n/a")
+        lines.append(f"| {label} | " + " | ".join(values) + " |")
+
+    jobs = results["settings"]["compare_jobs"]
+    row(f"burst {jobs}: throughput jobs/s (dispatched/jobs)",
+        lambda m: f"{m['burst']['throughput_jobs_per_second']} "
+                  f"({m['burst']['dispatched']}/{m['burst']['jobs']})")
+    row("burst latency p50 / p90 / p99 / max ms", lambda m: _lat(m["burst"]["latency"]))
+    row("API writes per job: manager / workers (all resources)",
+        lambda m: f"{m['burst']['api']['per_job']['manager_writes_all']} / "
+                  f"{m['burst']['api']['per_job']['worker_writes_all']}")
+    row("API reads per job (GET+LIST): manager / workers",
+        lambda m: f"{m['burst']['api']['per_job']['manager_reads']} / "
+                  f"{m['burst']['api']['per_job']['worker_reads']}")
+    for group in ("kueue manager", "kueue workers", "dispatcher",
+                  "manager apiserver+etcd", "workers apiserver+etcd"):
+        row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
+    row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
+    rates = sorted({s["rate"] for m in contenders.values() for s in m.get("steady", [])})
+    for rate in rates:
+        row(f"steady {rate} jobs/s: latency p50 / p99 ms (dispatched/jobs)",
+            lambda m, r=rate: next(f"{s['latency']['p50_ms']} / {s['latency']['p99_ms']} "
+                                   f"({s['dispatched']}/{s['jobs']})"
+                                   for s in m["steady"] if s["rate"] == r))
+    for rate in rates:
+        row(f"steady {rate} jobs/s: p50 / p99 ms from Kueue's quota reservation",
+            lambda m, r=rate: next(f"{s['latency_from_quota_reserved']['p50_ms']} / "
+                                   f"{s['latency_from_quota_reserved']['p99_ms']}"
+                                   for s in m["steady"] if s["rate"] == r))
+    tight = "constrained {} jobs".format(results["settings"]["constrained_jobs"])
+    row(f"{tight}: makespan s (finished/jobs)",
+        lambda m: f"{m['constrained']['makespan_seconds']} "
+                  f"({m['constrained']['finished']}/{m['constrained']['jobs']})")
+    row(f"{tight}: pods unschedulable / copies withdrawn",
+        lambda m: f"{m['constrained']['pods_unschedulable']} / "
+                  f"{m['constrained']['copies_withdrawn']}")
+    row(f"{tight}: mean Node utilisation",
+        lambda m: ", ".join(f"{r} {v:.0%}" if v is not None else f"{r} n/a"
+                            for r, v in m["constrained"]["utilisation"].items()))
+    return "\n".join(lines)
+
+
+def _dispatcher_table(results: dict) -> str:
     env = results["environment"]
     dispatcher = env["dispatcher"]
     lines = [
@@ -156,7 +297,4 @@ def render_table(results: dict) -> str:
                      f"{step['latency']['p99_ms']} ms, dispatcher CPU share "
                      f"{step['dispatcher']['cpu_share']}, machine busy "
                      f"{step['cpu']['host_busy_share']:.0%}) |")
-    lines += ["", "| Target | Measured | Met |", "|---|---|---|"]
-    for row in results["targets"]:
-        lines.append(f"| {row['target']} | {row['measured']} | {_met(row['met'])} |")
     return "\n".join(lines)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 from bench import constrained, scenarios
-from bench.environment import BenchClusters
+from bench.compare import run_comparison
+from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
 from bench.report import targets
 from bench.settings import BenchSettings
@@ -25,40 +25,45 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def dispatcher_configuration(env: BenchClusters, settings: BenchSettings) -> dict:
-    """Every setting the dispatcher ran with: its flags and the resulting configuration."""
-    from dispatcher.cli import build_parser
-    from dispatcher.config import load_config
-
-    args = env.dispatcher_args(f"bench-{settings.burst_workers}", settings.placement_policy)
-    parsed = build_parser().parse_args(["run", *args])
-    config = load_config(None, {"namespace": parsed.namespace,
-                                "multikueue_config": parsed.multikueue_config,
-                                "placement_policy": parsed.placement_policy})
-    return {"flags": list(args), "reconcile_workers": parsed.workers,
-            "config": config.model_dump(mode="json")}
-
-
 def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:
     """The constrained-placement workload under the standalone dispatcher."""
     operators = constrained.prepare(ctx.env, workers)
     try:
         return constrained.constrained(ctx, "bench-constrained", workers,
-                                       ctx.settings.constrained_jobs)
+                                       ctx.settings.constrained_jobs,
+                                       timeout=ctx.settings.constrained_timeout)
     finally:
         constrained.tear_down(ctx.env, workers, operators)
 
 
 def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None = None,
-                  mode: str = "full") -> dict:
+                  mode: str = "full", results: dict | None = None) -> dict:
+    """The suites ``settings.suite`` names, into ``results`` (filled as figures come, so
+    a caller still has them when a scenario fails)."""
     output.mkdir(parents=True, exist_ok=True)
+    results = results if results is not None else {}
+    results.update({"mode": mode, "started": _now(), "settings": settings.as_dict(),
+                    "scenario_seconds": {}})
+    if settings.suite in ("all", "dispatcher"):
+        _dispatcher_suite(settings, output, state_dir, results)
+    if settings.suite in ("all", "compare"):
+        started = time.monotonic()
+        run_comparison(settings, output, results)
+        results["scenario_seconds"]["comparison"] = round(time.monotonic() - started, 1)
+    results["targets"] = targets(results)
+    results["finished"] = _now()
+    results.setdefault("environment", {})["load_average_at_end"] = [
+        round(x, 2) for x in os.getloadavg()]
+    return results
+
+
+def _dispatcher_suite(settings: BenchSettings, output: Path, state_dir: Path | None,
+                      results: dict) -> None:
     log_dir = output / "logs"
     log_dir.mkdir(exist_ok=True)
     reuse = state_dir is not None
     state = state_dir or Path(tempfile.mkdtemp(prefix="bench-clusters-"))
     env = BenchClusters(state, settings.harness_workers, log_dir, reuse=reuse)
-    results: dict = {"mode": mode, "started": _now(), "settings": settings.as_dict(),
-                     "scenario_seconds": {}}
     timelines: Timelines | None = None
     runner: LoadRunner | None = None
 
@@ -72,16 +77,8 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
     try:
         started = time.monotonic()
         env.up()
-        results["environment"] = {
-            "kubernetes": env.kubernetes_version(),
-            "cpu_count": os.cpu_count(),
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "clusters": len(env.names),
-            "dispatcher": dispatcher_configuration(env, settings),
-            "harness_up_seconds": round(time.monotonic() - started, 1),
-        }
+        results["environment"] = {**describe(env, settings),
+                                  "harness_up_seconds": round(time.monotonic() - started, 1)}
         timelines = Timelines({name: env.kubeconfig(name) for name in env.names}).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
@@ -121,10 +118,6 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
                                        **results["fill"]["dispatcher"]}
         footprint["fill_idle"] = timed("fill-idle", scenarios.idle, ctx, mirrored)
         results["footprint"] = footprint
-        results["targets"] = targets(results)
-        results["finished"] = _now()
-        results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        return results
     finally:
         if runner is not None:
             runner.close()

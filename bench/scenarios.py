@@ -47,8 +47,15 @@ class BenchContext:
     def dispatcher_pid(self) -> int:
         return self.env.dispatcher.proc.pid
 
+    @property
+    def controller_pid(self) -> int:
+        """The process that dispatches: ours when it runs, else the manager's Kueue."""
+        if self.env.dispatcher is not None:
+            return self.dispatcher_pid
+        return self.env.process_groups([])["kueue manager"][0]
 
-def _names(prefix: str, count: int) -> list[str]:
+
+def job_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{i:05d}" for i in range(count)]
 
 
@@ -133,10 +140,10 @@ def create_ceiling(ctx: BenchContext) -> dict:
         # Untimed warm-up: every load thread's client connected, the apiserver's TrainJob
         # storage and admission paths exercised once.
         ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
-                               _names("warm-up", 2 * ctx.settings.concurrency),
+                               job_names("warm-up", 2 * ctx.settings.concurrency),
                                multikueue=False))
         run = ctx.runner.run(creates(ctx.kubeconfig(cluster), namespace,
-                                     _names("ceiling", count), multikueue=False))
+                                     job_names("ceiling", count), multikueue=False))
         figures[cluster] = {"jobs": count, "creates_per_second": round(run.rate(), 1),
                             "seconds": round(run.last_end - run.first_start, 2),
                             "retries": run.retries}
@@ -153,20 +160,22 @@ def create_ceiling(ctx: BenchContext) -> dict:
 # --- bursts ----------------------------------------------------------------------------------
 
 def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
-          api_cost: bool = False, profile: Path | None = None) -> dict:
+          api_cost: bool = False, profile: Path | None = None, submit=None) -> dict:
     """``count`` jobs created on the manager as fast as the load pool goes; throughput from
-    the first create to the last remote seen, latency per job, the dispatcher's footprint
-    and (``api_cost``) the apiservers' request deltas."""
+    the first create to the last remote seen, latency per job, the dispatching process's
+    footprint and (``api_cost``) the apiservers' request deltas. ``submit`` shapes each job
+    for the dispatcher under test (default: this one's ``managedBy``)."""
     env = ctx.env
     env.create_namespace(namespace, ["manager", *workers])
-    names = _names("job", count)
+    names = job_names("job", count)
     keys = [(namespace, n) for n in names]
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters) if api_cost else None
-    with _profiled(ctx.dispatcher_pid, profile, profile is not None), \
+    with _profiled(ctx.controller_pid, profile, profile is not None), \
             CpuAccount(env.process_groups(workers)) as cpu, \
-            FootprintWindow(ctx.dispatcher_pid) as window:
-        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names))
+            FootprintWindow(ctx.controller_pid) as window:
+        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
+                                     submit=submit))
         missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
     seen = _dispatched(ctx, keys)
     span = (seen["last_remote"] - run.first_start) if seen["last_remote"] else None
@@ -222,6 +231,12 @@ def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
             "manager_event_writes": round(event_writes / count, 3),
             "manager_reads": round(reads("manager") / count, 3),
             "worker_reads": round(sum(reads(w) for w in workers) / count, 3),
+            # Every resource, for dispatchers that write more than TrainJobs (Kueue's
+            # Workloads, its copies' Workloads, status and Events).
+            "manager_writes_all": round((apicost.total(manager, verbs=apicost.WRITE_VERBS)
+                                         - count) / count, 3),
+            "worker_writes_all": round(sum(apicost.total(deltas[w], verbs=apicost.WRITE_VERBS)
+                                           for w in workers) / count, 3),
         },
         "note": "manager TrainJob writes exclude the benchmark's own creates; reads are GET "
                 "and LIST of every resource (watches excluded) over the whole burst",
@@ -238,20 +253,24 @@ def idle(ctx: BenchContext, mirrored: int) -> dict:
 
 # --- steady arrival --------------------------------------------------------------------------
 
-def steady(ctx: BenchContext, rate: int, workers: list[str]) -> dict:
-    settings = ctx.settings
-    namespace = f"bench-rate-{rate}"
+def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float | None = None,
+           namespace: str | None = None, submit=None) -> dict:
+    """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'):
+    latency percentiles."""
+    seconds = seconds or ctx.settings.rate_seconds
+    namespace = namespace or f"bench-rate-{rate}"
     ctx.env.create_namespace(namespace, ["manager", *workers])
-    count = max(1, int(rate * settings.rate_seconds))
-    names = _names("job", count)
+    count = max(1, int(rate * seconds))
+    names = job_names("job", count)
     keys = [(namespace, n) for n in names]
-    with FootprintWindow(ctx.dispatcher_pid) as window:
-        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names), rate=rate)
+    with FootprintWindow(ctx.controller_pid) as window:
+        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
+                                     submit=submit), rate=rate)
         missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
     seen = _dispatched(ctx, keys)
     arrival_span = max(run.starts) - run.first_start
     figures = {
-        "rate": rate, "seconds": settings.rate_seconds, "jobs": count,
+        "rate": rate, "seconds": seconds, "jobs": count,
         "achieved_arrival_rate": round((count - 1) / arrival_span, 1) if arrival_span else None,
         "dispatched": len(seen["latencies"]), "missing": len(missing),
         "latency": summary_ms(seen["latencies"]),

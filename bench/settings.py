@@ -19,6 +19,16 @@ class BenchSettings:
     scaling_workers: tuple[int, ...] = (1, 2, 4, 8)
     scaling_jobs: int = 1000          # burst size per scaling step
     constrained_jobs: int = 60       # jobs of mixed sizes in the constrained-placement run
+    # How long a constrained run may take; a dispatcher that strands jobs never finishes.
+    constrained_timeout: float = 600.0
+    # The side-by-side comparison with Kueue (on clusters of its own, burst_workers workers).
+    compare_jobs: int = 1000          # jobs in each contender's burst
+    compare_rates: tuple[int, ...] = (10, 50, 100)  # each contender's steady arrival rates
+    compare_rate_seconds: float = 20.0
+    contenders: tuple[str, ...] = ("A", "B", "C", "D")
+    # Which parts run: "dispatcher" (the scenarios of this dispatcher alone), "compare"
+    # (the comparison) or "all".
+    suite: str = "all"
     placement_policy: str = "worst-fit"
     profile: bool = False             # py-spy the dispatcher during the burst and the fill
 
@@ -33,7 +43,8 @@ class BenchSettings:
 FULL = BenchSettings()
 QUICK = BenchSettings(burst_jobs=100, rates=(10, 50), rate_seconds=5.0, sync_jobs=50,
                       fill_to=500, idle_seconds=3.0, scaling_workers=(1, 2, 4),
-                      scaling_jobs=100, constrained_jobs=24)
+                      scaling_jobs=100, constrained_jobs=24, compare_jobs=40, constrained_timeout=120.0,
+                      compare_rates=(10,), compare_rate_seconds=3.0)
 
 
 def preset(quick: bool, **overrides) -> BenchSettings:

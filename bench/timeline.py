@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
@@ -16,14 +17,27 @@ from trainjob.kubeclient import api_client
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
+TRAINJOB_RESOURCE = (c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)
+WORKLOAD_RESOURCE = (c.KUEUE_GROUP, c.KUEUE_VERSION, "workloads")
+
+
+def workload_job(workload: dict) -> str | None:
+    """The TrainJob a Kueue Workload was made for (its owner), if any."""
+    return next((ref["name"] for ref in workload["metadata"].get("ownerReferences") or []
+                 if ref.get("kind") == c.TRAINJOB_KIND), None)
 
 
 class TrainJobTimeline:
     """Watches every TrainJob of one cluster from a thread and records, per (namespace,
     name), when it was first seen (ADDED) and when each condition type first appeared."""
 
-    def __init__(self, cluster: str, kubeconfig, changed: threading.Condition):
+    def __init__(self, cluster: str, kubeconfig, changed: threading.Condition,
+                 resource: tuple[str, str, str] = TRAINJOB_RESOURCE,
+                 key_of: Callable[[dict], str | None] | None = None):
         self.cluster = cluster
+        self.resource = resource
+        # The name an object is recorded under: its own, or (Workloads) its TrainJob's.
+        self.key_of = key_of or (lambda obj: obj["metadata"]["name"])
         self.api = api_client(kubeconfig)
         self.added: dict[Key, float] = {}
         self.deleted: dict[Key, list[float]] = {}  # every deletion seen, in order
@@ -57,8 +71,7 @@ class TrainJobTimeline:
         while not self._stop.is_set():
             try:
                 if resource_version is None:
-                    listed = custom.list_cluster_custom_object(
-                        c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)
+                    listed = custom.list_cluster_custom_object(*self.resource)
                     now = time.time()
                     # Objects first seen in a (re)list get the list time: only after a
                     # watch expired, and counted as relists in the results.
@@ -68,8 +81,8 @@ class TrainJobTimeline:
                     self._ready.set()
                 self._watch = watch.Watch()
                 for event in self._watch.stream(
-                        custom.list_cluster_custom_object, c.TRAINER_GROUP,
-                        c.TRAINER_VERSION, c.TRAINJOBS, resource_version=resource_version,
+                        custom.list_cluster_custom_object, *self.resource,
+                        resource_version=resource_version,
                         allow_watch_bookmarks=True, timeout_seconds=120,
                         # A read timeout longer than the server-side one: a quiet cluster
                         # must not drop the watch (events would arrive late, after it).
@@ -94,19 +107,21 @@ class TrainJobTimeline:
                     continue
                 if self._stop.is_set():
                     return
-                log.warning("cluster %s: TrainJob watch failed (%s); restarting", self.cluster,
-                            err.reason)
+                log.warning("cluster %s: %s watch failed (%s); restarting", self.cluster,
+                            self.resource[2], err.reason)
                 self._stop.wait(0.5)
             except Exception as err:  # noqa: BLE001 - a dropped watch is restarted
                 if self._stop.is_set():
                     return
-                log.warning("cluster %s: TrainJob watch failed (%s); restarting", self.cluster,
-                            err)
+                log.warning("cluster %s: %s watch failed (%s); restarting", self.cluster,
+                            self.resource[2], err)
                 self._stop.wait(0.5)
 
     def _record(self, kind: str, obj: dict, now: float) -> None:
-        meta = obj["metadata"]
-        key = (meta["namespace"], meta["name"])
+        name = self.key_of(obj)
+        if name is None:
+            return
+        key = (obj["metadata"]["namespace"], name)
         with self._changed:
             if kind == "DELETED":
                 self.deleted.setdefault(key, []).append(now)
@@ -131,18 +146,25 @@ class TrainJobTimeline:
 class Timelines:
     """One timeline per cluster, sharing one condition so a wait can span them all."""
 
-    def __init__(self, kubeconfigs: dict[str, object]):
+    def __init__(self, kubeconfigs: dict[str, object], *, workloads: bool = False):
         self.changed = threading.Condition()
         self.clusters = {name: TrainJobTimeline(name, path, self.changed)
                          for name, path in kubeconfigs.items()}
+        # The manager's Kueue Workloads, by their TrainJob: when Kueue reserved quota.
+        self.workloads = TrainJobTimeline(
+            "manager", kubeconfigs["manager"], self.changed, WORKLOAD_RESOURCE,
+            workload_job) if workloads else None
+
+    def _all(self) -> list[TrainJobTimeline]:
+        return [*self.clusters.values(), *([self.workloads] if self.workloads else [])]
 
     def start(self) -> Timelines:
-        for timeline in self.clusters.values():
+        for timeline in self._all():
             timeline.start()
         return self
 
     def stop(self) -> None:
-        for timeline in self.clusters.values():
+        for timeline in self._all():
             timeline.stop()
 
     @property
@@ -150,11 +172,11 @@ class Timelines:
         return self.clusters["manager"]
 
     def remote(self, key: Key) -> tuple[str, float] | None:
-        """(worker, first seen) of the remote copy of ``key``, if any worker has one."""
-        for name, timeline in self.clusters.items():
-            if name != "manager" and key in timeline.added:
-                return name, timeline.added[key]
-        return None
+        """(worker, first seen) of the earliest remote copy of ``key``, if any worker has
+        one (a dispatcher that races workers makes several)."""
+        seen = [(timeline.added[key], name) for name, timeline in self.clusters.items()
+                if name != "manager" and key in timeline.added]
+        return (min(seen)[1], min(seen)[0]) if seen else None
 
     def wait(self, missing, timeout: float) -> set:
         """Block until ``missing()`` is empty or ``timeout``; returns what is still missing."""
@@ -171,5 +193,5 @@ class Timelines:
         return self.wait(lambda: {k for k in keys if self.remote(k) is None}, timeout)
 
     def forget(self, namespace: str) -> None:
-        for timeline in self.clusters.values():
+        for timeline in self._all():
             timeline.forget(namespace)

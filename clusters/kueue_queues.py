@@ -24,7 +24,6 @@ CLUSTER_QUEUE = "cluster-queue"
 LOCAL_QUEUE = "user-queue"
 ADMISSION_CHECK = "multikueue-check"
 QUEUE_NAME_LABEL = c.KUEUE_QUEUE_NAME_LABEL
-RESOURCES = ("cpu", "memory")
 
 
 def _apply(api: client.ApiClient, plural: str, body: dict) -> None:
@@ -35,14 +34,15 @@ def _apply(api: client.ApiClient, plural: str, body: dict) -> None:
 
 def cluster_queue(api: client.ApiClient, quota: dict[str, str],
                   admission_check: str | None = None) -> None:
-    """The ResourceFlavor and a ClusterQueue with ``quota`` (cpu, memory) of it, open to
-    every namespace; ``admission_check`` names the AdmissionCheck every Workload needs."""
+    """The ResourceFlavor and a ClusterQueue with ``quota`` of it (cpu and memory, and any
+    other resource the jobs ask for, e.g. GPUs), open to every namespace;
+    ``admission_check`` names the AdmissionCheck every Workload needs."""
     _apply(api, "resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": FLAVOR}})
     spec: dict = {
         "namespaceSelector": {},
-        "resourceGroups": [{"coveredResources": list(RESOURCES), "flavors": [{
+        "resourceGroups": [{"coveredResources": list(quota), "flavors": [{
             "name": FLAVOR,
-            "resources": [{"name": r, "nominalQuota": quota[r]} for r in RESOURCES]}]}],
+            "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}]}],
     }
     if admission_check:
         spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": admission_check}]}

@@ -3,17 +3,14 @@ its table and writes every figure, sane, plus valid PNG plots."""
 
 from __future__ import annotations
 
-import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-TINY = ["--quick", "--jobs", "4", "--burst-workers", "2", "--scaling-workers", "1,2",
-        "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
+TINY = ["--quick", "--suite", "dispatcher", "--jobs", "4", "--burst-workers", "2",
+        "--scaling-workers", "1,2", "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
         "--fill-to", "12", "--idle-seconds", "1"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -33,19 +30,12 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def bench_run(tmp_path_factory):
-    output = tmp_path_factory.mktemp("bench")
-    argv = [sys.executable, "-m", "bench", *TINY, "--output", str(output),
-            "--log-level", "warning"]
+def bench_run(tmp_path_factory, run_bench):
+    args = list(TINY)
     reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
     if reuse:
-        argv += ["--state-dir", reuse]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=420,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, (f"python -m bench exited {done.returncode}\n"
-                                  f"stdout:\n{done.stdout[-3000:]}\nstderr:\n"
-                                  f"{done.stderr[-5000:]}")
-    return output, done.stdout, json.loads((output / "results.json").read_text())
+        args += ["--state-dir", reuse]
+    return run_bench(args, tmp_path_factory.mktemp("bench"), timeout=420)
 
 
 def test_the_table_is_printed_with_every_section(bench_run):

@@ -1,0 +1,134 @@
+"""The side-by-side comparison: Kueue MultiKueue (AllAtOnce, Incremental), Kueue with this
+dispatcher as its external dispatcher, and this dispatcher standalone, on one set of
+clusters that all run Kueue, with the same jobs and load.
+
+Bursts and steady arrival run first for every contender with no training operator (a job
+counts as dispatched when a copy exists on a worker); then the operators start and the
+constrained-placement workload runs to the end under each contender. Everything a
+contender made is removed before the next one starts. Figures land in ``results`` as they
+are measured, so a run that stops half-way still has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from bench import constrained, scenarios
+from bench.contenders import CONTENDERS, engage
+from bench.environment import BenchClusters, describe
+from bench.load import LoadRunner
+from bench.settings import BenchSettings
+from bench.stats import summary_ms
+from bench.timeline import Timelines
+
+log = logging.getLogger(__name__)
+
+
+def client_limits(env: BenchClusters) -> dict:
+    """The client rate limits each contender's controllers run with."""
+    plane = env.control_plane("manager")
+    connection = plane.kueue_configuration()["clientConnection"]
+    return {
+        "kueue_manager_client": {"qps": connection["qps"], "burst": connection["burst"]},
+        # Kueue 0.19 builds its worker clients from the MultiKueueCluster's kubeconfig
+        # alone, so client-go's defaults apply and no setting changes them.
+        "kueue_worker_clients": {"qps": 5, "burst": 10},
+        "dispatcher_worker_clients": "client.qps / client.burst of the dispatcher "
+                                     "configuration (environment.dispatcher)",
+    }
+
+
+def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None:
+    """Every contender in ``settings.contenders`` through burst, steady and constrained;
+    figures into ``results["comparison"]`` as they come."""
+    log_dir = output / "logs" / "comparison"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = BenchClusters(Path(tempfile.mkdtemp(prefix="bench-kueue-clusters-")),
+                        settings.burst_workers, log_dir, kueue=True)
+    figures: dict = results.setdefault("comparison", {})
+    figures.update({"contenders": {}, "seconds": {}})
+    timelines: Timelines | None = None
+    runner: LoadRunner | None = None
+    try:
+        started = time.monotonic()
+        env.up()
+        figures["harness_up_seconds"] = round(time.monotonic() - started, 1)
+        figures["client_limits"] = client_limits(env)
+        results.setdefault("environment", describe(env, settings))
+        timelines = Timelines({name: env.kubeconfig(name) for name in env.names},
+                              workloads=True).start()
+        runner = LoadRunner(settings.concurrency)
+        ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
+        workers = env.worker_names
+        chosen = [CONTENDERS[key] for key in settings.contenders]
+        for contender in chosen:
+            mine = figures["contenders"].setdefault(
+                contender.key, {"title": contender.title, "steady": []})
+            engage(env, contender, workers, settings.placement_policy)
+            namespaces = []
+            started = time.monotonic()
+            namespace = f"cmp-{contender.key.lower()}-burst"
+            namespaces.append(namespace)
+            mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs, workers,
+                                            api_cost=True, submit=contender.submit)
+            _from_quota_reserved(ctx, mine["burst"], namespace)
+            for rate in settings.compare_rates:
+                namespace = f"cmp-{contender.key.lower()}-rate-{rate}"
+                namespaces.append(namespace)
+                step = scenarios.steady(ctx, rate, workers,
+                                        seconds=settings.compare_rate_seconds,
+                                        namespace=namespace, submit=contender.submit)
+                _from_quota_reserved(ctx, step, namespace)
+                mine["steady"].append(step)
+            env.stop_dispatcher()
+            _clear(ctx, namespaces)
+            figures["seconds"][f"{contender.key} burst+steady"] = round(
+                time.monotonic() - started, 1)
+
+        operators = constrained.prepare(env, workers)
+        try:
+            for contender in chosen:
+                started = time.monotonic()
+                engage(env, contender, workers, settings.placement_policy)
+                namespace = f"cmp-{contender.key.lower()}-constrained"
+                figures["contenders"][contender.key]["constrained"] = constrained.constrained(
+                    ctx, namespace, workers, settings.constrained_jobs,
+                    submit=contender.submit, timeout=settings.constrained_timeout)
+                env.stop_dispatcher()
+                _clear(ctx, [namespace])
+                figures["seconds"][f"{contender.key} constrained"] = round(
+                    time.monotonic() - started, 1)
+        finally:
+            constrained.tear_down(env, workers, operators)
+    finally:
+        if runner is not None:
+            runner.close()
+        if timelines is not None:
+            timelines.stop()
+        env.close()
+
+
+def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: str) -> None:
+    """For jobs Kueue queued: latency from Kueue's quota reservation on the manager (the
+    moment a dispatcher may act on the Workload) to the first remote copy."""
+    samples = []
+    for name in scenarios.job_names("job", figures["jobs"]):
+        reserved = ctx.timelines.workloads.condition_seen.get(
+            (namespace, name, "QuotaReserved"))
+        remote = ctx.timelines.remote((namespace, name))
+        if reserved is not None and remote is not None:
+            samples.append(max(0.0, remote[1] - reserved))
+    if samples:
+        figures["latency_from_quota_reserved"] = summary_ms(samples)
+
+
+def _clear(ctx: scenarios.BenchContext, namespaces: list[str]) -> None:
+    """What a contender made, gone before the next one starts (Kueue keeps running: it
+    releases its Workloads itself)."""
+    ctx.env.remove_namespaces(namespaces)
+    for namespace in namespaces:
+        ctx.timelines.forget(namespace)
+

@@ -1,0 +1,40 @@
+"""The comparison with Kueue MultiKueue at a tiny scale: Kueue's AllAtOnce (A) and this
+dispatcher standalone (D) on clusters that all run Kueue, a few jobs each; the run ends,
+prints the side-by-side table and writes every contender's figures and its plot."""
+
+from __future__ import annotations
+
+import pytest
+
+TINY = ["--quick", "--suite", "compare", "--contenders", "A,D", "--burst-workers", "2",
+        "--concurrency", "2", "--compare-jobs", "2", "--compare-rates", "2",
+        "--compare-rate-seconds", "1", "--constrained-jobs", "4", "--constrained-timeout", "40"]
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory, run_bench):
+    return run_bench(TINY, tmp_path_factory.mktemp("bench-compare"), timeout=480)
+
+
+def test_each_contender_dispatches_every_job(compare_run):
+    _, stdout, results = compare_run
+    assert "incomplete" not in results, results["incomplete"]
+    contenders = results["comparison"]["contenders"]
+    assert list(contenders) == ["A", "D"], list(contenders)
+    for key, mine in contenders.items():
+        burst = mine["burst"]
+        assert (burst["dispatched"], burst["missing"]) == (2, 0), (key, burst)
+        assert burst["api"]["per_job"]["worker_writes_all"] > 0, (key, burst["api"])
+        assert burst["cpu"]["cpu_seconds"]["kueue manager"] > 0, (key, burst["cpu"])
+        assert [s["rate"] for s in mine["steady"]] == [2], (key, mine["steady"])
+        assert mine["constrained"]["jobs"] == 4, (key, mine["constrained"])
+    # Kueue queued A's jobs: their latency from quota reservation was timed too.
+    assert contenders["A"]["burst"]["latency_from_quota_reserved"]["p99_ms"] is not None
+    for text in ("| Figure | A: Kueue AllAtOnce | D: this dispatcher standalone |",
+                 "| D's burst throughput >= 2x A's"):
+        assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
+
+
+def test_the_comparison_plot_is_written(compare_run):
+    output, _, _ = compare_run
+    assert (output / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
