@@ -20,6 +20,7 @@ help:
 	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
 	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
+	@echo "make bench-smoke    the comparison with Kueue MultiKueue at a tiny scale, as a test"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -63,12 +64,16 @@ demo: binaries
 
 demo-down: clusters-down
 
-.PHONY: bench bench-quick
+.PHONY: bench bench-quick bench-smoke
 bench: binaries
 	$(PY) -m bench --output bench-results
 
 bench-quick: binaries
 	$(PY) -m bench --quick --output bench-results/quick
+
+# The comparison with Kueue MultiKueue at a tiny scale, as a test (not part of `make test`).
+bench-smoke: binaries
+	$(PY) -m pytest -m bench_compare tests/bench
 
 clean: clusters-down
 	rm -rf $(VENV) *.egg-info

@@ -29,7 +29,7 @@ from clusters.conformance import compare
 from clusters.conformance.cases import Case
 from clusters.controlplane import free_port
 from clusters.local import BIND_ADDRESS, LocalClusters
-from clusters.testing import ServiceProcess
+from clusters.testing import ServiceProcess, eventually
 from clusters.trainer_controller import TrainerController, require_alive
 from clusters.worker_stack import install_webhook_configurations
 from trainjob import constants as c
@@ -322,6 +322,9 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
             cleanups.append(lambda side=side, added=added: _delete_crds(side.api, added))
         trainer = TrainerController(harness, upstream_cluster).start()
         cleanups.append(trainer.stop)
+        # Runs before the controllers stop: upstream's puts finalizers on the runtimes it
+        # uses and must be there to take them off, or the namespace never goes.
+        cleanups.append(lambda: _remove_namespace(sides, namespace))
 
         cert_dir = work_dir / "operator-webhook"
         ca = harness.issue_serving_certificate(operator_cluster, cert_dir)
@@ -363,6 +366,21 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
         harness.use_trainer_crds(upstream_cluster, previous)
         for side in sides:
             side.api.close()
+
+
+def _remove_namespace(sides: list[Side], namespace: str, timeout: float = 90) -> None:
+    """Delete the run's namespace on both sides and wait until it is gone, so no other
+    test on these shared clusters finds it terminating."""
+    for side in sides:
+        try:
+            side.core.delete_namespace(namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    for side in sides:
+        eventually(lambda side=side: [n.metadata.name for n in side.core.list_namespace().items],
+                   lambda names: namespace not in names, timeout=timeout, interval=0.5,
+                   expected=f"namespace {namespace} gone from {side.cluster}")
 
 
 def _install_missing_crds(api: client.ApiClient, documents: list[dict]) -> list[str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.bench_compare
+
 TINY = ["--quick", "--suite", "compare", "--contenders", "A,D", "--burst-workers", "2",
         "--concurrency", "2", "--compare-jobs", "2", "--compare-rates", "2",
         "--compare-rate-seconds", "1", "--constrained-jobs", "4", "--constrained-timeout", "40"]
