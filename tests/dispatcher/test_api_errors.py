@@ -17,7 +17,8 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    trainjob, create, get, placement, condition, remotes, wait_placed, complete_jobset, active)
+    active, complete_jobset, condition, create, get, idle_workers, placement, remotes, trainjob,
+    wait_placed)
 
 
 def faults(env, cluster, tmp_path, namespace: str, resource: str, operations: tuple[str, ...],
@@ -43,6 +44,9 @@ REFUSED = 6
 def test_refused_remote_creates_are_retried_with_backoff_and_create_one_copy(
         dispatch_env, namespace, tmp_path):
     env = dispatch_env
+    # A dispatcher that has just started still syncs its workers' caches, and the events of
+    # that can retry the job early: start from both workers answering.
+    idle_workers(env)
     before = {w: api_requests(env, w, "429") for w in ("worker-1", "worker-2")}
     # Both workers refuse, so wherever the job goes, its first creates fail.
     with faults(env, env.multicluster["worker-1"], tmp_path, namespace, "trainjobs",
