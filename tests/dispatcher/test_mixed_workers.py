@@ -80,7 +80,9 @@ def test_jobs_run_to_complete_on_an_operator_worker_and_an_upstream_trainer_work
     assert sorted(placed.values()) == ["mixed-worker-1", "mixed-worker-2"], (
         f"expected one job on each worker, saw {placed}")
     theirs = next(n for n, w in placed.items() if w == "mixed-worker-2")
-    copy = get(mixed_workers["theirs"], namespace, theirs)
+    # Placement is written before the copy is created: wait for the copy.
+    copy = eventually(lambda: get(mixed_workers["theirs"], namespace, theirs),
+                      lambda obj: obj is not None, expected=f"the copy of {theirs} on worker-2")
     assert copy["spec"].get("managedBy") == c.MANAGED_BY_TRAINER_CONTROLLER, (
         f"expected upstream's CRD to default the copy's managedBy to "
         f"{c.MANAGED_BY_TRAINER_CONTROLLER}, saw {copy['spec'].get('managedBy')!r}")
