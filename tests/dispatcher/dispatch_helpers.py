@@ -126,8 +126,8 @@ def look_at_copies(env, namespace: str, name: str, done, timeout: float = 60,
     """GET the job's copy on every worker, round after round, until ``done({worker: uid})``
     holds for a round; every look with when it was sent and answered."""
     looks: list[Look] = []
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def one_round() -> dict[str, str]:
         found = {}
         for worker in env.multicluster.workers:
             sent = time.monotonic()
@@ -136,12 +136,11 @@ def look_at_copies(env, namespace: str, name: str, done, timeout: float = 60,
             looks.append((worker.name, sent, time.monotonic(), uid))
             if uid:
                 found[worker.name] = uid
-        if done(found):
-            return looks
-        assert time.monotonic() < deadline, (
-            f"expected {expected or 'the copies to settle'} within {timeout:.0f}s; "
-            f"last seen: {found}")
-        time.sleep(0.02)
+        return found
+
+    eventually(one_round, done, timeout=timeout, interval=0.02,
+               expected=expected or "the copies to settle")
+    return looks
 
 
 def copies_at_once(looks: list[Look]) -> list[str]:
