@@ -6,8 +6,10 @@ kube-controller-manager runs a deliberate subset of controllers. Every cluster h
 garbage collector (ownerReference cascading deletion) and the namespace controller. A worker
 adds what running pods needs: the job controller, node lifecycle (kwok renews each Node's
 Lease, so its Nodes stay Ready and lose the apiserver's not-ready taint; a Node whose kwok
-stops turns NotReady as a real one would), taint eviction and pod garbage collection (pods
-of a deleted Node go away).
+stops turns NotReady as a real one would), taint eviction, pod garbage collection (pods
+of a deleted Node go away) and PVC protection (it takes ``kubernetes.io/pvc-protection`` off
+a claim no pod uses; without it the claims JobSet makes from ``volumeClaimPolicies`` hold
+their namespace in Terminating for ever).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ KCM_CONTROLLERS = {
     "manager": _EVERY_CLUSTER_CONTROLLERS,
     "worker": _EVERY_CLUSTER_CONTROLLERS + ",job-controller,node-lifecycle-controller,"
                                            "taint-eviction-controller,"
-                                           "pod-garbage-collector-controller",
+                                           "pod-garbage-collector-controller,"
+                                           "persistentvolumeclaim-protection-controller",
 }
 # Ports a worker's extra components listen on (kept in the harness state per cluster).
 WORKER_PORTS = ("kube-scheduler", "jobset-webhook", "jobset-health", "kwok")

@@ -361,8 +361,8 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
         for cleanup in reversed(cleanups):
             try:
                 cleanup()
-            except Exception:  # noqa: BLE001 - the rest of the cleanup still runs
-                pass
+            except Exception as err:  # noqa: BLE001 - the rest of the cleanup still runs
+                log.warning("conformance cleanup: %s", err)
         harness.use_trainer_crds(upstream_cluster, previous)
         for side in sides:
             side.api.close()
@@ -378,37 +378,9 @@ def _remove_namespace(sides: list[Side], namespace: str, timeout: float = 90) ->
             if err.status != 404:
                 raise
     for side in sides:
-        gone = lambda side=side: namespace not in [  # noqa: E731 - read twice below
-            n.metadata.name for n in side.core.list_namespace().items]
-        try:
-            eventually(gone, bool, timeout=timeout, interval=0.5,
-                       expected=f"namespace {namespace} gone from {side.cluster}")
-        except AssertionError:
-            # Objects whose finalizers no running controller takes off hold the namespace
-            # (and later tests that wait for terminating namespaces): release them.
-            _drop_finalizers(side, namespace)
-            eventually(gone, bool, timeout=30, interval=0.5,
-                       expected=f"namespace {namespace} gone from {side.cluster} once its "
-                                "objects' finalizers were removed")
-
-
-def _drop_finalizers(side: Side, namespace: str) -> None:
-    for group, version, plural in ((*TRAINER, c.TRAINJOBS), (*TRAINER, c.TRAININGRUNTIMES),
-                                   (*JOBSET, c.JOBSETS)):
-        try:
-            items = side.custom.list_namespaced_custom_object(group, version, namespace,
-                                                              plural)["items"]
-        except ApiException:
-            continue
-        for item in items:
-            if item["metadata"].get("finalizers"):
-                try:
-                    side.custom.patch_namespaced_custom_object(
-                        group, version, namespace, plural, item["metadata"]["name"],
-                        {"metadata": {"finalizers": None}},
-                        _content_type="application/merge-patch+json")
-                except ApiException:
-                    pass
+        eventually(lambda side=side: [n.metadata.name for n in side.core.list_namespace().items],
+                   lambda names: namespace not in names, timeout=timeout, interval=0.5,
+                   expected=f"namespace {namespace} gone from {side.cluster}")
 
 
 def _install_missing_crds(api: client.ApiClient, documents: list[dict]) -> list[str]:
