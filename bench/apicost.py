@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from clusters.testing import request_counts as served
+from clusters.testing import apiserver_samples, request_counts as served
 
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
@@ -19,6 +19,37 @@ def request_counts(control_plane) -> Counter:
     for (group, resource, subresource, verb), n in served(control_plane).items():
         counts[(f"{resource}.{group}" if group else resource, subresource, verb)] += n
     return counts
+
+
+WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
+
+
+def webhook_time(control_plane) -> Counter:
+    """Admission webhook calls the apiserver has made so far and the seconds it waited on
+    them, by (webhook name, operation, "calls" or "ms")."""
+    counts: Counter = Counter()
+    for sample in apiserver_samples(control_plane, WEBHOOK_DURATION):
+        key = (sample.labels.get("name", ""), sample.labels.get("operation", ""))
+        if sample.name == f"{WEBHOOK_DURATION}_count":
+            counts[(*key, "calls")] += int(sample.value)
+        elif sample.name == f"{WEBHOOK_DURATION}_sum":
+            counts[(*key, "ms")] += round(sample.value * 1000)
+    return counts
+
+
+def webhook_cost(before: Counter, after: Counter, jobs: int) -> dict:
+    """What admission webhooks cost a cluster between two ``webhook_time`` snapshots: calls
+    and milliseconds waited per job, and the webhooks that took the most."""
+    spent = delta(before, after)
+    calls = sum(n for (_, _, unit), n in spent.items() if unit == "calls")
+    waited = sum(n for (_, _, unit), n in spent.items() if unit == "ms")
+    by_hook = Counter()
+    for (name, operation, unit), n in spent.items():
+        if unit == "ms":
+            by_hook[f"{name} {operation}"] += n
+    return {"calls_per_job": round(calls / jobs, 2), "ms_per_job": round(waited / jobs, 1),
+            "mean_ms_per_call": round(waited / calls, 1) if calls else None,
+            "slowest": [{"webhook": hook, "ms": ms} for hook, ms in by_hook.most_common(4)]}
 
 
 def delta(before: Counter, after: Counter) -> Counter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -137,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "make the worker count irrelevant)")
     parser.add_argument("--profile", action="store_true", default=None,
                         help="record the dispatcher with py-spy during the burst and the "
-                        "fill (profile-burst.svg, profile-fill.svg)")
+                        "fill (profile-burst.svg, profile-fill.svg), and during the "
+                        "comparison's bursts of C and D (profile-compare-C.svg, ...)")
+    parser.add_argument("--dispatcher-args", type=lambda text: tuple(shlex.split(text)),
+                        metavar="FLAGS",
+                        help="extra flags for every dispatcher the run starts, as one "
+                        "string (e.g. \"--workers 16\"); its 'run --help' lists them")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"))
     return parser
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
-        "compare_jobs", "compare_rates", "compare_rate_seconds")})
+        "compare_jobs", "compare_rates", "compare_rate_seconds", "dispatcher_args")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
     results: dict = {}

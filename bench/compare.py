@@ -47,7 +47,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
     log_dir = output / "logs" / "comparison"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = BenchClusters(Path(tempfile.mkdtemp(prefix="bench-kueue-clusters-")),
-                        settings.burst_workers, log_dir, kueue=True)
+                        settings.burst_workers, log_dir, kueue=True,
+                        dispatcher_args=settings.dispatcher_args)
     figures: dict = results.setdefault("comparison", {})
     figures.update({"contenders": {}, "seconds": {}})
     timelines: Timelines | None = None
@@ -72,8 +73,12 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
             started = time.monotonic()
             namespace = f"cmp-{contender.key.lower()}-burst"
             namespaces.append(namespace)
+            # py-spy reads Python stacks only: the contenders that run this dispatcher.
+            profile = (output / f"profile-compare-{contender.key}.svg"
+                       if settings.profile and contender.mode is not None else None)
             mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs, workers,
-                                            api_cost=True, submit=contender.submit)
+                                            api_cost=True, submit=contender.submit,
+                                            profile=profile)
             _from_quota_reserved(ctx, mine["burst"], namespace)
             for rate in settings.compare_rates:
                 namespace = f"cmp-{contender.key.lower()}-rate-{rate}"

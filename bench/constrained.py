@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 
 from bench.load import create_call
+from bench.stats import summary_ms
 from clusters import fixtures, worker_stack
 from clusters.testing import ServiceProcess
 from trainjob import constants as c
@@ -103,6 +104,8 @@ class _PoolWatch:
     apis: dict[str, client.ApiClient]
     namespace: str
     allocatable: dict[str, Decimal]  # the pool's total, per resource
+    pods_per_job: dict[str, int]  # job name -> the pods it runs
+    all_running: dict[str, float] = field(default_factory=dict)  # job -> first seen so
     unschedulable: set[tuple[str, str]] = field(default_factory=set)
     samples: list[tuple[float, dict[str, Decimal]]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -122,6 +125,7 @@ class _PoolWatch:
         cores = {name: client.CoreV1Api(api) for name, api in self.apis.items()}
         while not self._stop.wait(POLL_SECONDS):
             used: dict[str, Decimal] = {}
+            running: dict[str, int] = {}
             for worker, core in cores.items():
                 try:
                     pods = core.list_namespaced_pod(self.namespace).items
@@ -134,13 +138,19 @@ class _PoolWatch:
                                 cond.reason == "Unschedulable":
                             self.unschedulable.add((worker, pod.metadata.name))
                     if pod.status and pod.status.phase == "Running":
+                        job = (pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL)
+                        running[job] = running.get(job, 0) + 1
                         for container in pod.spec.containers:
                             for resource, value in ((container.resources.requests or {})
                                                     if container.resources else {}).items():
                                 if resource in self.allocatable:
                                     used[resource] = used.get(resource, Decimal(0)) + \
                                         parse_quantity(value)
-            self.samples.append((time.time(), used))
+            now = time.time()
+            self.samples.append((now, used))
+            for job, count in running.items():
+                if job in self.pods_per_job and count >= self.pods_per_job[job]:
+                    self.all_running.setdefault(job, now)
 
     def utilisation(self, start: float, end: float) -> dict[str, float | None]:
         """Mean share of the pool's allocatable requested by running pods, per resource,
@@ -221,7 +231,8 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
              for job in jobs]
     finished = (c.CONDITION_COMPLETE, c.CONDITION_FAILED)
     with _PoolWatch({w: env.apis[w] for w in pool_workers}, namespace,
-                    _pool_allocatable(pool_workers)) as pool:
+                    _pool_allocatable(pool_workers),
+                    {job.name: job.nodes for job in jobs}) as pool:
         run = ctx.runner.run(calls)
         missing = ctx.timelines.wait(
             lambda: {k for k in keys
@@ -248,6 +259,11 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
         "finished": len(ends), "missing": len(missing),
         "failed": sum(1 for k in keys if (*k, c.CONDITION_FAILED) in manager.condition_seen),
         "makespan_seconds": round(makespan, 1) if makespan else None,
+        # Waiting for room included: a job that cannot start yet waits here, not Pending.
+        "running_latency": summary_ms([pool.all_running[job.name] - manager.added[key]
+                                       for job, key in zip(jobs, keys)
+                                       if job.name in pool.all_running and key in manager.added]),
+        "never_all_running": sum(1 for job in jobs if job.name not in pool.all_running),
         "pods_unschedulable": len(pool.unschedulable),
         "copies_withdrawn": withdrawn,
         "utilisation": pool.utilisation(run.first_start,

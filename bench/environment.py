@@ -53,12 +53,13 @@ class BenchClusters:
     ``reuse``, clusters already running under that state directory (left running)."""
 
     def __init__(self, state_dir: Path, workers: int, log_dir: Path, *, reuse: bool = False,
-                 kueue: bool = False):
+                 kueue: bool = False, dispatcher_args: tuple[str, ...] = ()):
         self.harness = LocalClusters(state_dir, tied_to_caller=not reuse)
         self.workers = workers
         self.kueue = kueue
         self.log_dir = log_dir
         self.reuse = reuse
+        self.extra_dispatcher_args = tuple(dispatcher_args)
         self.apis: dict[str, client.ApiClient] = {}
         self.dispatcher: ServiceProcess | None = None
         self.namespaces: list[str] = []
@@ -217,7 +218,7 @@ class BenchClusters:
         log_file = self.log_dir / f"dispatcher-{self._dispatcher_runs}-{config_name}.log"
         process = ServiceProcess("dispatcher", self.kubeconfig("manager"), log_file,
                                  (*self.dispatcher_args(config_name, placement_policy),
-                                  *extra_args))
+                                  *extra_args, *self.extra_dispatcher_args))
         try:
             self.dispatcher = process.start()
         except (AssertionError, OSError) as err:

@@ -43,13 +43,15 @@ def _comparison_targets(results: dict) -> list[dict]:
     span_c = _figure(results, "C", "constrained", "makespan_seconds")
     stuck_c = _figure(results, "C", "constrained", "pods_unschedulable")
     ran_a = _figure(results, "A", "constrained") is not None
-    # A run that did not finish within the timeout has no makespan: longer than any.
-    unfinished = f"not finished in {results['settings']['constrained_timeout']:g} s"
+    # A run that did not finish within the timeout has no makespan: longer than the
+    # timeout, which is then the bound C is judged against.
+    timeout = results["settings"]["constrained_timeout"]
+    unfinished = f"not finished in {timeout:g} s"
     rows.append({"target": "C's constrained makespan <= 0.8x A's, with 0 pods unschedulable",
                  "measured": f"C {f'{span_c} s' if span_c else unfinished} ({stuck_c} pods "
                              f"unschedulable), A {f'{span_a} s' if span_a else unfinished if ran_a else 'not run'}",
                  "met": (span_c is not None and stuck_c == 0
-                         and (span_a is None or span_c <= 0.8 * span_a))
+                         and span_c <= 0.8 * (span_a if span_a is not None else timeout))
                  if ran_a and stuck_c is not None else None})
     ceiling = (results.get("ceiling") or {}).get("limit_creates_per_second")
     rows.append({"target": "D's burst throughput >= 60% of the create ceiling",
@@ -199,6 +201,9 @@ def _comparison_table(results: dict) -> str:
     row("API reads per job (GET+LIST): manager / workers",
         lambda m: f"{m['burst']['api']['per_job']['manager_reads']} / "
                   f"{m['burst']['api']['per_job']['worker_reads']}")
+    row("admission webhook ms waited per job: manager / workers",
+        lambda m: f"{m['burst']['api']['webhooks']['manager']['ms_per_job']} / "
+                  f"{m['burst']['api']['webhooks']['workers']['ms_per_job']}")
     for group in ("kueue manager", "kueue workers", "dispatcher",
                   "manager apiserver+etcd", "workers apiserver+etcd"):
         row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
@@ -221,6 +226,9 @@ def _comparison_table(results: dict) -> str:
     row(f"{tight}: pods unschedulable / copies withdrawn",
         lambda m: f"{m['constrained']['pods_unschedulable']} / "
                   f"{m['constrained']['copies_withdrawn']}")
+    row(f"{tight}: create to all pods Running p50 / p99 ms",
+        lambda m: f"{m['constrained']['running_latency']['p50_ms']} / "
+                  f"{m['constrained']['running_latency']['p99_ms']}")
     row(f"{tight}: mean Node utilisation",
         lambda m: ", ".join(f"{r} {v:.0%}" if v is not None else f"{r} n/a"
                             for r, v in m["constrained"]["utilisation"].items()))

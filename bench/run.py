@@ -63,7 +63,8 @@ def _dispatcher_suite(settings: BenchSettings, output: Path, state_dir: Path | N
     log_dir.mkdir(exist_ok=True)
     reuse = state_dir is not None
     state = state_dir or Path(tempfile.mkdtemp(prefix="bench-clusters-"))
-    env = BenchClusters(state, settings.harness_workers, log_dir, reuse=reuse)
+    env = BenchClusters(state, settings.harness_workers, log_dir, reuse=reuse,
+                        dispatcher_args=settings.dispatcher_args)
     timelines: Timelines | None = None
     runner: LoadRunner | None = None
 

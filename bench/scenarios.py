@@ -67,6 +67,20 @@ def _snapshot(env: BenchClusters, clusters: list[str]) -> dict[str, Counter]:
     return {name: apicost.request_counts(env.control_plane(name)) for name in clusters}
 
 
+def _webhook_snapshot(env: BenchClusters, clusters: list[str]) -> dict[str, Counter]:
+    return {name: apicost.webhook_time(env.control_plane(name)) for name in clusters}
+
+
+def _webhook_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
+                  workers: list[str]) -> dict:
+    """The apiservers' time in admission webhooks (Kueue's, JobSet's, the operators') per
+    job: a request waits for them before it is stored, so under load they set the pace."""
+    def summed(snap):
+        return sum((snap[w] for w in workers), Counter())
+    return {"manager": apicost.webhook_cost(before["manager"], after["manager"], count),
+            "workers": apicost.webhook_cost(summed(before), summed(after), count)}
+
+
 def _settled(env: BenchClusters, clusters: list[str], quiet: float = 1.0,
              timeout: float = 20.0) -> dict[str, Counter]:
     """Snapshots once TrainJob and Event writes have stopped changing for ``quiet`` seconds
@@ -171,6 +185,7 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
     keys = [(namespace, n) for n in names]
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters) if api_cost else None
+    hooks_before = _webhook_snapshot(env, clusters) if api_cost else None
     with _profiled(ctx.controller_pid, profile, profile is not None), \
             CpuAccount(env.process_groups(workers)) as cpu, \
             FootprintWindow(ctx.controller_pid) as window:
@@ -197,6 +212,8 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
         figures["profile"] = profile.name
     if api_cost:
         figures["api"] = _api_cost(before, _settled(env, clusters), count, workers)
+        figures["api"]["webhooks"] = _webhook_cost(
+            hooks_before, _webhook_snapshot(env, clusters), count, workers)
     log.info("burst of %d on %d workers: %.1f jobs/s, p99 %s ms", count, len(workers),
              figures["throughput_jobs_per_second"], figures["latency"]["p99_ms"])
     return figures

@@ -31,6 +31,8 @@ class BenchSettings:
     suite: str = "all"
     placement_policy: str = "worst-fit"
     profile: bool = False             # py-spy the dispatcher during the burst and the fill
+    # Extra flags for every dispatcher the run starts (e.g. ("--workers", "16")).
+    dispatcher_args: tuple[str, ...] = ()
 
     @property
     def harness_workers(self) -> int:

@@ -159,24 +159,29 @@ def _die_with_parent() -> None:
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
 
 
-def request_counts(control_plane) -> Counter:
-    """Requests a cluster's apiserver has served so far, from its own /metrics
-    (``apiserver_request_total``), by (group, resource, subresource, verb)."""
+def apiserver_samples(control_plane, *families: str) -> list:
+    """The samples of the named metric families from a cluster's apiserver ``/metrics``."""
     status, text = control_plane.get("/metrics", timeout=10)
     if status != 200:
         raise AssertionError(f"expected apiserver /metrics to answer 200; saw {status}: "
                              f"{text[:200]}")
-    # Only one family is wanted; parsing the whole exposition (megabytes) is slow.
+    # Only a few families are wanted; parsing the whole exposition (megabytes) is slow.
     wanted = "\n".join(line for line in text.splitlines()
-                       if line.startswith("apiserver_request_total{"))
+                       if line.startswith(families) and not line.startswith("#"))
+    return [sample for family in text_string_to_metric_families(wanted + "\n")
+            for sample in family.samples]
+
+
+def request_counts(control_plane) -> Counter:
+    """Requests a cluster's apiserver has served so far, from its own /metrics
+    (``apiserver_request_total``), by (group, resource, subresource, verb)."""
     counts: Counter = Counter()
-    for family in text_string_to_metric_families(wanted + "\n"):
-        for sample in family.samples:
-            if sample.name != "apiserver_request_total":
-                continue
-            labels = sample.labels
-            counts[(labels.get("group", ""), labels.get("resource", ""),
-                    labels.get("subresource", ""), labels["verb"])] += int(sample.value)
+    for sample in apiserver_samples(control_plane, "apiserver_request_total{"):
+        if sample.name != "apiserver_request_total":
+            continue
+        labels = sample.labels
+        counts[(labels.get("group", ""), labels.get("resource", ""),
+                labels.get("subresource", ""), labels["verb"])] += int(sample.value)
     return counts
 
 

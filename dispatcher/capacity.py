@@ -21,11 +21,11 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
 log = logging.getLogger(__name__)
 
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 # Pod slots are accounted like any other resource: each pod uses one, nodes allocate them.
 PODS = "pods"
 DELETED = "DELETED"
@@ -343,15 +343,15 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     if not node or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
         return None
     meta = pod.get("metadata") or {}
-    jobset = (meta.get("labels") or {}).get(JOBSET_NAME_LABEL)
+    jobset = (meta.get("labels") or {}).get(c.JOBSET_NAME_LABEL)
     job = (meta.get("namespace") or "", jobset) if jobset else None
     return _PodUse(node=node, job=job, requests=pod_requests(pod))
 
 
 def _node_from(obj: dict[str, Any]) -> _Node:
     meta, spec, status = (obj.get(k) or {} for k in ("metadata", "spec", "status"))
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in status.get("conditions") or [])
+    ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
+                for cond in status.get("conditions") or [])
     allocatable: Resources = {}
     for resource, value in (status.get("allocatable") or {}).items():
         try:

@@ -78,16 +78,17 @@ class Placer:
     def _place(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
         with self._lock:
             decision = self._choose(key, need_of)
-            if not isinstance(decision, str):
-                worker, need = decision
-                plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                            need.tolerations)
-                worker.capacity.reserve(key, need.requests, need.pods,
-                                        plan if isinstance(plan, dict) else None)
-        return decision
+            if isinstance(decision, str):
+                return decision
+            worker, need, plan = decision
+            worker.capacity.reserve(key, need.requests, need.pods, plan)
+        return worker, need
 
-    def _choose(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
-        candidates, needs = [], {}
+    def _choose(self, key: JobKey,
+                need_of: NeedOf) -> tuple[WorkerCluster, Need, dict | None] | str:
+        """The worker for the job, its need there and where its pods were packed (the
+        reservation's per-Node plan); or why nothing fits."""
+        candidates, needs, plans = [], {}, {}
         workers = {worker.name: worker for worker in self.registry.snapshot()}
         for worker in workers.values():
             problem, need = need_of(worker)
@@ -100,6 +101,8 @@ class Placer:
                                             need.tolerations)
                 if isinstance(plan, str):
                     problem = plan
+                else:
+                    plans[worker.name] = plan
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
             return "no worker cluster is registered"
@@ -129,7 +132,7 @@ class Placer:
         # Needs differ between workers only when their runtimes differ; rank by the largest.
         chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
                                     list(fitting.values())) or next(iter(fitting))
-        return workers[chosen], needs[chosen]
+        return workers[chosen], needs[chosen], plans.get(chosen)
 
     def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
         """(None, what the job needs there) when ``worker`` is eligible, else (why not,

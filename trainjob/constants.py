@@ -14,6 +14,8 @@ JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
 JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 JOBSETS = "jobsets"
+# The label the JobSet controller puts on every pod of a JobSet.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_KIND = "JobSet"
 
 KUEUE_GROUP = "kueue.x-k8s.io"

@@ -161,7 +161,7 @@ def _unschedulable_jobsets(side: Side, namespace: str) -> set[str]:
     for pod in side.core.list_namespaced_pod(namespace).items:
         for condition in pod.status.conditions or []:
             if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                stuck.add((pod.metadata.labels or {}).get("jobset.sigs.k8s.io/jobset-name"))
+                stuck.add((pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL))
     return stuck
 
 

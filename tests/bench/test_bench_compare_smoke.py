@@ -30,6 +30,13 @@ def test_each_contender_dispatches_every_job(compare_run):
         assert burst["cpu"]["cpu_seconds"]["kueue manager"] > 0, (key, burst["cpu"])
         assert [s["rate"] for s in mine["steady"]] == [2], (key, mine["steady"])
         assert mine["constrained"]["jobs"] == 4, (key, mine["constrained"])
+        # Kueue's webhooks see every TrainJob the manager stores, whoever dispatches it.
+        hooks = burst["api"]["webhooks"]["manager"]
+        assert hooks["calls_per_job"] >= 1 and hooks["ms_per_job"] > 0, (key, hooks)
+    # D's constrained jobs run to the end: each one's pods were seen all Running.
+    tight = contenders["D"]["constrained"]
+    assert tight["running_latency"]["count"] == tight["finished"] == 4, tight
+    assert tight["never_all_running"] == 0, tight
     # Kueue queued A's jobs: their latency from quota reservation was timed too.
     assert contenders["A"]["burst"]["latency_from_quota_reserved"]["p99_ms"] is not None
     for text in ("| Figure | A: Kueue AllAtOnce | D: this dispatcher standalone |",

@@ -3,8 +3,12 @@ its table and writes every figure, sane, plus valid PNG plots."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +114,26 @@ def test_the_plots_are_valid_pngs(bench_run):
     for name in ("latency.png", "scaling.png"):
         width, height = _png_size(output / name)
         assert width >= 300 and height >= 200, (name, width, height)
+
+
+def test_a_dispatcher_that_does_not_start_stops_the_run_naming_it_and_its_log(tmp_path):
+    """The first dispatcher the run starts refuses its flags: the run stops with exit 1,
+    names the dispatcher and its log file, and keeps what it measured before, marked
+    incomplete."""
+    args = [sys.executable, "-m", "bench", *TINY, "--scaling-workers", "1",
+            "--dispatcher-args=--workers 0", "--output", str(tmp_path),
+            "--log-level", "warning"]
+    reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
+    if reuse:
+        args += ["--state-dir", reuse]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 1, (f"expected exit 1, saw {done.returncode}\nstdout:\n"
+                                  f"{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}")
+    match = re.search(r"error: dispatcher failed to start \(log: (\S+)\)", done.stderr)
+    assert match, f"expected the dispatcher and its log named; stderr:\n{done.stderr[-3000:]}"
+    log_file = Path(match.group(1))
+    assert "--workers" in log_file.read_text(), log_file.read_text()[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["incomplete"].startswith("dispatcher failed to start"), results
+    assert results["ceiling"]["manager"]["creates_per_second"] > 0, results["ceiling"]

@@ -19,7 +19,7 @@ from trainjob import constants as c
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
     create, get, condition, wait_placed)
 
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
 GPU = "nvidia.com/gpu"
 
 
@@ -86,7 +86,7 @@ def _install_runtime(env, namespace: str, name: str, pod_annotations: dict[str, 
 
 def _pods(worker, namespace: str, name: str) -> list[client.V1Pod]:
     return worker.core.list_namespaced_pod(
-        namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+        namespace, label_selector=f"{c.JOBSET_NAME_LABEL}={name}").items
 
 
 def _unschedulable(env, namespace: str) -> list[str]:

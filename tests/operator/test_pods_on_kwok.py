@@ -14,7 +14,6 @@ from trainjob import constants as c
 
 WORKER = "worker-1"
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 @pytest.fixture
@@ -55,7 +54,7 @@ def _trainjob(worker, namespace: str, name: str) -> dict:
 
 def _pods(worker, namespace: str, name: str) -> list[client.V1Pod]:
     return worker.core.list_namespaced_pod(
-        namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+        namespace, label_selector=f"{c.JOBSET_NAME_LABEL}={name}").items
 
 
 def test_trainjob_runs_on_kwok_nodes_to_complete(multicluster, namespace, run_operator,
@@ -80,7 +79,7 @@ def test_trainjob_runs_on_kwok_nodes_to_complete(multicluster, namespace, run_op
     assert {p.spec.node_name for p in pods} == {worker_node}
     assert {p.status.phase for p in pods} == {"Succeeded"}
     jobs = client.BatchV1Api(worker.api).list_namespaced_job(
-        namespace, label_selector=f"{JOBSET_NAME_LABEL}=mnist").items
+        namespace, label_selector=f"{c.JOBSET_NAME_LABEL}=mnist").items
     assert sorted((j.metadata.name, j.status.succeeded) for j in jobs) == [
         ("mnist-dataset-initializer-0", 1), ("mnist-model-initializer-0", 1),
         ("mnist-node-0", 2)]

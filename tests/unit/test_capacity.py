@@ -6,8 +6,8 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.capacity import (JOBSET_NAME_LABEL, WorkerCapacity, admits, pod_requests,
-                                 tolerates)
+from dispatcher.capacity import WorkerCapacity, admits, pod_requests, tolerates
+from trainjob.constants import JOBSET_NAME_LABEL
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 GPU = "nvidia.com/gpu"

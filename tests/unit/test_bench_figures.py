@@ -1,0 +1,59 @@
+"""The benchmark's pure figure code: what admission webhooks cost between two metric
+snapshots, and how the constrained-placement target is judged when Kueue's run strands
+jobs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench import apicost
+from bench.report import targets
+
+HOOK = "mworkload.kb.io"
+
+
+def test_webhook_cost_is_the_difference_per_job_and_names_the_slowest():
+    before = Counter({(HOOK, "CREATE", "calls"): 10, (HOOK, "CREATE", "ms"): 500})
+    after = Counter({(HOOK, "CREATE", "calls"): 30, (HOOK, "CREATE", "ms"): 2500,
+                     ("vjobset.kb.io", "CREATE", "calls"): 10,
+                     ("vjobset.kb.io", "CREATE", "ms"): 100})
+    cost = apicost.webhook_cost(before, after, jobs=10)
+    assert cost["calls_per_job"] == 3.0
+    assert cost["ms_per_job"] == 210.0
+    assert cost["mean_ms_per_call"] == 70.0
+    assert cost["slowest"][0] == {"webhook": f"{HOOK} CREATE", "ms": 2000}
+
+
+def test_webhook_cost_without_calls_has_no_mean():
+    cost = apicost.webhook_cost(Counter(), Counter(), jobs=5)
+    assert (cost["calls_per_job"], cost["ms_per_job"], cost["mean_ms_per_call"]) == (0, 0, None)
+
+
+def _results(span_a, span_c, stuck_c=0, timeout=150.0) -> dict:
+    def constrained(span, stuck):
+        return {"makespan_seconds": span, "pods_unschedulable": stuck}
+    return {"settings": {"constrained_timeout": timeout},
+            "comparison": {"contenders": {"A": {"constrained": constrained(span_a, 6)},
+                                          "C": {"constrained": constrained(span_c, stuck_c)}}}}
+
+
+def _makespan_row(results: dict) -> dict:
+    return next(row for row in targets(results) if row["target"].startswith("C's constrained"))
+
+
+@pytest.mark.parametrize("span_a, span_c, stuck_c, met", [
+    (100.0, 80.0, 0, True),      # C at 0.8x A
+    (100.0, 81.0, 0, False),     # just over
+    (100.0, 50.0, 2, False),     # fast, but pods were stuck
+    (None, 100.0, 0, True),      # A stranded jobs: its makespan exceeds the 150 s timeout
+    (None, 130.0, 0, False),     # ... which only proves C <= 0.8x A up to 120 s
+    (None, None, 0, False),      # C did not finish either
+])
+def test_constrained_target_judged_against_the_timeout_when_a_never_finishes(
+        span_a, span_c, stuck_c, met):
+    row = _makespan_row(_results(span_a, span_c, stuck_c))
+    assert row["met"] is met, row
+    if span_a is None:
+        assert "A not finished in 150 s" in row["measured"], row
