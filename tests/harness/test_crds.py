@@ -401,6 +401,24 @@ def test_multikueue_cluster_and_config_on_the_manager(multicluster, namespace):
         assert_invalid(
             status, "spec.clusterSource.kubeConfig.locationType", 'Unsupported value: "Other"')
 
+        # Kueue's rule: a kubeConfig or a clusterProfileRef, exactly one.
+        both = {"kubeConfig": {"location": "x"}, "clusterProfileRef": {"name": "x"}}
+        for source in (both, {}):
+            status = rejected(custom.create_cluster_custom_object, *KUEUE,
+                              "multikueueclusters", {
+                                  "apiVersion": "kueue.x-k8s.io/v1beta2",
+                                  "kind": "MultiKueueCluster",
+                                  "metadata": {"name": f"{namespace}-sources"},
+                                  "spec": {"clusterSource": source}})
+            assert_invalid(status, "spec.clusterSource",
+                           "exactly one of the fields in [kubeConfig clusterProfileRef]")
+        # A MultiKueueConfig names each cluster once.
+        status = rejected(custom.create_cluster_custom_object, *KUEUE, "multikueueconfigs", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueConfig",
+            "metadata": {"name": f"{namespace}-twice"}, "spec": {"clusters": ["a", "b", "a"]},
+        })
+        assert_invalid(status, "spec.clusters", "must be unique")
+
         custom.create_cluster_custom_object(*KUEUE, "multikueueconfigs", {
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueConfig",
             "metadata": {"name": config_name}, "spec": {"clusters": ["a", "b"]},
