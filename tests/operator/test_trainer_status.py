@@ -15,15 +15,19 @@ import json
 import shutil
 import ssl
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures
 from clusters.controlplane import free_port
+from clusters.crds import manifests_dir
+from clusters.pki import service_account_user
 from clusters.testing import eventually
 from trainjob import constants as c, trainer_status as ts
 
@@ -60,15 +64,46 @@ class Endpoint:
             conn.close()
 
 
+@pytest.fixture(scope="module")
+def operator_identity(multicluster, tmp_path_factory):
+    """A kubeconfig for worker-2 as the operator's ServiceAccount with the shipped
+    ClusterRole and binding (manifests/operator/rbac.yaml): what the endpoint needs
+    (TokenReview, status apply) must be granted there."""
+    worker = multicluster[WORKER]
+    rbac = client.RbacAuthorizationV1Api(worker.api)
+    documents = [d for d in yaml.safe_load_all(
+        (manifests_dir() / "operator" / "rbac.yaml").read_text()) if d]
+    created = []
+    for document in documents:
+        create = (rbac.create_cluster_role if document["kind"] == "ClusterRole"
+                  else rbac.create_cluster_role_binding)
+        try:
+            create(document)
+            created.append(document)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    subject = documents[1]["subjects"][0]
+    user, groups = service_account_user(subject["namespace"], subject["name"])
+    path = multicluster.harness.issue_user_kubeconfig(
+        WORKER, user, groups, tmp_path_factory.mktemp("identity") / "operator.kubeconfig")
+    yield SimpleNamespace(name=WORKER, kubeconfig=path)
+    for document in created:
+        delete = (rbac.delete_cluster_role if document["kind"] == "ClusterRole"
+                  else rbac.delete_cluster_role_binding)
+        delete(document["metadata"]["name"])
+
+
 @pytest.fixture
-def reporting(multicluster, namespace, run_operator, tmp_path):
-    """worker-2's operator with the endpoint on; a runtime whose pods run as ``reporter``."""
+def reporting(multicluster, namespace, run_operator, operator_identity, tmp_path):
+    """worker-2's operator, as its shipped role allows, with the endpoint on; a runtime
+    whose pods run as ``reporter``."""
     worker = multicluster[WORKER]
     cert_dir = tmp_path / "certs"
     ca = multicluster.harness.issue_serving_certificate(WORKER, cert_dir)
     shutil.copyfile(ca, cert_dir / "ca.crt")  # where cert-manager puts it
     port = free_port()
-    run_operator(worker, "--webhook-cert-dir", str(cert_dir), "--webhook-port",
+    run_operator(operator_identity, "--webhook-cert-dir", str(cert_dir), "--webhook-port",
                  str(free_port()), "--enable-trainer-status", "--trainer-status-port", str(port))
     worker.core.create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=SERVICE_ACCOUNT)))
