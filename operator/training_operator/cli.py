@@ -8,11 +8,13 @@ import socket
 import sys
 
 from trainjob import command_line, logs
-from trainjob import constants as c
+from trainjob import constants as c, trainer_status as ts
 from trainjob.kubeclient import KubeconfigError, api_client
 from trainjob.service import ListenError, serve
 
 log = logging.getLogger("training_operator")
+
+DEFAULT_SERVICE = "training-operator-webhook.training-operator-system.svc"
 
 DESCRIPTION = """\
 Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
@@ -43,12 +45,56 @@ def build_parser() -> argparse.ArgumentParser:
                      help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
     run.add_argument("--metrics-host", default="127.0.0.1",
                      help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
+    status = run.add_argument_group(
+        "trainer status (upstream Trainer's TrainJobStatus feature gate; alpha, off by default)",
+        "Training pods report progress (percentage, remaining time, metrics) to an HTTPS "
+        "endpoint that writes it to their TrainJob's status.trainerStatus. When on, the first "
+        "trainer replicated job's containers get KUBEFLOW_TRAINER_SERVER_URL, "
+        "KUBEFLOW_TRAINER_SERVER_CA_CERT and KUBEFLOW_TRAINER_SERVER_TOKEN, a projected "
+        "service-account token for the job's audience and ConfigMap <job>-tls-config with "
+        "the CA, as upstream's plug-in adds them. A pod is believed when the apiserver "
+        "accepts its token for audience "
+        "trainer.kubeflow.org/v1alpha1/namespaces/<ns>/trainjobs/<name>/status and its "
+        "service account is in the job's namespace.")
+    status.add_argument("--enable-trainer-status", action="store_true",
+                        help="serve the endpoint and wire trainer pods to it; needs "
+                        "--webhook-cert-dir (its certificate serves the endpoint too)")
+    status.add_argument("--trainer-status-port", type=int, default=ts.DEFAULT_PORT,
+                        help="HTTPS port of the endpoint, on --webhook-host (default: %(default)s)")
+    status.add_argument("--trainer-status-url", default=None,
+                        help="base URL pods reach the endpoint at; the job's path is appended "
+                        f"(default: https://{DEFAULT_SERVICE}:<--trainer-status-port>, the "
+                        "Service in manifests/operator)")
+    status.add_argument("--trainer-status-ca-file", default=None,
+                        help="CA certificate pods verify the endpoint with, copied into each "
+                        "job's ConfigMap (default: ca.crt in --webhook-cert-dir, as "
+                        "cert-manager writes it)")
     run.add_argument("--workers", type=command_line.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
     run.add_argument("--cluster-name", default=None,
                      help="name of this cluster, added to every log line as cluster=NAME "
                      "(e.g. the MultiKueueCluster name the manager knows it by)")
     logs.add_arguments(run)
     return parser
+
+
+def _trainer_status_plugins(args: argparse.Namespace) -> list:
+    """The trainer status plug-in, configured from the flags, when the endpoint is on."""
+    if not args.enable_trainer_status:
+        return []
+    if not args.webhook_cert_dir:
+        raise ValueError("--enable-trainer-status needs --webhook-cert-dir: the endpoint "
+                         "serves HTTPS with the webhook's certificate")
+    from pathlib import Path
+
+    from trainjob.runtime.plugins.trainer_status import TrainerStatusPlugin
+
+    ca_file = Path(args.trainer_status_ca_file or Path(args.webhook_cert_dir) / "ca.crt")
+    if not ca_file.is_file():
+        raise ValueError(f"--trainer-status-ca-file {ca_file}: no such file; pods need the CA "
+                         "certificate of the endpoint's serving certificate to verify it")
+    base_url = args.trainer_status_url or f"https://{DEFAULT_SERVICE}:{args.trainer_status_port}"
+    # Read at each build: a CA rotated in place reaches the jobs built afterwards.
+    return [TrainerStatusPlugin(base_url, lambda: ca_file.read_text())]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     from training_operator.controller import OperatorController
 
     try:
+        status_plugins = _trainer_status_plugins(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         api = api_client(args.kubeconfig, user_agent=c.OPERATOR_USER_AGENT)
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
@@ -66,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
     controller = OperatorController(api, namespace=args.namespace, workers=args.workers,
-                                    instance=socket.gethostname())
+                                    instance=socket.gethostname(), extra_plugins=status_plugins)
 
     def webhook() -> list:
         if not args.webhook_cert_dir:
@@ -83,7 +134,21 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
         log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
-        return [server]
+        if not args.enable_trainer_status:
+            return [server]
+        from training_operator.status_server import StatusServer
+
+        status_server = StatusServer(args.trainer_status_port, args.webhook_cert_dir, api,
+                                     find_job=controller.trainjobs.get, host=args.webhook_host,
+                                     on_update=controller.observe_trainer_status)
+        try:
+            status_server.start()
+        except OSError as err:
+            server.stop()
+            raise ListenError("the trainer status endpoint", args.webhook_host,
+                              args.trainer_status_port, "--trainer-status-port", err) from err
+        log.info("trainer status endpoint serving on %s", status_server.url)
+        return [server, status_server]
 
     log.info("operator starting (namespace: %s)", args.namespace or "all")
     return serve("operator", controller, controller.metrics.registry, args.metrics_host,

@@ -20,6 +20,8 @@ from trainjob import constants as c, required_apis, runtime_ref
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
+from trainjob.runtime.extension_points import Plugin
+from trainjob.runtime.plugins import registered
 from trainjob.managed_by import managed_by, operator_manages
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
@@ -38,7 +40,8 @@ def _custom_list(api: client.ApiClient, group: str, version: str, plural: str,
 
 class OperatorController:
     def __init__(self, api: client.ApiClient, namespace: str | None = None, workers: int = 4,
-                 metrics: OperatorMetrics | None = None, instance: str = ""):
+                 metrics: OperatorMetrics | None = None, instance: str = "",
+                 extra_plugins: list[Plugin] | None = None):
         self.api = api
         self.namespace = namespace
         self.metrics = metrics or OperatorMetrics()
@@ -56,7 +59,8 @@ class OperatorController:
             api, Caches(self.trainjobs, self.jobsets, self.runtimes, self.cluster_runtimes),
             self.recorder, self.metrics,
             requeue_after=lambda namespace, name, delay: self.queue.add_after(
-                (namespace, name), delay))
+                (namespace, name), delay),
+            plugins=registered() + list(extra_plugins) if extra_plugins else None)
         self._workers = workers
         self._threads: list[threading.Thread] = []
         self.trainjobs.add_handler(self._on_trainjob)
@@ -115,6 +119,9 @@ class OperatorController:
     def lookups(self) -> CacheLookups:
         """What the webhook reads: the operator's caches (no API call per review)."""
         return CacheLookups(self.api, self.namespace, self.jobsets, self.reconciler.caches)
+
+    def observe_trainer_status(self, code: int) -> None:
+        self.metrics.trainer_status_requests.labels(code=str(code)).inc()
 
     def observe_review(self, seconds: float, allowed: bool, reason: str) -> None:
         self.metrics.webhook_duration.observe(seconds)

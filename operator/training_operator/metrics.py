@@ -34,3 +34,8 @@ class OperatorMetrics:
             "training_operator_webhook_rejections_total", "Admission requests refused",
             ["reason"], registry=self.registry,
         )
+        self.trainer_status_requests = Counter(
+            "training_operator_trainer_status_requests_total",
+            "Trainer status reports answered, by HTTP status code", ["code"],
+            registry=self.registry,
+        )

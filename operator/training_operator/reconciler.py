@@ -31,6 +31,7 @@ from trainjob.kubeclient import (
     refusal_summary,
 )
 from trainjob.runtime import build_runtime_info
+from trainjob.runtime.extension_points import Plugin
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ class Caches:
 class TrainJobReconciler:
     def __init__(self, api: client.ApiClient, caches: Caches, recorder: EventRecorder,
                  metrics: OperatorMetrics,
-                 requeue_after: Callable[[str, str, float], None] = lambda *_: None):
+                 requeue_after: Callable[[str, str, float], None] = lambda *_: None,
+                 plugins: list[Plugin] | None = None):
         self.api = api
+        # None: the registered plug-ins; the operator adds optional ones (trainer status).
+        self.plugins = plugins
         # Nothing in the world changes when a deadline passes: the job is looked at again then.
         self.requeue_after = requeue_after
         self.custom = client.CustomObjectsApi(api)
@@ -119,7 +123,7 @@ class TrainJobReconciler:
                 "starts when it exists"))
             return
         try:
-            info = build_runtime_info(job, runtime)
+            info = build_runtime_info(job, runtime, self.plugins)
             desired = jobset_builder.build_jobset(job, info)
         except Exception as err:  # noqa: BLE001 - a bad runtime must not stop the operator
             self._write_status(job, raw, jobset, status_mod.Transition(

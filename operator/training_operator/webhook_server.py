@@ -65,13 +65,21 @@ class WebhookServer:
         if self._server is not None:
             return
         self.tls_context()  # a missing or broken certificate fails here, not per request
-        server = _TLSServer((self.host, self.port), _Handler, self)
+        server = _TLSServer((self.host, self.port), self.handler_class(), self)
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="trainjob-webhook",
+        self._thread = threading.Thread(target=server.serve_forever, name=self.thread_name,
                                         kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
-        log.info("TrainJob webhook listening on %s", self.url)
+        log.info("%s listening on %s", self.description, self.url)
+
+    # What a server on this plumbing (TLS, reload, connection handling) serves; the status
+    # server overrides these.
+    thread_name = "trainjob-webhook"
+    description = "TrainJob webhook"
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     def tls_context(self) -> ssl.SSLContext:
         """The serving context, reloaded when ``tls.crt`` or ``tls.key`` changes (cert-manager
