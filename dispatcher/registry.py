@@ -46,6 +46,7 @@ from dispatcher.capacity import WorkerCapacity
 from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
 from dispatcher.named_secrets import NamedSecrets
+from dispatcher.worker_quota import WorkerQuota
 from trainjob import constants as c
 from trainjob import logs
 from trainjob.conditions import format_time
@@ -76,6 +77,8 @@ class WorkerCluster:
     api: client.ApiClient | None = None
     informers: dict[str, Informer] = field(default_factory=dict)
     capacity: WorkerCapacity = field(default_factory=WorkerCapacity)
+    # Kueue mode: the worker Kueue's queues and quota (None in standalone mode).
+    quota: WorkerQuota | None = None
     active: bool = False
     reason: str = REASON_CONNECTION_FAILED
     message: str = "not probed yet"
@@ -101,6 +104,8 @@ class WorkerCluster:
     def stop(self) -> None:
         for informer in self.informers.values():
             informer.stop(timeout=1)
+        if self.quota is not None:
+            self.quota.stop()
         if self.api is not None:
             self.api.close()
 
@@ -444,6 +449,11 @@ class WorkerRegistry:
             informer.add_handler(functools.partial(self._worker_event, worker, resource))
             worker.informers[resource] = informer
             informer.start()
+        if self.config.mode == "kueue":
+            # Kept apart from the informers above: a worker without Kueue, or whose queues
+            # the dispatcher may not read, is still a worker (placed by Node room).
+            worker.quota = WorkerQuota(worker.name, worker.api, functools.partial(
+                self.on_worker_event, worker.name))
 
     def _worker_event(self, worker: WorkerCluster, resource: str, kind: str,
                       old: dict | None, new: dict | None) -> None:
@@ -470,6 +480,8 @@ class WorkerRegistry:
         try:
             try:
                 client.VersionApi(worker.api).get_code(_request_timeout=self.probe_timeout)
+                if worker.quota is not None:
+                    worker.quota.ensure()
                 # It answers: caches waiting out a backoff may reconnect right away.
                 for informer in worker.informers.values():
                     informer.retry_now()
