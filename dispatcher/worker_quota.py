@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 CLUSTERQUEUES = "clusterqueues"
 LOCALQUEUES = "localqueues"
 RECHECK_SECONDS = 30.0
+DISCOVERY_TIMEOUT = 10.0  # the probe's thread waits for it
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -64,7 +65,7 @@ class WorkerQuota:
         self._checked = time.monotonic()
         try:
             resources = client.CustomObjectsApi(self.api).get_api_resources(
-                c.KUEUE_GROUP, c.KUEUE_VERSION)
+                c.KUEUE_GROUP, c.KUEUE_VERSION, _request_timeout=DISCOVERY_TIMEOUT)
             names = {r.name for r in resources.resources or []}
             served = {CLUSTERQUEUES, LOCALQUEUES} <= names
         except ApiException as err:
