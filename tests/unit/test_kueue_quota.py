@@ -31,12 +31,11 @@ def cluster_queue(name="cq", quota=None, reserved=None, usage=None, cohort=None,
     if cohort:
         spec["cohortName"] = cohort
     status = {}
-    if reserved is not None:
-        status["flavorsReservation"] = [{"name": f, "resources": [
-            {"name": r, "total": v} for r, v in amounts.items()]} for f, amounts in reserved.items()]
-    if usage is not None:
-        status["flavorsUsage"] = [{"name": f, "resources": [
-            {"name": r, "total": v} for r, v in amounts.items()]} for f, amounts in usage.items()]
+    for field_name, by_flavor in (("flavorsReservation", reserved), ("flavorsUsage", usage)):
+        if by_flavor is not None:
+            status[field_name] = [{"name": f, "resources": [
+                {"name": r, "total": v} for r, v in amounts.items()]}
+                for f, amounts in by_flavor.items()]
     return {"metadata": {"name": name}, "spec": spec, "status": status}
 
 
