@@ -185,26 +185,34 @@ def request_counts(control_plane) -> Counter:
     return counts
 
 
-def audited_writes(cluster, user_agent: str) -> list[dict]:
-    """Writes the cluster's apiserver audit log records (clusters running Kueue keep one)
-    from clients whose User-Agent starts with ``user_agent``: one
-    ``{verb, resource, subresource, namespace, name, code}`` per completed request."""
+AUDITED_WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def audited_requests(cluster, user_agent: str) -> list[dict]:
+    """The cluster's apiserver audit log records (clusters running Kueue keep one) from
+    clients whose User-Agent starts with ``user_agent``: one
+    ``{verb, resource, subresource, namespace, name, code}`` per request, once it has
+    started answering (a watch that is still open counts)."""
     path = cluster.control_plane.audit_log
-    found = []
+    found: dict[str, dict] = {}
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             record = json.loads(line)
         except ValueError:
             continue  # a line the apiserver is still writing
-        if record.get("stage") != "ResponseComplete" or not (
-                record.get("userAgent") or "").startswith(user_agent):
+        if not (record.get("userAgent") or "").startswith(user_agent):
             continue
         ref = record.get("objectRef") or {}
-        found.append({"verb": record.get("verb"), "resource": ref.get("resource"),
-                      "subresource": ref.get("subresource", ""),
-                      "namespace": ref.get("namespace", ""), "name": ref.get("name", ""),
-                      "code": (record.get("responseStatus") or {}).get("code")})
-    return found
+        found[record.get("auditID") or line] = {
+            "verb": record.get("verb"), "resource": ref.get("resource"),
+            "subresource": ref.get("subresource", ""), "namespace": ref.get("namespace", ""),
+            "name": ref.get("name", ""), "code": (record.get("responseStatus") or {}).get("code")}
+    return list(found.values())
+
+
+def audited_writes(cluster, user_agent: str) -> list[dict]:
+    """``audited_requests`` that write."""
+    return [r for r in audited_requests(cluster, user_agent) if r["verb"] in AUDITED_WRITE_VERBS]
 
 
 def apiserver_writes(cluster, resources: set[tuple[str, str]],

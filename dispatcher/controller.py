@@ -28,6 +28,7 @@ from dispatcher.metrics import DispatcherMetrics
 from dispatcher.job_timing import JobTimings
 from dispatcher.kueue_nominator import WorkloadNominator
 from dispatcher.kueue_presence import KueueOnManager
+from dispatcher.worker_quota import CLUSTERQUEUES, LOCALQUEUES
 from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 # What the manager must serve: a missing CRD is named at start, with how to install it.
 MANAGER_APIS = [required_apis.TRAINJOBS, required_apis.MULTIKUEUECLUSTERS,
                 required_apis.MULTIKUEUECONFIGS]
-_CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES)
+_CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES,
+                       CLUSTERQUEUES, LOCALQUEUES)  # the last two: kueue mode's quota
 
 
 def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:

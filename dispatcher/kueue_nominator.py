@@ -5,7 +5,9 @@ a job on the manager and then waits for ``.status.nominatedClusterNames`` on the
 Workload; it creates the remote copy only on the nominated workers and does the copying,
 status sync and garbage collection itself. This module chooses that worker, with the same
 placement and capacity code as standalone mode (``Placer``): the job's needs come from the
-Workload's podSets, each worker's room from its Nodes and Pods.
+Workload's podSets, each worker's room from its Nodes and Pods and, where its Kueue's API
+is served, from the quota of the ClusterQueue its LocalQueue of the Workload's
+``spec.queueName`` points at (``worker_quota``, ``kueue_quota``).
 
 Level-triggered, all state in API objects:
 
@@ -131,7 +133,8 @@ class WorkloadNominator:
         need = wl.podset_need(obj)
         if admitted_on := wl.cluster_name(obj):
             if not isinstance(need, str):
-                self._hold(key, obj, admitted_on, need)  # until its pods account for it
+                # Until its pods account for it; its quota is the worker Kueue's to count.
+                self._hold(key, obj, admitted_on, need, admitted=True)
             return
         waiting = wl.waiting(obj, self.multikueue_checks())
         if waiting is None:
@@ -197,7 +200,8 @@ class WorkloadNominator:
 
     # --- capacity held by a Workload's job ----------------------------------------------
 
-    def _hold(self, key: Key, obj: dict, worker_name: str, need: Need) -> None:
+    def _hold(self, key: Key, obj: dict, worker_name: str, need: Need,
+              admitted: bool = False) -> None:
         held = self._held.get(key)
         if held is not None and held[0] != worker_name:
             self._release(key)
@@ -206,6 +210,13 @@ class WorkloadNominator:
             return
         job = wl.job_key(obj)
         worker.capacity.reserve(job, need.requests, need.pods)
+        if worker.quota is not None:
+            # Nominated, not admitted: the worker's ClusterQueue does not count it yet, so
+            # this dispatcher does. Admitted: its reservation there counts it.
+            if admitted or need.queue is None:
+                worker.quota.release(job)
+            else:
+                worker.quota.hold(job, need.queue, need.requests, need.pods)
         self._held[key] = (worker_name, job)
 
     def _release(self, key: Key) -> None:

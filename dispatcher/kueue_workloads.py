@@ -108,4 +108,9 @@ def podset_need(workload: Obj) -> Need | str:
         if widest is None or (count, index) >= widest[:2]:
             widest = (count, index, spec)
     spec = widest[2] if widest else {}
-    return Need(total, pods, spec.get("nodeSelector"), spec.get("tolerations"), each_pod)
+    # The remote Workload keeps the namespace and spec.queueName: the worker's LocalQueue
+    # of that name leads to the ClusterQueue whose quota it is admitted against.
+    queue_name = (workload.get("spec") or {}).get("queueName")
+    queue = (workload["metadata"].get("namespace") or "", queue_name) if queue_name else None
+    return Need(total, pods, spec.get("nodeSelector"), spec.get("tolerations"), each_pod,
+                queue)

@@ -41,6 +41,9 @@ class Need:
     node_selector: dict[str, str] | None
     tolerations: list[dict] | None
     each_pod: list[dict[str, Decimal]] = field(default_factory=list)  # per-pod requests
+    # Kueue mode: the (namespace, LocalQueue) the worker's Kueue admits the job through;
+    # its ClusterQueue's quota is room too. None in standalone mode.
+    queue: tuple[str, str] | None = None
 
 
 NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
@@ -82,6 +85,8 @@ class Placer:
                 return decision
             worker, need, plan = decision
             worker.capacity.reserve(key, need.requests, need.pods, plan)
+            if need.queue is not None and worker.quota is not None:
+                worker.quota.hold(key, need.queue, need.requests, need.pods)
         return worker, need
 
     def _choose(self, key: JobKey,
@@ -103,6 +108,8 @@ class Placer:
                     problem = plan
                 else:
                     plans[worker.name] = plan
+            if need is not None and problem is None:
+                problem, free = _quota_room(key, worker, need, free)
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
             return "no worker cluster is registered"
@@ -179,7 +186,10 @@ class Placer:
 
     def release(self, worker: WorkerCluster | None, key: JobKey) -> bool:
         """The job no longer needs room on ``worker``; True when a reservation went."""
-        return worker.capacity.release(key) if worker is not None else False
+        if worker is None:
+            return False
+        held_quota = worker.quota.release(key) if worker.quota is not None else False
+        return worker.capacity.release(key) or held_quota
 
     def exclude(self, key: JobKey, worker: WorkerCluster, generation: int | None,
                 why: str) -> None:
@@ -203,6 +213,25 @@ class Placer:
 
     def forget(self, key: JobKey) -> None:
         self.excluded.pop(key, None)
+
+
+def _quota_room(key: JobKey, worker: WorkerCluster, need: Need,
+                free: dict[str, Decimal]) -> tuple[str | None, dict[str, Decimal]]:
+    """Kueue mode: the worker fits only when its Kueue's quota for the job's queue fits
+    too. (why not, Node room) when it does not; else (None, the smaller of Node and quota
+    room per resource, so ranking sees what both allow). Without a quota read (no Kueue
+    API there, or none asked for), the Node room alone."""
+    if need.queue is None or worker.quota is None:
+        return None, free
+    verdict = worker.quota.verdict(need.queue, need.requests, need.pods, key)
+    if verdict is None:
+        return None, free
+    if verdict.problem is not None:
+        short = shortfalls(need.requests, need.pods, free)
+        nodes = f" (and its Nodes: needs {' and '.join(short)})" if short else ""
+        return verdict.problem + nodes, free
+    return None, {resource: min(amount, verdict.free.get(resource, amount))
+                  for resource, amount in free.items()}
 
 
 def _largest(requests_list) -> dict[str, Decimal]:

@@ -5,7 +5,9 @@ Workers come from MultiKueueCluster objects on the manager (kubeconfig in a Secr
 dispatcher's namespace under key ``kubeconfig``, or a Path), narrowed and ordered by the
 configured MultiKueueConfig, and from the configuration file's static list. The registry is
 level-triggered: any change to those objects or Secrets re-derives the whole set, and a
-worker whose kubeconfig did not change keeps its connection and caches.
+worker whose kubeconfig did not change keeps its connection and caches. Only the Secrets
+the registrations name are read, each by name (``named_secrets``): the namespace is shared
+with Kueue, whose other Secrets are none of the dispatcher's business.
 
 Connection state is probed every ``probe_interval`` seconds per worker, each worker on its
 own thread, and reported as the ``Active`` condition on its MultiKueueCluster.
@@ -43,6 +45,8 @@ from kubernetes import client
 from dispatcher.capacity import WorkerCapacity
 from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
+from dispatcher.named_secrets import NamedSecrets
+from dispatcher.worker_quota import WorkerQuota
 from trainjob import constants as c
 from trainjob import logs
 from trainjob.conditions import format_time
@@ -73,6 +77,8 @@ class WorkerCluster:
     api: client.ApiClient | None = None
     informers: dict[str, Informer] = field(default_factory=dict)
     capacity: WorkerCapacity = field(default_factory=WorkerCapacity)
+    # Kueue mode: the worker Kueue's queues and quota (None in standalone mode).
+    quota: WorkerQuota | None = None
     active: bool = False
     reason: str = REASON_CONNECTION_FAILED
     message: str = "not probed yet"
@@ -98,6 +104,8 @@ class WorkerCluster:
     def stop(self) -> None:
         for informer in self.informers.values():
             informer.stop(timeout=1)
+        if self.quota is not None:
+            self.quota.stop()
         if self.api is not None:
             self.api.close()
 
@@ -154,9 +162,10 @@ class WorkerRegistry:
         self.configs = Informer("multikueueconfigs", functools.partial(
             custom.list_cluster_custom_object, c.KUEUE_GROUP, c.KUEUE_VERSION,
             c.MULTIKUEUECONFIGS))
-        self.secrets = Informer("secrets", functools.partial(
-            client.CoreV1Api(manager).list_namespaced_secret, config.namespace))
-        for informer in (self.clusters, self.configs, self.secrets):
+        self.secrets = NamedSecrets(manager, config.namespace, self.sync)
+        # The Secrets the last re-derivation named: the others' caches are stopped.
+        self._named: set[str] = set()
+        for informer in (self.clusters, self.configs):
             informer.add_handler(lambda *_: self.sync())
         # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
         self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
@@ -167,11 +176,20 @@ class WorkerRegistry:
     # --- lifecycle ------------------------------------------------------------------
 
     def start(self, sync_timeout: float = 60) -> WorkerRegistry:
-        for informer in (self.clusters, self.configs, self.secrets):
+        deadline = time.monotonic() + sync_timeout
+        for informer in (self.clusters, self.configs):
             informer.start()
-        for informer in (self.clusters, self.configs, self.secrets):
+        for informer in (self.clusters, self.configs):
             if not informer.wait_synced(sync_timeout):
                 raise TimeoutError(f"manager {informer.name} cache not synced")
+        # A first derivation starts the caches of the Secrets it names; the second, once
+        # they are read, connects the workers (none is reported "not read yet" at start).
+        with self._lock:
+            self._desired(report=False)
+        unread = self.secrets.wait_synced(max(deadline - time.monotonic(), 0))
+        if unread:
+            log.warning("Secrets not read at start (their workers wait for them): %s",
+                        ", ".join(sorted(unread)))
         self._started = True
         self.sync()
         self._scheduler.add_job(self.probe_all, "interval", seconds=self.probe_interval,
@@ -184,8 +202,9 @@ class WorkerRegistry:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self._probes.shutdown(wait=False, cancel_futures=True)
-        for informer in (self.clusters, self.configs, self.secrets):
+        for informer in (self.clusters, self.configs):
             informer.stop(timeout=1)
+        self.secrets.stop()
         with self._lock:
             for worker in self.workers.values():
                 worker.stop()
@@ -211,7 +230,8 @@ class WorkerRegistry:
 
     # --- deriving the set of workers ---------------------------------------------------
 
-    def _desired(self) -> list[_Registration]:
+    def _desired(self, report: bool = True) -> list[_Registration]:
+        self._named = set()
         problems: dict[str, tuple[dict | None, str, str]] = {}
         mk_config = None
         if self.config.multikueue_config:
@@ -249,7 +269,8 @@ class WorkerRegistry:
                 desired.append(_Registration(
                     static.name, len(names) + offset, None, BAD_KUBECONFIG,
                     f"cannot read {static.kubeconfig}: {err.strerror}", from_object=False))
-        self._report(problems)
+        if report:
+            self._report(problems)
         return desired
 
     def _report(self, problems: dict[str, tuple[dict | None, str, str]]) -> None:
@@ -281,7 +302,10 @@ class WorkerRegistry:
                 return Path(location).read_text(), "", ""
             except OSError as err:
                 return None, BAD_KUBECONFIG, f"cannot read kubeconfig file {location}: {err.strerror}"
-        secret = self.secrets.get(self.config.namespace, location)
+        self._named.add(location)
+        secret, unknown = self.secrets.state(location)
+        if unknown:
+            return None, BAD_KUBECONFIG, unknown
         if secret is None:
             return None, BAD_KUBECONFIG, (
                 f"Secret {self.config.namespace}/{location} not found")
@@ -344,6 +368,7 @@ class WorkerRegistry:
                 worker = self._refresh(registration, draining=registration.name not in wanted)
                 if worker is not None:
                     changed.append(worker)
+            self.secrets.retain(self._named)
         for worker in left:
             self.on_state_change(worker)
         for worker in changed:
@@ -424,6 +449,11 @@ class WorkerRegistry:
             informer.add_handler(functools.partial(self._worker_event, worker, resource))
             worker.informers[resource] = informer
             informer.start()
+        if self.config.mode == "kueue":
+            # Kept apart from the informers above: a worker without Kueue, or whose queues
+            # the dispatcher may not read, is still a worker (placed by Node room).
+            worker.quota = WorkerQuota(worker.name, worker.api, functools.partial(
+                self.on_worker_event, worker.name))
 
     def _worker_event(self, worker: WorkerCluster, resource: str, kind: str,
                       old: dict | None, new: dict | None) -> None:
@@ -450,6 +480,8 @@ class WorkerRegistry:
         try:
             try:
                 client.VersionApi(worker.api).get_code(_request_timeout=self.probe_timeout)
+                if worker.quota is not None:
+                    worker.quota.ensure()
                 # It answers: caches waiting out a backoff may reconnect right away.
                 for informer in worker.informers.values():
                     informer.retry_now()

@@ -92,6 +92,7 @@ class Informer:
         self._store: dict[Key, dict] = {}
         self._lock = threading.RLock()
         self._handlers: list[Handler] = []
+        self._synced_handlers: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._retry = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,6 +138,12 @@ class Informer:
         objects of the first list (as ADDED)."""
         self._handlers.append(handler)
 
+    def add_synced_handler(self, handler: Callable[[], None]) -> None:
+        """``handler()`` after every complete list, once its events are delivered: an owner
+        that reads "not listed yet" differently from "absent" learns when that changed
+        (an empty list delivers no event)."""
+        self._synced_handlers.append(handler)
+
     # --- running --------------------------------------------------------------------
 
     def start(self) -> Informer:
@@ -162,7 +169,9 @@ class Informer:
                 response.shutdown()  # unblocks a read parked in the socket
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        if self._thread is not None:
+        # A handler may stop its own informer (say, the owner drops the cache it reacted
+        # to): the thread then ends after the handler returns.
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     def wait_synced(self, timeout: float | None = None) -> bool:
@@ -218,6 +227,11 @@ class Informer:
             if key not in items:
                 self._dispatch(DELETED, obj, None)
         self.synced.set()
+        for handler in self._synced_handlers:
+            try:
+                handler()
+            except Exception:  # noqa: BLE001 - one bad handler must not stop the cache
+                log.exception("%s: synced handler failed", self.name)
 
     def _watch(self) -> None:
         """Watch until stopped; returns normally only on stop, raises _Gone for a relist."""

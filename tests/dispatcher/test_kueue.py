@@ -4,7 +4,7 @@ on kwok).
 
 Capacity: worker-1 has the most Kueue quota (64 cpu) but one Node of 8 cpu; worker-2 has
 less quota (32 cpu) and a Node of 16 cpu. The manager's ClusterQueue (100 cpu) requires
-the MultiKueue AdmissionCheck.
+the MultiKueue AdmissionCheck. A test that shrinks a worker's quota restores it.
 
 Who wrote what is read from the apiservers' audit logs (clusters running Kueue keep one),
 by the User-Agent each component sends, never from the components' own logs.
@@ -22,7 +22,8 @@ from kubernetes import client
 
 from clusters import fixtures, kueue, kueue_queues, worker_stack
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
-from clusters.testing import ServiceProcess, audited_writes, eventually, holds_for
+from clusters.testing import (ServiceProcess, audited_requests, audited_writes, eventually,
+                              holds_for)
 from trainjob import constants as c
 
 from dispatch_helpers import TRAINER, condition, get, placement, trainjob  # noqa: E402
@@ -200,6 +201,85 @@ def test_kueue_mode_nominates_the_worker_with_room(kueue_env, kueue_dispatcher,
         f"expected Complete; saw {done.get('status')}")
     assert get(env.multicluster["worker-1"], ns, "big") is None, (
         "expected no copy on worker-1 at any point after the nomination")
+
+
+def set_cpu_quota(cluster, cpu: str) -> None:
+    """The worker's ClusterQueue with ``cpu`` of nominal quota (memory as the fixture's)."""
+    kueue_queues.cluster_queue(cluster.api, {"cpu": cpu, "memory": "256Gi"})
+
+
+def test_kueue_mode_nominates_by_the_workers_clusterqueue_quota(kueue_env, kueue_dispatcher,
+                                                               kueue_namespace):
+    """A job of 6 cpu fits the Nodes of both workers (8 and 16 cpu; best fit would take the
+    tighter worker-1), but not worker-1's ClusterQueue quota once that is 4 cpu: while
+    worker-2's quota is 4 cpu too, nothing is nominated and the reason names each
+    ClusterQueue and its free quota; once worker-2's quota grows, the job is nominated
+    there, Kueue admits it and it completes, never copied to worker-1."""
+    env, ns = kueue_env, kueue_namespace
+    first, second = env.multicluster["worker-1"], env.multicluster["worker-2"]
+    set_cpu_quota(first, "4")
+    set_cpu_quota(second, "4")
+    try:
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                           queued_trainjob("quota", cpu="6"))
+
+        def waits() -> list[str]:
+            return [e.message for e in env.manager.core.list_namespaced_event(ns).items
+                    if e.reason == "NoWorkerFits"]
+        # 6.2 cpu: the trainer's 6 and the runtime's other pods' 100m each.
+        short = [f"{name}: ClusterQueue {kueue_queues.CLUSTER_QUEUE} (LocalQueue "
+                 f"{ns}/{kueue_queues.LOCAL_QUEUE}) has too little quota: 6.2 cpu requested, "
+                 "4 free (nominalQuota 4, reserved 0)" for name in WORKERS]
+        eventually(waits, lambda seen: any(all(s in m for s in short) for m in seen),
+                   timeout=60, expected=f"a NoWorkerFits Event naming both quotas: {short}")
+        assert nominations(env, ns) == [], (
+            f"expected no nomination while neither quota fits; saw {nominations(env, ns)}")
+
+        set_cpu_quota(second, WORKERS["worker-2"]["quota_cpu"])
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1,
+                          timeout=60, expected="a Nominated Event once worker-2's quota grew")
+        assert said == ["nominated worker cluster worker-2"], (
+            f"expected worker-2 (quota room), not worker-1 (Node room, 4 cpu of quota); "
+            f"saw {said}")
+        done = eventually(lambda: get(env.manager, ns, "quota"), finished, timeout=90,
+                          expected="the manager TrainJob finished on worker-2")
+        assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True" and \
+            workload_of(env.manager, ns, "quota")["status"].get("clusterName") == "worker-2", (
+            f"expected Complete, admitted on worker-2; saw {done.get('status')}")
+        assert get(first, ns, "quota") is None, "expected no copy on worker-1 at any point"
+    finally:
+        for name, sizes in WORKERS.items():
+            set_cpu_quota(env.multicluster[name], sizes["quota_cpu"])
+
+
+def test_the_dispatcher_reads_only_the_secrets_multikueueclusters_name(kueue_env,
+                                                                      kueue_dispatcher,
+                                                                      kueue_namespace):
+    """The manager's audit log holds every request for a Secret of ``kueue-system``: the
+    dispatcher's (told by its User-Agent) each name a Secret one of its MultiKueueClusters
+    names; it never lists the namespace nor reads another Secret there (Kueue's webhook
+    certificate, or one created while it runs), and it still nominates."""
+    env, ns = kueue_env, kueue_namespace
+    unnamed = f"unnamed-{ns}"[:63]
+    env.manager.core.create_namespaced_secret(kueue.NAMESPACE, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=unnamed),
+        string_data={"token": "no MultiKueueCluster names this Secret"}))
+    try:
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                           queued_trainjob("secrets"))
+        eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                   expected="one Nominated Event (the workers' Secrets were read)")
+        named = {env.manager.custom.get_cluster_custom_object(
+                     c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, name)[
+                     "spec"]["clusterSource"]["kubeConfig"]["location"] for name in WORKERS}
+        read = [r for r in audited_requests(env.manager, c.DISPATCHER_USER_AGENT)
+                if r["resource"] == "secrets"]
+        assert read and {r["name"] for r in read} <= named, (
+            f"expected the dispatcher's Secret requests to name only {sorted(named)} (one "
+            f"watch each); the audit log shows {sorted({(r['verb'], r['name']) for r in read})}")
+        assert {r["verb"] for r in read} <= {"list", "watch"}, read
+    finally:
+        env.manager.core.delete_namespaced_secret(unnamed, kueue.NAMESPACE)
 
 
 def test_kueue_mode_nominates_the_next_worker_when_one_does_not_admit(kueue_env,

@@ -1,6 +1,7 @@
 """The shipped RBAC, exercised as shipped: the dispatcher and the operators run with
 credentials bound only to the roles in manifests/ (dispatcher, operator, worker-access),
-rendered by kustomize and applied to the real apiservers.
+rendered by kustomize and applied to the real apiservers. The dispatcher's Role gets this
+module's worker Secret names added to its Secrets rule, as its comment tells operators to.
 
 Each process authenticates with a client certificate whose CN is
 ``system:serviceaccount:<ns>:<name>`` (issued by the cluster's CA), which RBAC matches to
@@ -40,6 +41,18 @@ OPERATOR_SA = ("training-operator-system", "training-operator")
 
 def identity_objects(base: str) -> list[dict]:
     return [obj for obj in kustomize.render(base) if obj["kind"] in IDENTITY_KINDS]
+
+
+def with_secret_names(objects: list[dict], names: list[str]) -> list[dict]:
+    """The dispatcher's identities with ``names`` added to the Secrets its Role may read, as
+    the Role's comment tells an operator to do for their own MultiKueueClusters."""
+    rules = [rule for obj in objects if obj["kind"] == "Role"
+             for rule in obj["rules"] if rule["resources"] == ["secrets"]]
+    assert len(rules) == 1 and rules[0].get("resourceNames"), (
+        f"expected one Secrets rule limited by resourceNames in the dispatcher's Role; saw "
+        f"{rules}")
+    rules[0]["resourceNames"] += names
+    return objects
 
 
 def subjects(objects: list[dict]) -> set[tuple[str, str]]:
@@ -101,7 +114,8 @@ def restricted(multicluster, tmp_path_factory):
     """Shipped identities applied; dispatcher and operators running as them."""
     directory = tmp_path_factory.mktemp("least-privilege")
     manager = multicluster.manager
-    applied = {"manager": identity_objects("dispatcher")}
+    applied = {"manager": with_secret_names(identity_objects("dispatcher"),
+                                            [f"lp-{n}-kubeconfig" for n in WORKERS])}
     worker_objects = identity_objects("worker-access") + identity_objects("operator")
     assert DISPATCHER_SA in subjects(applied["manager"])
     assert {WORKER_ACCESS_SA, OPERATOR_SA} <= subjects(worker_objects)
@@ -243,15 +257,32 @@ def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
     for cluster in multicluster:
         cluster.core.create_namespaced_secret(namespace, body)
 
+    unnamed = client.V1Secret(metadata=client.V1ObjectMeta(name=f"unnamed-{namespace}"[:63]),
+                              string_data={"token": "no MultiKueueCluster names this"})
+    multicluster.manager.core.create_namespaced_secret("kueue-system", unnamed)
+
     dispatcher = client.CoreV1Api(apis["dispatcher"])
-    # Its own namespace's Secrets are readable (it needs the worker kubeconfigs)...
-    assert dispatcher.list_namespaced_secret("kueue-system").items
-    # ...any other namespace's are not, neither one by one nor as a list.
+    try:
+        # The Secrets the MultiKueueClusters name are readable, by name (a list/watch with
+        # a metadata.name field selector)...
+        for name in WORKERS:
+            assert dispatcher.list_namespaced_secret(
+                "kueue-system", field_selector=f"metadata.name=lp-{name}-kubeconfig").items
+        # ...no other of its own namespace (Kueue shares it), nor the namespace as a list...
+        forbidden(lambda: dispatcher.list_namespaced_secret("kueue-system"))
+        forbidden(lambda: dispatcher.list_namespaced_secret(
+            "kueue-system", field_selector=f"metadata.name={unnamed.metadata.name}"))
+        forbidden(lambda: dispatcher.read_namespaced_secret(unnamed.metadata.name,
+                                                            "kueue-system"))
+        forbidden(lambda: dispatcher.read_namespaced_secret("lp-worker-1-kubeconfig",
+                                                            "kueue-system"))  # list, not get
+    finally:
+        multicluster.manager.core.delete_namespaced_secret(unnamed.metadata.name,
+                                                           "kueue-system")
+    # ...and any other namespace's are not, neither one by one nor as a list.
     forbidden(lambda: dispatcher.read_namespaced_secret("private", namespace))
     forbidden(lambda: dispatcher.list_namespaced_secret(namespace))
     forbidden(lambda: dispatcher.list_secret_for_all_namespaces())
-    forbidden(lambda: dispatcher.read_namespaced_secret("lp-worker-1-kubeconfig",
-                                                        "kueue-system"))  # list, not get
     forbidden(lambda: client.CustomObjectsApi(apis["dispatcher"]).delete_namespaced_custom_object(
         *TRAINER, namespace, c.TRAINJOBS, "anything"))
 
