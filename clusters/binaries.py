@@ -101,6 +101,11 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component("trainer-controller-manager", "module", "v2.3.0", "TEST_ASSET_TRAINER",
               module="github.com/kubeflow/trainer/v2",
               package="github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
+    # Generates CRDs from upstream API types that are published only as Go code (Volcano's
+    # PodGroup: see ``generated_crds``).
+    Component("controller-gen", "module", "v0.19.0", "TEST_ASSET_CONTROLLER_GEN",
+              module="sigs.k8s.io/controller-tools",
+              package="sigs.k8s.io/controller-tools/cmd/controller-gen"),
     # sigs.k8s.io/scheduler-library's checksum is not in the checksum database.
     Component("kueue", "module", "v0.19.2", "TEST_ASSET_KUEUE",
               module="sigs.k8s.io/kueue", package="sigs.k8s.io/kueue/cmd/kueue",
@@ -264,12 +269,49 @@ def dependency_dir(name: str, module: str) -> Path:
     """The source of ``module`` at the version component ``name``'s go.mod requires (e.g.
     the scheduler-plugins API the Trainer controller is built against), downloaded if
     missing."""
-    component = COMPONENTS[name]
+    return _download(COMPONENTS[name], module, dependency_version(name, module))
+
+
+def dependency_version(name: str, module: str) -> str:
+    """The version of ``module`` that component ``name``'s go.mod requires."""
     go_mod = (module_dir(name) / "go.mod").read_text()
     found = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(\S+)", go_mod, re.MULTILINE)
     if found is None:
-        raise ProvisioningError(f"{component.source} does not require {module}")
-    return _download(component, module, found.group(1))
+        raise ProvisioningError(f"{COMPONENTS[name].source} does not require {module}")
+    return found.group(1)
+
+
+def generated_crds(name: str, module: str, package: str,
+                   progress: Progress = _log_progress) -> Path:
+    """The CRDs controller-gen makes from the API types in ``package`` of ``module``, at the
+    version component ``name`` is built against: a directory of YAML files in the cache,
+    made once. For APIs whose project publishes its CRDs only in a repository the module
+    proxy does not serve (Volcano's), this is the same generation the project runs."""
+    version = dependency_version(name, module)
+    target = cache_root() / f"crds-{module.replace('/', '_')}-{version}"
+    with _build_lock(target.name):
+        if not target.is_dir():
+            generator = find_binaries(names=["controller-gen"], progress=progress).controller_gen
+            started = time.monotonic()
+            source = f"{package} {version}"
+            progress(f"generating CRDs of {source}")
+            with tempfile.TemporaryDirectory(prefix="crds-", dir=cache_root()) as tmp:
+                workdir = Path(tmp)
+                (workdir / "go.mod").write_text(f"module trainjob.local/crds\n\ngo {GO_DIRECTIVE}\n")
+                _run_go(["get", f"{package}@{version}"], workdir, what="CRDs", source=source,
+                        progress=progress, started=started)
+                out = workdir / "out"
+                proc = subprocess.run([str(generator), "crd", f"paths={package}",
+                                       f"output:crd:dir={out}"], cwd=workdir,
+                                      env=_go_env(), capture_output=True, text=True,
+                                      check=False, timeout=600)
+                if proc.returncode != 0 or not out.is_dir():
+                    raise ProvisioningError(
+                        f"controller-gen could not generate the CRDs of {source}: "
+                        f"{(proc.stderr or proc.stdout).strip()[-1500:]}")
+                os.replace(out, target)
+            progress(f"generated CRDs of {source} in {_elapsed(time.monotonic() - started)}")
+    return target
 
 
 def _download(component: Component, module: str, version: str) -> Path:

@@ -5,6 +5,7 @@ Nothing of upstream's is copied into this repository.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
@@ -58,3 +59,24 @@ def coscheduling_crds() -> list[dict]:
     path = provisioning.dependency_dir(COMPONENT, SCHEDULER_PLUGINS) / PODGROUP_CRD
     return [d for d in yaml.safe_load_all(path.read_text())
             if d and d.get("kind") == "CustomResourceDefinition"]
+
+
+# Volcano's PodGroup API, at the version the Trainer controller is built against. Volcano
+# publishes the CRD only in its own repository (not served by the module proxy), so it is
+# generated from these types with controller-gen, as Volcano's own build does.
+VOLCANO_APIS = "volcano.sh/apis"
+VOLCANO_SCHEDULING = "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+VOLCANO_PODGROUPS = "podgroups.scheduling.volcano.sh"
+
+
+@functools.cache
+def volcano_crds() -> list[dict]:
+    """Volcano's PodGroup CRD (``scheduling.volcano.sh/v1beta1``)."""
+    directory = provisioning.generated_crds(COMPONENT, VOLCANO_APIS, VOLCANO_SCHEDULING)
+    found = [d for path in sorted(directory.glob("*.yaml"))
+             for d in yaml.safe_load_all(path.read_text())
+             if d and d.get("kind") == "CustomResourceDefinition"
+             and d["metadata"]["name"] == VOLCANO_PODGROUPS]
+    if not found:
+        raise FileNotFoundError(f"no {VOLCANO_PODGROUPS} CRD was generated in {directory}")
+    return found

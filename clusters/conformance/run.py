@@ -314,9 +314,9 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
             fixtures.add_node(side.api, node, NODE_CAPACITY, labels=NODE_LABELS)
             cleanups.append(lambda side=side: fixtures.remove_node(side.api, node))
         upstream, ours = sides
-        # The coscheduling PodGroup CRD on both, before the controllers start (upstream's
-        # looks for it once, at start).
-        podgroup_crds = upstream_trainer.coscheduling_crds()
+        # The coscheduling and Volcano PodGroup CRDs on both, before the controllers start
+        # (upstream's looks for them once, at start).
+        podgroup_crds = upstream_trainer.coscheduling_crds() + upstream_trainer.volcano_crds()
         for side in sides:
             added = _install_missing_crds(side.api, podgroup_crds)
             cleanups.append(lambda side=side, added=added: _delete_crds(side.api, added))
