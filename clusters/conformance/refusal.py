@@ -56,6 +56,8 @@ _PATH = r"<nil>|[A-Za-z_$][\w$-]*(?:\.[A-Za-z_$][\w$-]*|\[[^\]\[]*\])*"
 _ERROR = re.compile(r"(?:^|: |\[|, )(" + _PATH + r"): ("
                     + "|".join(re.escape(k) for k in MESSAGE_KINDS) + r")(?=$|[:,\]])")
 
+UNCHECKED_RULES = "validation rules were not checked"
+
 Cause = tuple[str, str]
 
 
@@ -66,12 +68,19 @@ def causes(status: Any) -> list[Cause]:
     details = status.get("details") if isinstance(status.get("details"), dict) else {}
     found = [(_field(cause.get("field")), CAUSE_KINDS.get(cause.get("reason"),
                                                          str(cause.get("reason") or "")))
-             for cause in details.get("causes") or [] if isinstance(cause, dict)]
+             for cause in details.get("causes") or []
+             if isinstance(cause, dict) and not _note(cause)]
     if not found:
         found = parse_message(str(status.get("message") or ""))
     if not found:
         found = [("", str(status.get("reason") or "Unknown"))]
     return sorted(set(found))
+
+
+def _note(cause: dict) -> bool:
+    """The apiserver's note that it skipped CEL rules because of earlier schema errors: a
+    cause of the whole object that says nothing about the object."""
+    return UNCHECKED_RULES in str(cause.get("message") or "")
 
 
 def parse_message(message: str) -> list[Cause]:

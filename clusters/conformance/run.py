@@ -257,7 +257,7 @@ def compare_case(case: Case, upstream: dict[str, Any], operator: dict[str, Any])
         if label.startswith("admission"):
             # Equal when both admit, or both refuse naming the same fields for the same
             # reasons; the wording and the HTTP code may differ.
-            paths = refusal.differences(left, right)
+            paths = refusal.differences(compare.refusal_as_operator_says(left, right), right)
         else:
             left, right = compare.normalise(label, left), compare.normalise(label, right)
             if (left is None) == (right is None):

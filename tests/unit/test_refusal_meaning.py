@@ -111,3 +111,25 @@ def test_allowed_against_refused_is_one_difference():
         == ["allowed"]
     assert differences({"allowed": True}, {"allowed": True}) == []
     assert differences(None, None) == []
+
+
+def test_the_apiserver_note_about_unchecked_rules_is_not_a_cause():
+    status = {"code": 422, "reason": "Invalid", "details": {"causes": [
+        {"reason": "FieldValueNotSupported", "field": "spec.runtimeRef.kind",
+         "message": 'Unsupported value: "Other"'},
+        {"reason": "FieldValueInvalid", "field": "<nil>",
+         "message": "Invalid value: null: some validation rules were not checked because the "
+                    "object was invalid; correct the existing errors to complete validation"}]}}
+    assert causes(status) == [("spec.runtimeRef.kind", "NotSupported")]
+
+
+def test_an_intended_refusal_compares_as_the_operator_gives_it():
+    from clusters.conformance.compare import refusal_as_operator_says
+
+    upstream = {"allowed": False, "causes": [["", "Invalid"]]}
+    operator = {"allowed": False, "causes": [["metadata.name", "Invalid"]]}
+    assert differences(refusal_as_operator_says(upstream, operator), operator) == []
+    # Only where the operator does say it: another refusal stays a difference.
+    other = {"allowed": False, "causes": [["spec.trainer", "Invalid"]]}
+    assert differences(refusal_as_operator_says(upstream, other), other) == [
+        "causes (object)", "causes spec.trainer"]
