@@ -1,6 +1,6 @@
 """The objects the conformance run applies to both controllers.
 
-A case is a TrainJob (or none, for a runtime-only case) with the runtimes it needs. Three
+A case is a TrainJob (or none, for a runtime-only case) with the runtimes it needs. Four
 sources:
 
 * every runtime shipped in the Trainer module (``manifests/base/runtimes``), each with a
@@ -8,7 +8,8 @@ sources:
 * every TrainJob or runtime YAML under the module's ``examples/``, unchanged but for the
   TrainJob's name (two examples share one);
 * the project's own cases: each plug-in's corners, runtimePatches, podGroupPolicy,
-  podSpecOverrides and objects that must be refused.
+  podSpecOverrides and objects that must be refused;
+* one object for each further way upstream's admission refuses (``refused``).
 
 Upstream's objects are read from the module at run time, never copied into this repository.
 """
