@@ -1,6 +1,6 @@
 """The objects the conformance run applies to both controllers.
 
-A case is a TrainJob (or none, for a runtime-only case) with the runtimes it needs. Three
+A case is a TrainJob (or none, for a runtime-only case) with the runtimes it needs. Four
 sources:
 
 * every runtime shipped in the Trainer module (``manifests/base/runtimes``), each with a
@@ -8,7 +8,8 @@ sources:
 * every TrainJob or runtime YAML under the module's ``examples/``, unchanged but for the
   TrainJob's name (two examples share one);
 * the project's own cases: each plug-in's corners, runtimePatches, podGroupPolicy,
-  podSpecOverrides and objects that must be refused.
+  podSpecOverrides and objects that must be refused;
+* one object for each further way upstream's admission refuses (``refused``).
 
 Upstream's objects are read from the module at run time, never copied into this repository.
 """
@@ -16,12 +17,14 @@ Upstream's objects are read from the module at run time, never copied into this 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from clusters import upstream_trainer
+from clusters.conformance import refused
+from clusters.conformance.objects import Case, job as _job, runtime as _runtime, \
+    torch_runtime, trainjob as _trainjob
 from trainjob import constants as c
 
 RUNTIME_KINDS = (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND)
@@ -35,29 +38,6 @@ PATCH_OF_UNKNOWN_JOB = ("a runtime patch naming a replicated job the runtime lac
 ZERO_NODES = ("trainer.numNodes 0 is refused by the project's CRD (a job of no trainer "
               "pods); upstream's CRD accepts it and runs a JobSet of zero pods")
 EXAMPLES_DIR = "examples"
-
-
-@dataclass
-class Case:
-    """One TrainJob (``job`` None for a runtime-only case) and the runtimes it needs."""
-
-    name: str
-    source: str
-    job: dict | None = None
-    runtimes: list[dict] = field(default_factory=list)
-    # Where this case differs on purpose, and why: the objects (labels, as the table names
-    # them; all of the case's when empty) whose differences the reason explains.
-    intended: str = ""
-    intended_objects: tuple[str, ...] = ()
-
-
-def _trainjob(name: str, runtime: str, trainer: dict | None = None,
-              kind: str = c.CLUSTERTRAININGRUNTIME_KIND, **spec) -> dict:
-    body = {"runtimeRef": {"name": runtime, "kind": kind, "apiGroup": c.TRAINER_GROUP}, **spec}
-    if trainer is not None:
-        body["trainer"] = trainer
-    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
-            "metadata": {"name": name}, "spec": body}
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -111,27 +91,10 @@ def upstream_example_cases() -> list[Case]:
     return cases
 
 
-def _runtime(name: str, ml_policy: dict, jobs: list[dict], **spec) -> dict:
-    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.CLUSTERTRAININGRUNTIME_KIND,
-            "metadata": {"name": name},
-            "spec": {"mlPolicy": ml_policy, **spec,
-                     "template": {"spec": {"replicatedJobs": jobs}}}}
-
-
-def _job(name: str, role: str | None = None, container: str | None = None,
-         **container_fields) -> dict:
-    template: dict = {"spec": {"template": {"spec": {"containers": [
-        {"name": container or name, "image": f"{name}:v1", **container_fields}]}}}}
-    if role:
-        template["metadata"] = {"labels": {c.ANCESTOR_LABEL: role}}
-    return {"name": name, "template": template}
-
-
 def project_cases() -> list[Case]:
     """Corners of each plug-in and of the TrainJob API, and objects both must refuse."""
     gpu = {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
-    torch = _runtime("cf-torch", {"numNodes": 1, "torch": {}},
-                     [_job("node", c.ROLE_TRAINER, resources={"requests": {"cpu": "3"}})])
+    torch = torch_runtime()
     torch_gpu = _runtime("cf-torch-gpu", {"numNodes": 1, "torch": {}},
                          [_job("node", c.ROLE_TRAINER, resources=gpu)])
     mpi = _runtime("cf-mpi", {"numNodes": 1, "mpi": {"numProcPerNode": 2,
@@ -246,4 +209,5 @@ def project_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    return upstream_runtime_cases() + upstream_example_cases() + project_cases()
+    return (upstream_runtime_cases() + upstream_example_cases() + project_cases()
+            + refused.refused_cases())

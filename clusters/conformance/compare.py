@@ -55,6 +55,44 @@ INTENDED = (
 )
 
 
+@dataclass(frozen=True)
+class IntendedRefusal:
+    """A refusal cause of upstream's that means the same as a different one of the
+    operator's: where the operator's answer gives ``operator``, upstream's ``upstream``
+    compares as it. Causes are (field path, reason kind), as ``refusal.causes`` reads them."""
+
+    upstream: tuple[str, str]
+    operator: tuple[str, str]
+    why: str
+
+
+# Refusals of the same meaning given differently; the README's table says the same.
+INTENDED_REFUSALS = (
+    IntendedRefusal(("", "Invalid"), ("metadata.name", "Invalid"),
+                    "a TrainJob name that is not a DNS-1035 label: upstream's CRD checks it "
+                    "with a rule on the whole object (no field), the project's webhook names "
+                    "metadata.name"),
+    IntendedRefusal(("", "Forbidden"), ("spec.runtimeRef.kind", "NotSupported"),
+                    "a runtime kind neither controller runs: the project's CRD lists the "
+                    "supported kinds and names the field, upstream's webhook refuses without "
+                    "naming one"),
+)
+
+
+def refusal_as_operator_says(upstream: Any, operator: Any) -> Any:
+    """Upstream's admission answer with each ``INTENDED_REFUSALS`` cause replaced by the
+    operator's where the operator's answer gives it; anything else unchanged."""
+    if not isinstance(upstream, dict) or not isinstance(operator, dict):
+        return upstream
+    given = {tuple(x) for x in operator.get("causes") or []}
+    translated = {intended.upstream: intended.operator for intended in INTENDED_REFUSALS
+                  if intended.operator in given}
+    if not translated:
+        return upstream
+    causes = [list(translated.get(tuple(x), tuple(x))) for x in upstream.get("causes") or []]
+    return {**upstream, "causes": causes}
+
+
 def normalise(label: str, obj: Any) -> Any:
     """``obj`` without identity fields and intended differences; None stays None."""
     if not isinstance(obj, dict):

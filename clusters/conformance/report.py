@@ -38,7 +38,24 @@ def summary(rows: list[Row]) -> str:
     failing = {r.case for r in different}
     return (f"{len(rows)} objects in {len(cases)} cases: "
             f"{len(rows) - len(different) - len(intended)} equal, {len(intended)} intended "
-            f"differences, {len(different)} different (in {len(failing)} cases)")
+            f"differences, {len(different)} different (in {len(failing)} cases); "
+            + refusal_summary(rows))
+
+
+def refused(row: Row) -> bool:
+    """An admission row where at least one side refused the object."""
+    return row.label.startswith("admission") and any(
+        isinstance(side, dict) and side.get("allowed") is False
+        for side in (row.upstream, row.operator))
+
+
+def refusal_summary(rows: list[Row]) -> str:
+    """How the refusals compare: same meaning (fields and reasons), intended, different."""
+    refusals = [r for r in rows if refused(r)]
+    same = sum(1 for r in refusals if r.equal)
+    intended = sum(1 for r in refusals if r.intended)
+    return (f"{len(refusals)} refusals: {same} of the same meaning, {intended} intended, "
+            f"{len(refusals) - same - intended} different")
 
 
 def as_json(rows: list[Row]) -> str:

@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import crds, fixtures, upstream_trainer
-from clusters.conformance import compare
+from clusters.conformance import compare, refusal
 from clusters.conformance.cases import Case
 from clusters.controlplane import free_port
 from clusters.local import BIND_ADDRESS, LocalClusters
@@ -91,12 +91,14 @@ class Side:
 
 
 def _refusal(err: ApiException) -> dict[str, Any]:
+    """The refusal's meaning (fields and reason kinds, compared) with its wording (shown)."""
     try:
         body = json.loads(err.body or "{}")
     except ValueError:
         body = {}
-    return {"allowed": False, "code": err.status,
-            "message": body.get("message", str(err.reason))}
+    if not isinstance(body, dict) or not body.get("message"):
+        body = {**(body if isinstance(body, dict) else {}), "message": str(err.reason)}
+    return refusal.answer(body, err.status)
 
 
 def _create(side: Side, obj: dict, namespace: str) -> dict[str, Any]:
@@ -253,8 +255,9 @@ def compare_case(case: Case, upstream: dict[str, Any], operator: dict[str, Any])
         left = upstream.get(label)
         right = operator.get(label)
         if label.startswith("admission"):
-            paths = [] if (left or {}).get("allowed") == (right or {}).get("allowed") \
-                else ["allowed"]
+            # Equal when both admit, or both refuse naming the same fields for the same
+            # reasons; the wording and the HTTP code may differ.
+            paths = refusal.differences(compare.refusal_as_operator_says(left, right), right)
         else:
             left, right = compare.normalise(label, left), compare.normalise(label, right)
             if (left is None) == (right is None):

@@ -43,6 +43,9 @@ NOT_FOUND = "FieldValueNotFound"
 DUPLICATE = "FieldValueDuplicate"
 NOT_SUPPORTED = "FieldValueNotSupported"
 FORBIDDEN = "FieldValueForbidden"
+# A plug-in's kind of refusal (``field.ErrorType``, as upstream's plug-ins give it) as a cause.
+CAUSES = {"Invalid": INVALID, "Forbidden": FORBIDDEN, "NotSupported": NOT_SUPPORTED,
+          "Duplicate": DUPLICATE, "NotFound": NOT_FOUND}
 
 
 class Lookups(Protocol):
@@ -401,9 +404,10 @@ def check_patch_managers(spec: dict) -> list[Problem]:
         domain, slash, rest = manager.partition("/") if isinstance(manager, str) else ("", "", "")
         if not (slash and DNS1123_SUBDOMAIN.fullmatch(domain) and len(domain) <= 253
                 and DOMAIN_PATH_REST.fullmatch(rest)):
-            problems.append(Problem(f"spec.runtimePatches[{i}].manager",
-                                    f"{_show(manager)} must be a domain-prefixed path such as "
-                                    "example.com/queue"))
+            # Upstream names the field without the entry's index; the reason gives it.
+            problems.append(Problem("spec.runtimePatches.manager",
+                                    f"runtimePatches[{i}]: {_show(manager)} must be a "
+                                    "domain-prefixed path such as example.com/queue"))
     return problems
 
 
@@ -469,7 +473,9 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     kind, name, described = key.kind, key.name, str(key)
     runtime = _lookup(lambda: lookups.runtime(namespace, kind, name), described)
     if runtime is None:
-        return [Problem("spec.runtimeRef", f"{described} not found", NOT_FOUND)]
+        # Invalid, as upstream: the reference does not resolve.
+        return [Problem("spec.runtimeRef", f"{described} not found: create the runtime "
+                                           "before the TrainJob")]
 
     jobs = _replicated_jobs(runtime)
     problems = check_overrides(spec, jobs, described)
@@ -517,17 +523,6 @@ def _replicated_jobs(runtime: Any) -> dict[str, dict]:
         if isinstance(entry, dict) and isinstance(entry.get("name"), str):
             jobs.setdefault(entry["name"], entry)
     return jobs
-
-
-def _role(name: str, replicated_job: dict) -> str:
-    """The job's ancestor step, as the framework's ``role_of`` reads it (type-safe here: a
-    runtime's template spec is schemaless)."""
-    labels = _path(replicated_job, "template", "metadata", "labels")
-    label = labels.get(c.ANCESTOR_LABEL) if isinstance(labels, dict) else None
-    if isinstance(label, str) and label:
-        return label
-    return {c.DATASET_INITIALIZER: c.ROLE_DATASET_INITIALIZER,
-            c.MODEL_INITIALIZER: c.ROLE_MODEL_INITIALIZER}.get(name, "")
 
 
 def _container_names(replicated_job: dict, key: str) -> list[str]:
@@ -615,14 +610,14 @@ def check_runtime_patches(spec: dict, jobs: dict[str, dict], described: str) -> 
     env of a container that the trainer or initializer settings own."""
     problems = []
     for i, patch in enumerate(spec.get("runtimePatches") or []):
-        base = f"spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs"
+        base = f"[{i}].trainingRuntimeSpec.template.spec.replicatedJobs"
         for j, job_patch in enumerate(_path(patch, "trainingRuntimeSpec", "template", "spec",
                                             "replicatedJobs") or []):
             job_name = job_patch.get("name") if isinstance(job_patch, dict) else None
             if job_name not in jobs:
-                problems.append(Problem(f"{base}[{j}].name", f"replicated job {_show(job_name)} "
-                                        f"not found in {described} (it has: "
-                                        f"{', '.join(jobs) or 'none'})", NOT_FOUND))
+                problems.append(_patch_problem(f"{base}[{j}].name: replicated job "
+                                               f"{_show(job_name)} not found in {described} "
+                                               f"(it has: {', '.join(jobs) or 'none'})"))
                 continue
             pod = _path(job_patch, "template", "spec", "template", "spec") or {}
             present = set(_container_names(jobs[job_name], "containers")) | set(
@@ -632,15 +627,21 @@ def check_runtime_patches(spec: dict, jobs: dict[str, dict], described: str) -> 
                     field = f"{base}[{j}].template.spec.template.spec.{key}[{k}]"
                     cname = item.get("name") if isinstance(item, dict) else None
                     if cname not in present:
-                        problems.append(Problem(f"{field}.name", f"container {_show(cname)} not "
-                                                f"found in replicated job {_show(job_name)}",
-                                                NOT_FOUND))
+                        problems.append(_patch_problem(
+                            f"{field}.name: container {_show(cname)} not found in replicated "
+                            f"job {_show(job_name)}"))
                     elif key == "containers" and item.get("env") and \
                             cname in ENV_OWNED_CONTAINERS:
-                        problems.append(Problem(f"{field}.env", f"the {cname} container's env "
-                                                "is set through spec.trainer or "
-                                                "spec.initializer, not a runtime patch"))
+                        problems.append(_patch_problem(
+                            f"{field}.env: the {cname} container's env is set through "
+                            "spec.trainer or spec.initializer, not a runtime patch"))
     return problems
+
+
+def _patch_problem(where_and_why: str) -> Problem:
+    """Upstream refuses a patch at spec.runtimePatches as a whole (Invalid); the reason says
+    which entry, from ``[i]`` on."""
+    return Problem("spec.runtimePatches", f"spec.runtimePatches{where_and_why}")
 
 
 def check_initializers(spec: dict, jobs: dict[str, dict], described: str) -> list[Problem]:
@@ -649,29 +650,29 @@ def check_initializers(spec: dict, jobs: dict[str, dict], described: str) -> lis
         return []
     if not isinstance(initializer, dict):
         return [Problem("spec.initializer", f"must be an object, got {_type(initializer)}")]
+    # Upstream's rules, each a refusal of spec.runtimeRef (the runtime cannot run what the
+    # job asks): the runtime has a job named after the initializer, with a container of that
+    # name, mounting the shared volume the trainer reads what it fetched from.
     problems = []
-    for key, role in (("dataset", c.ROLE_DATASET_INITIALIZER),
-                      ("model", c.ROLE_MODEL_INITIALIZER)):
+    for key, name in (("dataset", c.DATASET_INITIALIZER), ("model", c.MODEL_INITIALIZER)):
         if initializer.get(key) is None:
             continue
-        runs = [job for name, job in jobs.items() if _role(name, job) == role]
-        if not runs:
-            problems.append(Problem(f"spec.initializer.{key}",
-                                    f"{described} has no {role} replicated job to run it"))
+        where = f"{described} (for spec.initializer.{key})"
+        if name not in jobs:
+            problems.append(Problem("spec.runtimeRef", f"{where} has no {name} replicated job"))
             continue
-        # Upstream's rule: the initializer's container mounts the shared volume the trainer
-        # reads what it fetched from; without it the download is lost.
-        containers = _path(runs[0], "template", "spec", "template", "spec", "containers")
-        container = next((x for x in containers if isinstance(x, dict) and x.get("name") == role),
+        containers = _path(jobs[name], "template", "spec", "template", "spec", "containers")
+        container = next((x for x in containers if isinstance(x, dict) and x.get("name") == name),
                          None) if isinstance(containers, list) else None
         mounts = container.get("volumeMounts") if container is not None else None
-        mounted = isinstance(mounts, list) and any(
-            isinstance(m, dict) and m.get("name") == INITIALIZER_VOLUME for m in mounts)
-        if container is not None and not mounted:
-            problems.append(Problem("spec.runtimeRef", f"{described}: container {role} of the "
-                                    f"{role} job must mount volume {INITIALIZER_VOLUME!r}, where "
-                                    f"spec.initializer.{key} puts what it fetches for the "
-                                    "trainer"))
+        if container is None:
+            problems.append(Problem("spec.runtimeRef", f"{where}: the {name} job has no "
+                                                       f"container {name}"))
+        elif not (isinstance(mounts, list) and any(
+                isinstance(m, dict) and m.get("name") == INITIALIZER_VOLUME for m in mounts)):
+            problems.append(Problem("spec.runtimeRef", f"{where}: container {name} of the "
+                                    f"{name} job must mount volume {INITIALIZER_VOLUME!r}, where "
+                                    "it puts what it fetches for the trainer"))
     return problems
 
 
@@ -696,7 +697,8 @@ def check_policies(job: dict, runtime: dict, described: str,
             return []  # the job is refused anyway; the earlier problems say why
         return [Problem("spec.runtimeRef", f"{described} cannot be applied to this job: "
                                            f"{type(err).__name__}: {_short(err)}")]
-    return [Problem(str(field), str(reason)) for field, reason in found]
+    return [Problem(str(field), str(reason), CAUSES.get(str(kind[0]) if kind else "", INVALID))
+            for field, reason, *kind in found]
 
 
 def _validation_problems(err: Any, prefix: str) -> list[Problem]:

@@ -371,15 +371,15 @@ def test_an_initializer_the_runtime_lacks_is_refused(webhook, namespace):
     assert_refused_by_webhook(
         refusal(webhook.create, namespace, "no-init", runtime=webhook.plain,
                 initializer={"dataset": {"storageUri": "s3://bucket/data"}}),
-        422, f"spec.initializer.dataset: ClusterTrainingRuntime {webhook.plain} has no "
-             "dataset-initializer replicated job")
+        422, f"spec.runtimeRef: ClusterTrainingRuntime {webhook.plain} (for "
+             "spec.initializer.dataset) has no dataset-initializer replicated job")
 
 
 def test_reserved_torch_environment_is_refused(webhook, namespace):
     assert_refused_by_webhook(
         refusal(webhook.create, namespace, "pet", trainer={"env": [
             {"name": "PET_MASTER_PORT", "value": "1234"}]}),
-        422, "spec.trainer.env[0].name: PET_MASTER_PORT is reserved")
+        422, "spec.trainer.env: PET_MASTER_PORT: reserved")
     assert_not_created(webhook, namespace, "pet")
     # Only torchrun's own five are reserved; other PET_* names are the user's.
     webhook.create(namespace, "pet-backend",

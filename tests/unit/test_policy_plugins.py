@@ -270,11 +270,12 @@ def test_torch_refuses_reserved_env_names():
     job.spec.trainer.env.append({"name": "PET_RDZV_BACKEND", "value": "c10d"})
     info = build_runtime_info(job, torch_runtime())
     problems = validate_policies(info, job)
+    # Upstream's field: spec.trainer.env as a whole, the reason naming the variables.
     assert [path for path, _ in problems] == [
-        "spec.trainer.env[1].name",
+        "spec.trainer.env",
         "spec.podSpecOverrides[1].containers[1].env[1].name",
     ]
-    assert problems[0][1].startswith("PET_NNODES is reserved: the torch policy sets it")
+    assert problems[0][1].startswith("PET_NNODES: reserved, the torch policy sets")
     assert problems[1][1].startswith("PET_MASTER_ADDR is reserved")
     # Why: overrides are applied after the policies and would win.
     assert env_of(node_container(info))["PET_MASTER_ADDR"] == "evil"
@@ -477,6 +478,16 @@ def test_mpi_validate():
     assert [p for p, _ in problems] == ["spec.trainer.numProcPerNode"]
 
 
+def test_mpi_as_node_on_two_nodes_needs_the_runtime_to_have_launcher_and_node():
+    # The runtime has only a node job: the launcher made for it does not count (upstream
+    # judges the runtime's own jobs).
+    rt = mpi_runtime(runLauncherAsNode=True)
+    one, two = trainjob({"numNodes": 1}), trainjob({"numNodes": 2})
+    assert validate_policies(build_runtime_info(one, rt), one) == []
+    problems = validate_policies(build_runtime_info(two, rt), two)
+    assert [p for p, _ in problems] == ["spec.trainer.numNodes"]
+
+
 def test_generate_ssh_secret_data_is_a_matching_pair_as_upstream_lays_it_out():
     data = mpi_plugin.generate_ssh_secret_data()
     assert set(data) == {"ssh-privatekey", "ssh-publickey"}
@@ -514,7 +525,9 @@ def test_xgboost_workers_count_gpus_and_reserved_names_are_refused():
         f"{NAME}-node-0-0.{NAME}", "29500", "8")
     bad = trainjob({"env": [{"name": "DMLC_TASK_ID", "value": "0"}]})
     problems = validate_policies(build_runtime_info(bad, runtime({"xgboost": {}})), bad)
-    assert [p for p, _ in problems] == ["spec.trainer.env[0].name"]
+    # Upstream's field and kind: the entry, Forbidden.
+    assert problems == [("spec.trainer.env[0]", problems[0][1], "Forbidden")]
+    assert problems[0][1].startswith("DMLC_TASK_ID is reserved")
 
 
 # ---------------------------------------------------------------- torch: envInjection, torchtune
@@ -574,6 +587,32 @@ def test_torchtune_refuses_what_upstream_refuses():
                    runtimeRef={"name": "torchtune-llama3.2-1b"})
     problems = validate_policies(build_runtime_info(job, _torchtune_runtime()), job)
     assert [p for p, _ in problems] == ["spec.trainer.numNodes", "spec.trainer.args[0]"]
+
+
+def _renamed(rt: TrainingRuntime, name: str) -> TrainingRuntime:
+    model = rt.model_dump(by_alias=True)
+    model["metadata"]["name"] = name
+    return TrainingRuntime.model_validate(model)
+
+
+QLORA = ["model.quantize_base=True"]
+
+
+@pytest.mark.parametrize(("name", "trainer", "fields"), [
+    # QLoRA on several devices of a Llama 3.2 model (the runtime's node has 2 GPUs).
+    ("torchtune-llama3.2-1b", {}, ["spec.trainer.numProcPerNode",
+                                   "spec.trainer.resourcesPerNode"]),
+    # One process on one device: QLoRA's single-device recipe.
+    ("torchtune-llama3.2-1b", {"numProcPerNode": 1}, []),
+    # No QLoRA recipe for Qwen at all, single device or not.
+    ("torchtune-qwen2.5-1.5b", {"numProcPerNode": 1}, ["spec.runtimeRef.name"]),
+])
+def test_torchtune_qlora_runs_where_upstream_has_a_recipe(name, trainer, fields):
+    job = trainjob({"command": ["tune", "run"], "args": QLORA, **trainer},
+                   runtimeRef={"name": name})
+    rt = _renamed(_torchtune_runtime(), name)
+    problems = validate_policies(build_runtime_info(job, rt), job)
+    assert [p for p, _ in problems] == fields
 
 
 # ---------------------------------------------------------------- pod groups

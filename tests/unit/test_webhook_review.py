@@ -133,6 +133,11 @@ def fields(status: dict) -> list[str]:
     return [cause["field"] for cause in status["details"]["causes"]]
 
 
+def causes_of(status: dict) -> list[tuple[str, str]]:
+    """(field, reason) of each cause: what a refusal means, as upstream's would."""
+    return [(cause["field"], cause["reason"]) for cause in status["details"]["causes"]]
+
+
 # --- create --------------------------------------------------------------------------------
 
 
@@ -285,20 +290,37 @@ def test_other_num_proc_per_node_values_are_invalid(value):
 def test_an_initializer_the_runtime_cannot_run_is_invalid(which):
     status = refused(trainjob(runtimeRef={"name": "plain"},
                               initializer={which: {"storageUri": "s3://x"}}))
-    assert fields(status) == [f"spec.initializer.{which}"]
-    assert f"ClusterTrainingRuntime plain has no {which}-initializer replicated job" \
-           in status["message"]
+    # Upstream refuses the reference to a runtime that cannot run the initializer.
+    assert fields(status) == ["spec.runtimeRef"]
+    assert causes_of(status) == [("spec.runtimeRef", "FieldValueInvalid")]
+    assert f"has no {which}-initializer replicated job" in status["message"]
 
 
-def test_an_initializer_job_found_by_its_ancestor_label_counts():
+def test_an_initializer_job_is_found_by_its_name_not_its_ancestor_label():
+    # Upstream looks the job up by name: a labelled job of another name does not run it.
     job = replicated_job("fetch-data")
     job["template"]["metadata"] = {
         "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}}
     lookups = TableLookups()
     lookups.runtimes[("ClusterTrainingRuntime", "", "labelled")] = runtime(
         "labelled", [job, replicated_job("node")])
-    allowed(trainjob(runtimeRef={"name": "labelled"}, initializer={"dataset": {}}),
-            lookups=lookups)
+    status = refused(trainjob(runtimeRef={"name": "labelled"}, initializer={"dataset": {}}),
+                     lookups=lookups)
+    assert fields(status) == ["spec.runtimeRef"]
+
+
+def test_an_initializer_job_without_its_container_is_refused():
+    job = replicated_job("dataset-initializer")
+    job["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "main"
+    lookups = TableLookups()
+    lookups.runtimes[("ClusterTrainingRuntime", "", "renamed")] = runtime(
+        "renamed", [job, replicated_job("node")])
+    status = refused(trainjob(runtimeRef={"name": "renamed"},
+                              initializer={"dataset": {"storageUri": "hf://d"}}),
+                     lookups=lookups)
+    assert causes_of(status) == [("spec.runtimeRef", "FieldValueInvalid")]
+    assert "the dataset-initializer job has no container dataset-initializer" \
+           in status["message"], status["message"]
 
 
 def test_an_initializer_container_without_the_shared_volume_is_refused():
@@ -320,9 +342,10 @@ def test_reserved_torch_environment_is_refused_for_torch_runtimes_only():
     env = [{"name": "PET_NNODES", "value": "3"}]
     override = {"targetJobs": [{"name": "node"}], "containers": [{"name": "node", "env": env}]}
     status = refused(trainjob(trainer={"env": env}, podSpecOverrides=[override]))
-    assert fields(status) == ["spec.trainer.env[0].name",
+    # Upstream refuses spec.trainer.env as a whole, naming the variables.
+    assert fields(status) == ["spec.trainer.env",
                               "spec.podSpecOverrides[0].containers[0].env[0].name"]
-    assert "PET_NNODES is reserved" in status["message"]
+    assert "PET_NNODES: reserved" in status["message"]
 
     allowed(trainjob(runtimeRef={"name": "plain"}, trainer={"env": env},
                      podSpecOverrides=[override]))
@@ -337,7 +360,7 @@ def test_every_problem_is_reported_in_one_message():
     assert fields(status) == ["metadata.name", "spec.trainer.numNodes",
                               "spec.trainer.numProcPerNode",
                               "spec.podSpecOverrides[0].targetJobs[0].name",
-                              "spec.initializer.dataset"]
+                              "spec.runtimeRef"]
     assert status["message"].count("; ") == 4
 
 
@@ -710,7 +733,9 @@ def test_runtime_rules_apply_as_upstream_applies_them():
 @pytest.mark.parametrize("manager", ["no-domain", "Example.com/x", "example.com/", 7])
 def test_a_runtime_patch_manager_must_be_a_domain_prefixed_path(manager):
     status = refused(trainjob(runtimePatches=[{"manager": manager}]))
-    assert fields(status) == ["spec.runtimePatches[0].manager"]
+    # Upstream's field names no entry; the reason does.
+    assert causes_of(status) == [("spec.runtimePatches.manager", "FieldValueInvalid")]
+    assert "runtimePatches[0]: " in status["message"]
     assert "must be a domain-prefixed path such as example.com/queue" in status["message"]
 
 

@@ -7,8 +7,9 @@ test and any of these methods; the framework calls each present method in its ph
 * ``enforce_pod_group_policy(info, job)``: pod labels and annotations for gang scheduling;
 * ``build(info, job) -> list[ExtraObject]``: objects the job needs beside its JobSet
   (Secrets, ConfigMaps, PodGroups); the operator owns them by the TrainJob;
-* ``validate(info, job) -> list[(field path, reason)]``: what the plug-in refuses in a
-  TrainJob (the admission webhook asks).
+* ``validate(info, job) -> list[(field path, reason[, kind])]``: what the plug-in refuses
+  in a TrainJob (the admission webhook asks); the kind is a ``field.ErrorType`` such as
+  ``FORBIDDEN``, ``INVALID`` when left out.
 
 Each plug-in owns its fields of the runtime's policy and the objects it builds; the core
 knows none of them by name.
@@ -22,7 +23,10 @@ from typing import Any, Protocol
 
 from trainjob.runtime.podsets import RuntimePolicy
 
-Problems = list[tuple[str, str]]
+Problems = list[tuple[str, str] | tuple[str, str, str]]
+# The kinds of refusal a plug-in may give besides the default (upstream's field.ErrorType).
+INVALID = "Invalid"
+FORBIDDEN = "Forbidden"
 
 
 class Plugin(Protocol):

@@ -250,8 +250,11 @@ class MPIPlugin:
             problems.append(("spec.trainer.env", f"{', '.join(reserved)} "
                              f"{'is' if len(reserved) == 1 else 'are'} reserved: the mpi policy "
                              "sets them on the launcher"))
-        if (trainer.num_nodes or 1) >= 2 and _as_node(info) and (
-                info.pod_set(c.LAUNCHER) is None or info.pod_set(c.NODE) is None):
+        # The runtime's jobs as written: a launcher made for it (``_make_launcher``) does
+        # not count, as upstream sees only the runtime's.
+        written = {j.get("name") for j in info.runtime_jobs if isinstance(j, dict)}
+        if (trainer.num_nodes or 1) >= 2 and _as_node(info) and not {
+                c.LAUNCHER, c.NODE} <= written:
             problems.append(("spec.trainer.numNodes", "must be 1: the runtime runs the launcher "
                              "as a node but lacks a launcher or a node job"))
         return problems

@@ -8,6 +8,7 @@ from typing import Any
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
+from trainjob.runtime.extension_points import FORBIDDEN, Problems
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 
 PORT = 29500
@@ -47,9 +48,10 @@ class TrainerEnvPolicy:
     def enabled(self, policy: RuntimePolicy) -> bool:
         return policy.framework == self.name
 
-    def validate(self, info: RuntimeInfo, job: TrainJob) -> list[tuple[str, str]]:
+    def validate(self, info: RuntimeInfo, job: TrainJob) -> Problems:
+        # Upstream's rule (XGBoost): each reserved variable is Forbidden, at its entry.
         env = job.spec.trainer.env if job.spec.trainer is not None else []
-        return [(f"spec.trainer.env[{i}].name",
+        return [(f"spec.trainer.env[{i}]",
                  f"{var.get('name')} is reserved: the {self.name} policy sets it "
-                 f"({', '.join(self.reserved_env)})")
+                 f"({', '.join(self.reserved_env)})", FORBIDDEN)
                 for i, var in enumerate(env) if var.get("name") in self.reserved_env]

@@ -132,12 +132,21 @@ class TorchPlugin:
         problems: Problems = []
         trainer = job.spec.trainer
         if trainer is not None:
-            for i, var in enumerate(trainer.env):
-                problems += _reserved(f"spec.trainer.env[{i}].name", var)
+            # Upstream's rule: one refusal of spec.trainer.env naming every reserved variable.
+            reserved = sorted({str(v.get("name")) for v in trainer.env} & set(RESERVED_NAMES))
+            if reserved:
+                problems.append(("spec.trainer.env", f"{', '.join(reserved)}: reserved, the "
+                                 f"torch policy sets {', '.join(RESERVED_NAMES)}"))
             problems += _check_nproc(trainer.num_proc_per_node)
             if torchtune.applies(job):
-                nodes = max((p.count for p in _trainer_pod_sets(info)), default=1)
-                problems += torchtune.validate(job, nodes)
+                pod_sets = _trainer_pod_sets(info)
+                nodes = max((p.count for p in pod_sets), default=1)
+                # As upstream judges the recipe: numProcPerNode as given (None: auto) and the
+                # GPUs of a node.
+                procs = trainer.num_proc_per_node
+                gpus = gpus_per_node(node_resources(info, job, pod_sets[0].container(c.NODE))) \
+                    if pod_sets else 0
+                problems += torchtune.validate(job, nodes, _int_or_none(procs), gpus)
         problems += _check_env_injection(info)
         trainer_jobs = {p.name for p in info.by_role(c.ROLE_TRAINER)}
         for i, override in enumerate(job.spec.pod_spec_overrides):
@@ -152,6 +161,13 @@ class TorchPlugin:
                     problems += _reserved(
                         f"spec.podSpecOverrides[{i}].containers[{j}].env[{k}].name", var)
         return problems
+
+
+def _int_or_none(value: int | str | None) -> int | None:
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() \
+        else None
 
 
 def _check_env_injection(info: RuntimeInfo) -> Problems:

@@ -20,6 +20,9 @@ QUANTIZE_BASE = "model.quantize_base"
 USE_DORA = "model.use_dora"
 SUPPORTED_MODELS = ("llama3_2/1B", "llama3_2/3B", "llama3_3/70B", "qwen2_5/1.5B")
 MULTI_NODE_MODEL = "llama3_3/70B"
+# QLoRA has no recipe for this model; these run QLoRA on a single device only.
+NO_QLORA_MODEL = "qwen2_5/1.5B"
+SINGLE_DEVICE_QLORA_MODELS = ("llama3_2/1B", "llama3_2/3B")
 
 
 def applies(job: TrainJob) -> bool:
@@ -84,8 +87,9 @@ def command(info: RuntimeInfo, job: TrainJob, nodes: int, procs: int | None, gpu
     return expanded
 
 
-def validate(job: TrainJob, nodes: int) -> Problems:
-    """What upstream refuses in a torchtune TrainJob."""
+def validate(job: TrainJob, nodes: int, procs: int | None = None, gpus: int = 0) -> Problems:
+    """What upstream refuses in a torchtune TrainJob of ``nodes`` nodes of ``procs``
+    processes (None: auto) and ``gpus`` GPUs each."""
     problems: Problems = []
     name = model(job)
     if name not in SUPPORTED_MODELS:
@@ -97,9 +101,28 @@ def validate(job: TrainJob, nodes: int) -> Problems:
     if nodes > 1 and (_lora(args) or _qlora(args)):
         problems.append(("spec.trainer.numNodes",
                          "LoRA fine-tuning is not supported for multi-node training"))
+    problems += _check_qlora(job, name, nodes, procs, gpus)
     for i, arg in enumerate(args):
         key = arg.split("=", 1)[0]
         if key in IMMUTABLE_CONFIGS:
             problems.append((f"spec.trainer.args[{i}]", f"{key} is set by the runtime and may "
                                                         "not be changed"))
+    return problems
+
+
+def _check_qlora(job: TrainJob, name: str, nodes: int, procs: int | None,
+                 gpus: int) -> Problems:
+    """The QLoRA config the job would run (upstream's rules): none for one model, a single
+    device only for others."""
+    _, config = recipe_and_config(job, nodes, procs, gpus)
+    if "_qlora" not in config:
+        return []
+    problems: Problems = []
+    if name == NO_QLORA_MODEL:
+        problems.append(("spec.runtimeRef.name", f"the {name} model has no QLoRA recipe"))
+    if "_qlora_single_device" not in config and name in SINGLE_DEVICE_QLORA_MODELS:
+        problems += [("spec.trainer.numProcPerNode", f"QLoRA on the {name} model runs one "
+                      "process per node: auto or 1"),
+                     ("spec.trainer.resourcesPerNode", f"QLoRA on the {name} model runs on "
+                      "one GPU per node")]
     return problems
