@@ -111,6 +111,14 @@ def project_cases() -> list[Case]:
     coscheduling = _runtime("cf-coscheduling", {"numNodes": 2, "torch": {}},
                             [_job("node", c.ROLE_TRAINER)],
                             podGroupPolicy={"coscheduling": {"scheduleTimeoutSeconds": 60}})
+    # Volcano: the queue from the runtime's annotation, the topology as given (its
+    # PodGroup CRD is on both workers).
+    volcano = _runtime("cf-volcano", {"numNodes": 2, "torch": {}},
+                       [_job("node", c.ROLE_TRAINER)],
+                       podGroupPolicy={"volcano": {"networkTopology": {
+                           "mode": "soft", "highestTierAllowed": 2}}})
+    volcano["spec"]["template"]["metadata"] = {
+        "annotations": {"scheduling.volcano.sh/queue-name": "research"}}
     env_injection = _runtime(
         "cf-torch-env-injection",
         {"numNodes": 1, "torch": {"envInjection": {"targets": [
@@ -144,6 +152,7 @@ def project_cases() -> list[Case]:
             [upstream_trainer.runtime("torchtune/llama3_2/llama3_2_1B.yaml")]),
         Case("cf-coscheduling", "project", _trainjob("cf-coscheduling", "cf-coscheduling",
                                                      {}), [coscheduling]),
+        Case("cf-volcano", "project", _trainjob("cf-volcano", "cf-volcano", {}), [volcano]),
         Case("cf-patches-sidecar", "project", _trainjob(
             "cf-patches-sidecar", "cf-torch", {"numNodes": 1},
             runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
