@@ -132,22 +132,32 @@ def _load_kubeconfig_file(path: Path, context: str | None,
 APPLY_PATCH = "application/apply-patch+yaml"
 
 
+def apply_body(body: dict) -> bytes:
+    """``body`` as an apply patch: JSON (a YAML document) in UTF-8 with every character
+    written as itself. The apiserver decodes apply patches as YAML, whose decoder refuses the
+    surrogate-pair escapes ``json.dumps`` writes by default for characters beyond the Basic
+    Multilingual Plane (an emoji in a script or a command)."""
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
 def apply_custom_object(api: client.ApiClient, group: str, version: str, plural: str,
                         body: dict, field_manager: str, *, force: bool = True) -> dict:
     """Server-side apply of a custom object (namespaced when ``body`` names a namespace);
     returns the object as the server stored it."""
-    custom = client.CustomObjectsApi(api)
     meta = body["metadata"]
-    common = dict(field_manager=field_manager, force=force, _content_type=APPLY_PATCH,
-                  _preload_content=False)
-    # The generated client does not decode responses to apply patches; read them raw.
-    if meta.get("namespace"):
-        response = custom.patch_namespaced_custom_object(
-            group, version, meta["namespace"], plural, meta["name"], body, **common)
-    else:
-        response = custom.patch_cluster_custom_object(
-            group, version, plural, meta["name"], body, **common)
-    return json.loads(response.data)
+    where = f"/namespaces/{meta['namespace']}" if meta.get("namespace") else ""
+    # A raw request: the generated client accepts only a dict body, which it would encode
+    # with the escapes ``apply_body`` avoids.
+    params = api.param_serialize(
+        method="PATCH", resource_path=f"/apis/{group}/{version}{where}/{plural}/{meta['name']}",
+        query_params=[("fieldManager", field_manager), ("force", str(force).lower())],
+        header_params={"Content-Type": APPLY_PATCH, "Accept": "application/json"},
+        body=apply_body(body), auth_settings=["BearerToken"])
+    response = api.call_api(*params)
+    data = response.read()
+    if not 200 <= response.status < 300:
+        raise ApiException(http_resp=response)
+    return json.loads(data)
 
 
 def namespace_terminating(err: ApiException) -> bool:

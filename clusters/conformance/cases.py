@@ -37,6 +37,9 @@ PATCH_OF_UNKNOWN_JOB = ("a runtime patch naming a replicated job the runtime lac
                         "build a valid JobSet")
 ZERO_NODES = ("trainer.numNodes 0 is refused by the project's CRD (a job of no trainer "
               "pods); upstream's CRD accepts it and runs a JobSet of zero pods")
+FLUX_WITHOUT_NODES = ("a Flux TrainJob without trainer.numNodes: upstream's controller fails on "
+                      "it (a nil dereference) and never builds it; the operator runs the "
+                      "runtime's node count")
 EXAMPLES_DIR = "examples"
 
 
@@ -91,6 +94,14 @@ def upstream_example_cases() -> list[Case]:
     return cases
 
 
+def _flux_node(container: dict, init_container: dict) -> dict:
+    """A trainer ``node`` job with one init container of the runtime's own."""
+    return {"name": "node", "template": {
+        "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
+        "spec": {"template": {"spec": {"initContainers": [init_container],
+                                       "containers": [container]}}}}}
+
+
 def project_cases() -> list[Case]:
     """Corners of each plug-in and of the TrainJob API, and objects both must refuse."""
     gpu = {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
@@ -128,6 +139,14 @@ def project_cases() -> list[Case]:
             "spec": {"template": {"spec": {"containers": [
                 {"name": "node", "image": "node:v1"},
                 {"name": "sidecar", "image": "sidecar:v1"}]}}}}}])
+    flux = _runtime("cf-flux", {"numNodes": 1, "flux": {"numProcPerNode": 2}}, [_flux_node(
+        {"name": "node", "image": "node:v1", "command": ["run"], "args": ["--verbose"],
+         "env": [{"name": "FLUX_QUEUE_POLICY", "value": "easy"},
+                 {"name": "FLUX_NETWORK_DEVICE", "value": "eth1"}],
+         "resources": gpu},
+        {"name": "prepare", "image": "prepare:v1"})])
+    flux_reserved = _runtime("cf-bad-flux", {"numNodes": 1, "flux": {}}, [_flux_node(
+        {"name": "node", "image": "node:v1"}, {"name": "flux-installer", "image": "mine:v1"})])
     cases = [
         Case("cf-torch-cpu", "project", _trainjob("cf-torch-cpu", "cf-torch", {
             "numNodes": 3, "env": [{"name": "PET_LOG_LEVEL", "value": "INFO"}]}), [torch]),
@@ -172,7 +191,16 @@ def project_cases() -> list[Case]:
             podSpecOverrides=[{"targetJobs": [{"name": "node"}],
                                "nodeSelector": {"pool": "a"}}]), [torch],
              intended=OVERRIDES_PRUNED, intended_objects=("JobSet",)),
+        Case("cf-flux-settings", "project", _trainjob("cf-flux-settings", "cf-flux", {
+            "numNodes": 3, "args": ["--steps", "10"],
+            "env": [{"name": "FLUX_VIEW_IMAGE", "value": "flux-view:rocky"}]}), [flux]),
+        Case("cf-flux-no-nodes", "project", _trainjob("cf-flux-no-nodes", "cf-flux", {
+            "command": ["train"]}), [flux], intended=FLUX_WITHOUT_NODES),
         # Refused by both.
+        Case("cf-bad-flux-installer", "project", _trainjob(
+            "cf-bad-flux-installer", "cf-bad-flux", {"numNodes": 1}), [flux_reserved]),
+        Case("cf-bad-flux-procs", "project", _trainjob(
+            "cf-bad-flux-procs", "cf-flux", {"numNodes": 1, "numProcPerNode": 0}), [flux]),
         Case("cf-bad-reserved-env", "project", _trainjob(
             "cf-bad-reserved-env", "cf-torch", {"env": [{"name": "PET_NNODES", "value": "2"}]}),
             [torch]),

@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trainjob.kubeclient import APPLY_PATCH
+from trainjob.kubeclient import APPLY_PATCH, apply_body
 from trainjob.runtime.extension_points import ExtraObject
 
 
@@ -21,7 +21,7 @@ def _collection(body: dict[str, Any], plural: str) -> str:
     return f"{prefix}/namespaces/{body['metadata']['namespace']}/{plural}"
 
 
-def _request(api: client.ApiClient, method: str, path: str, body: dict[str, Any],
+def _request(api: client.ApiClient, method: str, path: str, body: dict[str, Any] | bytes,
              content_type: str, query: list[tuple[str, str]] | None = None) -> None:
     params = api.param_serialize(
         method=method, resource_path=path, query_params=query or [],
@@ -46,5 +46,5 @@ def write(api: client.ApiClient, obj: ExtraObject, owner: dict[str, Any],
             if err.status != 409:  # exists: created once, never rewritten
                 raise
         return
-    _request(api, "PATCH", f"{collection}/{body['metadata']['name']}", body, APPLY_PATCH,
+    _request(api, "PATCH", f"{collection}/{body['metadata']['name']}", apply_body(body), APPLY_PATCH,
              [("fieldManager", field_manager), ("force", "true")])

@@ -30,3 +30,15 @@ def test_an_api_error_is_one_line_with_code_reason_and_message():
     assert describe_error(ApiException(status=503, reason="Service Unavailable")) == \
         "HTTP 503 Service Unavailable"
     assert describe_error(ValueError("two\nlines")) == "ValueError: two lines"
+
+
+def test_apply_bodies_write_characters_beyond_the_bmp_as_themselves():
+    import json
+
+    from trainjob.kubeclient import apply_body
+
+    body = {"data": {"init.sh": 'echo "\U0001f438 ready"'}}
+    encoded = apply_body(body)
+    # The apiserver's YAML decoder refuses the surrogate escapes json.dumps writes by default.
+    assert b"\\ud83d" not in encoded and "\U0001f438".encode() in encoded
+    assert json.loads(encoded) == body

@@ -23,6 +23,7 @@ def registered() -> list[Plugin]:
 # Importing a plug-in module registers it.
 from trainjob.runtime.plugins import (  # noqa: E402,F401
     coscheduling,
+    flux,
     jax,
     mpi,
     torch,
