@@ -629,7 +629,7 @@ def test_coscheduling_labels_every_pod_and_builds_the_pod_group():
     assert group == {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
         "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {"minMember": 6, "minResources": {"cpu": "7", "memory": str(6 * GI)},
+        "spec": {"minMember": 6, "minResources": {"cpu": "7", "memory": "6Gi"},
                  "scheduleTimeoutSeconds": 30}}
 
 

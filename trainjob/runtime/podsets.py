@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from trainjob.api import MLPolicy
+from trainjob.quantity import Quantity
 
 
 @dataclass
@@ -112,6 +113,42 @@ class PodSet:
                 total[resource] = max(total.get(resource, Decimal(0)), amount)
         return total
 
+    @property
+    def declared_requests(self) -> dict[str, Quantity]:
+        """Per-pod requests as upstream's controller sums them for PodGroups (Kubernetes'
+        PodRequests): declared requests only, no limit standing in; containers and
+        sidecars added, each plain init container with the sidecars before it as a floor;
+        every sum in the format of its first term."""
+        def add(into: dict[str, Quantity], amounts: dict[str, Quantity]) -> None:
+            for name, amount in amounts.items():
+                into[name] = into[name] + amount if name in into else amount
+
+        def at_least(into: dict[str, Quantity], amounts: dict[str, Quantity]) -> None:
+            for name, amount in amounts.items():
+                if name not in into or amount.amount > into[name].amount:
+                    into[name] = amount
+
+        def declared(container: dict[str, Any]) -> dict[str, Quantity]:
+            return {name: Quantity.parse(value) for name, value in
+                    (((container.get("resources") or {}).get("requests")) or {}).items()}
+
+        total: dict[str, Quantity] = {}
+        for container in self.containers:
+            add(total, declared(container))
+        sidecars: dict[str, Quantity] = {}
+        floor: dict[str, Quantity] = {}
+        for container in self.init_containers:
+            amounts = declared(container)
+            if container.get("restartPolicy") == "Always":
+                add(total, amounts)
+                add(sidecars, amounts)
+                amounts = dict(sidecars)
+            else:
+                add(amounts, sidecars)
+            at_least(floor, amounts)
+        at_least(total, floor)
+        return total
+
     def _container_requests(self, container: dict[str, Any]) -> dict[str, Decimal]:
         resources = container.get("resources") or {}
         amounts = {}
@@ -147,6 +184,17 @@ def totals(pod_sets: list[PodSet]) -> Totals:
         for resource, amount in pod_set.requests.items():
             requests[resource] = requests.get(resource, Decimal(0)) + amount * pod_set.count
     return Totals(pods=sum(p.count for p in pod_sets), requests=requests)
+
+
+def group_resources(pod_sets: list[PodSet]) -> dict[str, str]:
+    """A gang's ``minResources`` as upstream writes it: Σ declared per-pod requests x count
+    over the PodSets in order, each in its format's canonical form."""
+    total: dict[str, Quantity] = {}
+    for pod_set in pod_sets:
+        for name, amount in pod_set.declared_requests.items():
+            amount = amount.times(pod_set.count)
+            total[name] = total[name] + amount if name in total else amount
+    return {name: str(amount) for name, amount in sorted(total.items())}
 
 
 def format_quantity(amount: Decimal) -> str:

@@ -1,13 +1,14 @@
 """What gang-scheduling PodGroups share, whichever scheduler reads them: the TrainJob's pods
-as one group of ``minMember`` pods needing ``minResources`` (Σ per-pod requests x count, the
-same totals placement uses), named like the TrainJob, and a mark on every pod template."""
+as one group of ``minMember`` pods needing ``minResources`` (Σ declared per-pod requests x
+count, written as upstream writes them), named like the TrainJob, and a mark on every pod
+template."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trainjob.api import TrainJob
-from trainjob.runtime.podsets import RuntimeInfo, RuntimePolicy
+from trainjob.runtime.podsets import RuntimeInfo, RuntimePolicy, group_resources
 
 
 class PodGroupPolicy:
@@ -31,8 +32,7 @@ def mark_pods(info: RuntimeInfo, key: str, value: str, where: str) -> None:
 
 
 def group_spec(info: RuntimeInfo) -> dict[str, Any]:
-    totals = info.totals
-    return {"minMember": totals.pods, "minResources": totals.as_strings()}
+    return {"minMember": info.totals.pods, "minResources": group_resources(info.pod_sets)}
 
 
 def metadata(job: TrainJob) -> dict[str, Any]:
