@@ -31,3 +31,15 @@ def cpus_per_node(resources: dict[str, Any]) -> int:
 
 def _whole(amount: Any) -> int:
     return int(parse_quantity(amount).to_integral_value(rounding=ROUND_CEILING))
+
+
+def whole_number(value: Any) -> int | None:
+    """A count such as ``numProcPerNode`` (an int, or a string of digits) as an int; None
+    for anything else ("auto", "gpu", a bool)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None

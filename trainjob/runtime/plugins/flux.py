@@ -39,7 +39,7 @@ from typing import Any
 from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject, Problems
-from trainjob.runtime.node_resources import gpus_per_node
+from trainjob.runtime.node_resources import gpus_per_node, whole_number
 from trainjob.runtime.plugins import flux_curve, flux_scripts, register
 from trainjob.runtime.pod_template import merge_by_name
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
@@ -122,22 +122,13 @@ def original_command(info: RuntimeInfo, job: TrainJob) -> str:
     return " ".join(command + args).strip()
 
 
-def _proc_value(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
-    return None
-
 
 def tasks_per_node(info: RuntimeInfo, job: TrainJob) -> int:
     trainer = job.spec.trainer
-    own = _proc_value(trainer.num_proc_per_node) if trainer is not None else None
+    own = whole_number(trainer.num_proc_per_node) if trainer is not None else None
     if own is not None:
         return own
-    return _proc_value((info.policy.ml_policy.flux or {}).get("numProcPerNode")) or 1
+    return whole_number((info.policy.ml_policy.flux or {}).get("numProcPerNode")) or 1
 
 
 def node_count(info: RuntimeInfo, job: TrainJob) -> int:
@@ -260,7 +251,7 @@ class FluxPlugin:
         value = trainer.num_proc_per_node if trainer is not None else None
         if value is None:
             value = (info.policy.ml_policy.flux or {}).get("numProcPerNode")
-        if value is not None and (_proc_value(value) is None or _proc_value(value) < 1):
+        if value is not None and (whole_number(value) is None or whole_number(value) < 1):
             problems.append(("spec.trainer.numProcPerNode",
                              f"{value!r}: must be an integer of at least 1 for a Flux "
                              "TrainJob (tasks per node)"))

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject, Problems
-from trainjob.runtime.node_resources import gpus_per_node
+from trainjob.runtime.node_resources import gpus_per_node, whole_number
 from trainjob.runtime.plugins import register
 from trainjob.runtime.pod_template import apply_node_settings, merge_by_name, merge_env
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
@@ -90,21 +90,12 @@ def generate_ssh_secret_data() -> dict[str, str]:
             SSH_PUBLIC_KEY: base64.b64encode(public).decode()}
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
-    return None
-
 
 def slots(info: RuntimeInfo, job: TrainJob) -> int:
     """Processes per node, as upstream computes them."""
     trainer = job.spec.trainer
-    if trainer is not None and _int(trainer.num_proc_per_node):
-        return _int(trainer.num_proc_per_node)
+    if trainer is not None and whole_number(trainer.num_proc_per_node):
+        return whole_number(trainer.num_proc_per_node)
     per_node = info.policy.ml_policy.mpi.num_proc_per_node or 1
     if per_node == 1:
         gpus = gpus_per_node(_node_resources(info, job))
@@ -241,7 +232,7 @@ class MPIPlugin:
         if trainer is None:
             return problems
         value = trainer.num_proc_per_node
-        if value is not None and (_int(value) is None or _int(value) < 1):
+        if value is not None and (whole_number(value) is None or whole_number(value) < 1):
             problems.append(("spec.trainer.numProcPerNode",
                              f"{value!r} is not a number of MPI slots: the mpi policy needs a "
                              "positive integer"))

@@ -27,7 +27,7 @@ from typing import Any
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node
+from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node, whole_number
 from trainjob.runtime.pod_template import merge_env
 from trainjob.runtime.extension_points import Problems
 from trainjob.runtime.plugins import register, rendezvous, torchtune
@@ -146,7 +146,7 @@ class TorchPlugin:
                 procs = trainer.num_proc_per_node
                 gpus = gpus_per_node(node_resources(info, job, pod_sets[0].container(c.NODE))) \
                     if pod_sets else 0
-                problems += torchtune.validate(job, nodes, _int_or_none(procs), gpus)
+                problems += torchtune.validate(job, nodes, whole_number(procs), gpus)
         problems += _check_env_injection(info)
         trainer_jobs = {p.name for p in info.by_role(c.ROLE_TRAINER)}
         for i, override in enumerate(job.spec.pod_spec_overrides):
@@ -162,12 +162,6 @@ class TorchPlugin:
                         f"spec.podSpecOverrides[{i}].containers[{j}].env[{k}].name", var)
         return problems
 
-
-def _int_or_none(value: int | str | None) -> int | None:
-    if isinstance(value, int):
-        return value
-    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() \
-        else None
 
 
 def _check_env_injection(info: RuntimeInfo) -> Problems:
