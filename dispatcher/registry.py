@@ -60,6 +60,7 @@ ACTIVE = "Active"
 REASON_ACTIVE = "Active"
 REASON_CONNECTION_FAILED = "ClientConnectionFailed"
 REASON_DUPLICATE = "DuplicateRegistration"
+REASON_UNSUPPORTED_SOURCE = "UnsupportedClusterSource"
 KUBECONFIG_KEY = "kubeconfig"
 # Created by every apiserver at start and never deleted: its UID identifies the cluster.
 IDENTITY_NAMESPACE = "kube-system"
@@ -293,7 +294,16 @@ class WorkerRegistry:
                              created=obj["metadata"].get("creationTimestamp") or "")
 
     def _kubeconfig_of(self, obj: dict) -> tuple[str | None, str, str]:
-        source = (((obj.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {})
+        cluster_source = (obj.get("spec") or {}).get("clusterSource") or {}
+        if "clusterProfileRef" in cluster_source and "kubeConfig" not in cluster_source:
+            # Kueue's schema allows it (behind its MultiKueueClusterProfile gate); reaching a
+            # worker through a ClusterProfile needs its credential plugins, not read here.
+            return None, REASON_UNSUPPORTED_SOURCE, (
+                "spec.clusterSource.clusterProfileRef "
+                f"{(cluster_source['clusterProfileRef'] or {}).get('name', '')}: ClusterProfile "
+                "references are not supported by this dispatcher; give the worker's "
+                "kubeconfig in spec.clusterSource.kubeConfig")
+        source = cluster_source.get("kubeConfig") or {}
         location = source.get("location", "")
         if source.get("locationType", "Secret") == "Path":
             if refusal := self._path_refusal(location):

@@ -136,8 +136,15 @@ def test_registration_mistakes_are_said_once_with_an_event(multicluster, tmp_pat
     manager = multicluster.manager
     tag = secrets.token_hex(3)
     clash, absent, config = f"clash-{tag}", f"absent-{tag}", f"mistakes-{tag}"
+    profile = f"profile-{tag}"
     fixtures.register_worker(manager.api, clash, multicluster["worker-2"].kubeconfig)
-    fixtures.register_config(manager.api, config, [clash, absent])
+    # Kueue's schema allows a ClusterProfile instead of a kubeconfig; this dispatcher
+    # does not reach workers that way and must say so on the object.
+    manager.custom.create_cluster_custom_object(*MK, "multikueueclusters", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+        "metadata": {"name": profile},
+        "spec": {"clusterSource": {"clusterProfileRef": {"name": "gpu-pool"}}}})
+    fixtures.register_config(manager.api, config, [clash, absent, profile])
     config_file = tmp_path / "dispatcher.yaml"
     config_file.write_text(yaml.safe_dump({"workers": [
         {"name": clash, "kubeconfig": str(multicluster["worker-1"].kubeconfig)},
@@ -153,6 +160,12 @@ def test_registration_mistakes_are_said_once_with_an_event(multicluster, tmp_pat
         eventually(lambda: active_condition(manager, clash),
                    lambda cond: cond.get("status") == "True",
                    expected=f"{clash} Active=True through its MultiKueueCluster")
+        cond = eventually(lambda: active_condition(manager, profile),
+                          lambda cond: cond.get("status") == "False",
+                          expected=f"{profile} Active=False, its ClusterProfile unsupported")
+        assert cond["reason"] == "UnsupportedClusterSource", cond
+        assert cond["message"].startswith("spec.clusterSource.clusterProfileRef gpu-pool: "
+                                          "ClusterProfile references are not supported"), cond
         log = dispatcher.log_file.read_text(errors="replace")
         assert log.count(f"lists {absent}, but no MultiKueueCluster has that name") == 1, log
         assert log.count(f"workers[0] is named {clash}") == 1, log
@@ -168,5 +181,6 @@ def test_registration_mistakes_are_said_once_with_an_event(multicluster, tmp_pat
     finally:
         manager.custom.delete_cluster_custom_object(*MK, "multikueueconfigs", config)
         manager.custom.delete_cluster_custom_object(*MK, "multikueueclusters", clash)
+        manager.custom.delete_cluster_custom_object(*MK, "multikueueclusters", profile)
         client.CoreV1Api(manager.api).delete_namespaced_secret(f"{clash}-kubeconfig",
                                                                "kueue-system")
