@@ -91,6 +91,8 @@ def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
         "reservations": summary["reservations"],
         "jobs": jobs_placed,
         "capacity": capacity_view(summary),
+        # Kueue mode: the worker Kueue's quota, which nominations must also fit.
+        "quota": worker.quota.summary() if worker.quota is not None else None,
     }
 
 

@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher import kueue_quota as kq
+from dispatcher.placement import format_amount
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -148,15 +149,21 @@ class WorkerQuota:
             return kq.QuotaVerdict(
                 f"ClusterQueue {cq_name or '(none)'} (LocalQueue {namespace}/{name} "
                 "spec.clusterQueue) not found: this worker's Kueue would not admit it")
-        room = kq.quota_room(cluster_queue)
-        with self._lock:
-            pending = [(asked, q) for key, (q, asked) in self._pending.items() if key != job]
-        for asked, pending_queue in pending:
-            pending_local = self.informers[LOCALQUEUES].get(*pending_queue)
-            if pending_local and (pending_local.get("spec") or {}).get("clusterQueue") == cq_name:
-                kq.take(room, asked)
+        room = self._room(cluster_queue, but=job)
         return kq.fit(room, kq.wanted(room, requests, pods),
                       f"ClusterQueue {cq_name} (LocalQueue {namespace}/{name})")
+
+    def _room(self, cluster_queue: dict, but: JobKey | None = None) -> kq.QuotaRoom:
+        """A ClusterQueue's room less the nominations held on it (but ``but``'s own)."""
+        room = kq.quota_room(cluster_queue)
+        with self._lock:
+            pending = [(queue, asked) for key, (queue, asked) in self._pending.items()
+                       if key != but]
+        for queue, asked in pending:
+            local = self.informers[LOCALQUEUES].get(*queue)
+            if local and (local.get("spec") or {}).get("clusterQueue") == room.cluster_queue:
+                kq.take(room, asked)
+        return room
 
     def _say(self, why: str | None) -> None:
         """Log once each time the quota stops (or starts) being read."""
@@ -166,6 +173,35 @@ class WorkerQuota:
             elif self._said:
                 log.info("worker %s: Kueue's queues are read again", self.worker)
             self._said = why
+
+    def summary(self) -> dict:
+        """What the dashboard shows: each ClusterQueue's quota per flavor and resource
+        (nominal, reserved by the worker's Kueue, held for nominations it has not reserved
+        yet, free), or why the quota is not read."""
+        if why := self.unreadable():
+            return {"read": False, "why": why, "clusterQueues": []}
+        if self.syncing():
+            return {"read": False, "why": "Kueue's queues not read yet", "clusterQueues": []}
+        queues = []
+        for cluster_queue in sorted(self.informers[CLUSTERQUEUES].list(),
+                                    key=lambda obj: obj["metadata"]["name"]):
+            room = self._room(cluster_queue)
+            rows = []
+            for _, flavors in room.groups:
+                for flavor in flavors:
+                    for resource in sorted(flavor.nominal):
+                        free = flavor.free(resource)
+                        rows.append({
+                            "flavor": flavor.name, "resource": resource,
+                            "nominal": format_amount(resource, flavor.nominal[resource]),
+                            "reserved": format_amount(
+                                resource, flavor.reserved.get(resource, Decimal(0))),
+                            "held": format_amount(
+                                resource, flavor.pending.get(resource, Decimal(0))),
+                            "free": "no limit" if free is None
+                            else format_amount(resource, free)})
+            queues.append({"name": room.cluster_queue, "resources": rows})
+        return {"read": True, "why": None, "clusterQueues": queues}
 
     # --- nominations not reserved on the worker yet -------------------------------------
 

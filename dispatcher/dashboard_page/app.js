@@ -75,6 +75,14 @@ function renderClusters(clusters) {
         el("span", { class: "amounts" }, `${d.used}${reserved} / ${d.allocatable}`),
         el("span", { class: "free" }, `${d.free} free`));
     }));
+    // Kueue mode: the worker's ClusterQueue quota, which a nomination must fit too.
+    const quota = !cluster.quota ? null : cluster.quota.read
+      ? el("div", { class: "quota" }, ...cluster.quota.clusterQueues.map((queue) =>
+        el("div", { class: "cluster-queue", "data-cluster-queue": queue.name },
+          `ClusterQueue ${queue.name}: ` + queue.resources.map((r) =>
+            `${r.resource} (${r.flavor}) ${r.free} free of ${r.nominal}` +
+            (r.held !== "0" ? `, ${r.held} held` : "")).join("; "))))
+      : el("div", { class: "quota" }, `quota not read: ${cluster.quota.why}`);
     return el("tr", { "data-cluster": cluster.name, "data-active": String(cluster.active) },
       el("td", { class: "name" }, cluster.name),
       el("td", { class: "active" },
@@ -83,7 +91,7 @@ function renderClusters(clusters) {
         cluster.active ? null : el("div", { class: "message" }, cluster.message)),
       el("td", { class: "jobs" }, cluster.jobs),
       el("td", { class: "nodes" }, `${cluster.usableNodes}/${cluster.nodes}`),
-      el("td", { class: "capacity-cell" }, capacity));
+      el("td", { class: "capacity-cell" }, capacity, quota));
   });
   document.querySelector("#clusters tbody").replaceChildren(...rows);
   document.getElementById("no-clusters").hidden = clusters.length > 0;

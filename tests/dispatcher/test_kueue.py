@@ -234,6 +234,17 @@ def test_kueue_mode_nominates_by_the_workers_clusterqueue_quota(kueue_env, kueue
                    timeout=60, expected=f"a NoWorkerFits Event naming both quotas: {short}")
         assert nominations(env, ns) == [], (
             f"expected no nomination while neither quota fits; saw {nominations(env, ns)}")
+        # The dashboard shows the quota that held the job back.
+        state = json.loads(kueue_dispatcher.get("/api/state")[1])
+        shown = {cluster["name"]: cluster["quota"] for cluster in state["clusters"]}
+        for name in WORKERS:
+            queue = next((q for q in (shown[name] or {}).get("clusterQueues") or []
+                          if q["name"] == kueue_queues.CLUSTER_QUEUE), None)
+            cpu = next((r for r in (queue or {}).get("resources") or []
+                        if r["resource"] == "cpu"), None)
+            assert cpu is not None and (cpu["nominal"], cpu["free"]) == ("4", "4"), (
+                f"expected the dashboard to show {name}'s ClusterQueue with 4 cpu, 4 free; "
+                f"saw {shown[name]}")
 
         set_cpu_quota(second, WORKERS["worker-2"]["quota_cpu"])
         said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1,
