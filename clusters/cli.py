@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusters import binaries, nodes
+from clusters import binaries, crds, nodes
 from trainjob import command_line
 from clusters.controlplane import ControlPlaneError
 from clusters.local import ClusterInfo, LocalClusters, cluster_names
@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         "differs.")
     conformance.add_argument("--case", action="append", default=[], metavar="NAME",
                              help="run only this case (repeatable)")
+    conformance.add_argument("--operator-crds", choices=crds.TRAINER_CRD_FLAVOURS,
+                             default=crds.PROJECT,
+                             help="the Trainer CRDs this operator's worker serves during the "
+                             "run: the project's (default) or upstream's, as a cluster that "
+                             "runs Trainer today has them")
 
     pinned = "\n".join(f"  {c.name:<28} {c.source}" for c in binaries.COMPONENTS.values())
     prov = sub.add_parser(
@@ -218,7 +223,8 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "conformance":
             from clusters.conformance import command
 
-            return command.main(args.state_dir, args.case, args.json, args.verbose)
+            return command.main(args.state_dir, args.case, args.json, args.verbose,
+                                args.operator_crds)
         if args.command == "demo":
             from clusters.demo import run_demo
 

@@ -7,12 +7,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from clusters import crds
 from clusters.conformance import cases as case_sources, report, run
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
 
 
-def main(state_dir: str, names: list[str], as_json: bool, verbose: bool) -> int:
+def main(state_dir: str, names: list[str], as_json: bool, verbose: bool,
+         operator_crds: str = crds.PROJECT) -> int:
     cases = case_sources.all_cases()
     if names:
         unknown = sorted(set(names) - {case.name for case in cases})
@@ -32,7 +34,8 @@ def main(state_dir: str, names: list[str], as_json: bool, verbose: bool) -> int:
             harness.up(workers=2, timeout=180, node_layout=NodeLayout(default=[]))
             running = [i for i in harness.status() if i.role == "worker"]
         try:
-            rows = run.run(harness, running[0].name, running[-1].name, cases, Path(scratch))
+            rows = run.run(harness, running[0].name, running[-1].name, cases, Path(scratch),
+                           operator_crds)
         finally:
             if own:
                 harness.down()

@@ -302,11 +302,14 @@ def _delete_webhooks(api: client.ApiClient, documents: list[dict]) -> None:
 
 
 def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
-        cases: list[Case], work_dir: Path) -> list[Row]:
-    """Apply ``cases`` to both controllers and compare what they made; the table's rows."""
+        cases: list[Case], work_dir: Path, operator_crds: str = crds.PROJECT) -> list[Row]:
+    """Apply ``cases`` to both controllers and compare what they made; the table's rows.
+    ``operator_crds``: the Trainer CRDs this operator's cluster serves meanwhile (the
+    project's, or upstream's as a cluster that runs Trainer today has them)."""
     namespace = f"conformance-{secrets.token_hex(3)}"
     node = f"{namespace}-node"
     previous = harness.use_trainer_crds(upstream_cluster, crds.UPSTREAM)
+    previous_ours = harness.use_trainer_crds(operator_cluster, operator_crds)
     sides = [Side(UPSTREAM, upstream_cluster, api_client(harness.kubeconfig(upstream_cluster))),
              Side(OPERATOR, operator_cluster, api_client(harness.kubeconfig(operator_cluster)))]
     cleanups = []
@@ -367,6 +370,7 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
             except Exception as err:  # noqa: BLE001 - the rest of the cleanup still runs
                 log.warning("conformance cleanup: %s", err)
         harness.use_trainer_crds(upstream_cluster, previous)
+        harness.use_trainer_crds(operator_cluster, previous_ours)
         for side in sides:
             side.api.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clusters import crds
 from clusters.conformance import cases, report, run
 
 KNOWN_FILE = Path(__file__).with_name("conformance_known_differences.json")
@@ -39,3 +40,19 @@ def test_table_gains_no_difference(multicluster, tmp_path):
                            f"only as documented; these differ: {not_equal}\n\n{table}")
     assert {row.case for row in rows} == {case.name for case in cases.all_cases()}, \
         f"expected a row for every case; saw\n{table}"
+
+
+def test_upstreams_runtimes_and_examples_equal_with_upstreams_crds_on_both(multicluster,
+                                                                           tmp_path):
+    """The same comparison for upstream's shipped runtimes and examples, this operator's
+    worker serving upstream's CRDs (as a cluster that runs Trainer today has them): what
+    the operator builds does not depend on which CRDs the worker has."""
+    workers = multicluster.workers
+    shipped = cases.upstream_runtime_cases() + cases.upstream_example_cases()
+    rows = run.run(multicluster.harness, workers[0].name, workers[-1].name, shipped, tmp_path,
+                   operator_crds=crds.UPSTREAM)
+    table = report.table(rows)
+    differing = sorted({row.case for row in rows if row.unexplained})
+    assert not differing, (f"expected upstream's runtimes and examples equal with upstream's "
+                           f"CRDs on both workers; these differ: {differing}\n\n{table}")
+    assert {row.case for row in rows} == {case.name for case in shipped}, table
