@@ -24,11 +24,13 @@ def report(worker, namespace: str, name: str, progress: dict) -> None:
     body = {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
             "metadata": {"name": name, "namespace": namespace},
             "status": {"trainerStatus": progress}}
-    worker.custom.api_client.call_api(*worker.custom.api_client.param_serialize(
+    response = worker.custom.api_client.call_api(*worker.custom.api_client.param_serialize(
         "PATCH", f"/apis/{TRAINER[0]}/{TRAINER[1]}/namespaces/{namespace}/trainjobs/{name}/status",
         query_params=[("fieldManager", ts.FIELD_MANAGER), ("force", "true")],
         header_params={"Content-Type": "application/apply-patch+yaml"},
-        body=json.dumps(body), auth_settings=["BearerToken"])).read()
+        body=json.dumps(body), auth_settings=["BearerToken"]))
+    answer = response.read()
+    assert response.status == 200, f"expected the status apply to succeed; saw {answer!r}"
 
 
 def test_the_manager_shows_the_trainers_progress(dispatch_env, namespace):
