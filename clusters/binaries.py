@@ -256,6 +256,7 @@ def _module_version_in(path: Path, module: str) -> str:
 
 
 @functools.cache
+@functools.cache  # `go mod download` answers in seconds even when the module is cached
 def module_dir(name: str) -> Path:
     """The source of an upstream component's module in the Go module cache (downloaded if
     missing), where its CRDs and configuration files are read from."""
@@ -265,6 +266,7 @@ def module_dir(name: str) -> Path:
     return _download(component, component.module, component.version)
 
 
+@functools.cache
 def dependency_dir(name: str, module: str) -> Path:
     """The source of ``module`` at the version component ``name``'s go.mod requires (e.g.
     the scheduler-plugins API the Trainer controller is built against), downloaded if

@@ -156,6 +156,10 @@ class WorkerRegistry:
         self._logged: set[str] = set()
         self._evented: set[str] = set()
         self._lock = threading.RLock()
+        # Condition writes one at a time, each by the worker object current at that moment:
+        # two syncs can run back to back (a Secret's first list ends during one), and the
+        # older one's write must not land after the newer one's.
+        self._publish_lock = threading.Lock()
         custom = client.CustomObjectsApi(manager)
         self.clusters = Informer("multikueueclusters", functools.partial(
             custom.list_cluster_custom_object, c.KUEUE_GROUP, c.KUEUE_VERSION,
@@ -585,6 +589,11 @@ class WorkerRegistry:
 
     def _publish(self, worker: WorkerCluster) -> None:
         """Write the Active condition on the worker's MultiKueueCluster when it changed."""
+        with self._publish_lock:
+            if self.workers.get(worker.name) is worker:  # else a newer one speaks for it
+                self._write_active(worker)
+
+    def _write_active(self, worker: WorkerCluster) -> None:
         if not worker.from_object or worker.draining or not self.may_write():
             return  # a draining worker is no registration of ours to report on
         if not self.publish_conditions():

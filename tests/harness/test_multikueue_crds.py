@@ -33,11 +33,14 @@ def _v1beta2(crd: dict) -> dict:
 
 
 def _kueue_crd(name: str) -> dict:
-    for path in (kueue.module_dir() / kueue.CRDS_DIR).glob("*.yaml"):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document and document["metadata"]["name"] == name:
-                return document
-    raise AssertionError(f"expected {name} among Kueue's CRDs in {kueue.module_dir()}")
+    # Kueue's files are named <group>_<plural>.yaml (only this one is parsed: others are
+    # megabytes).
+    plural, group = name.split(".", 1)
+    path = kueue.module_dir() / kueue.CRDS_DIR / f"{group}_{plural}.yaml"
+    found = [d for d in yaml.safe_load_all(path.read_text()) if d
+             and d["metadata"]["name"] == name]
+    assert found, f"expected {name} in {path}"
+    return found[0]
 
 
 def _bundled_crd(name: str) -> dict:
