@@ -9,7 +9,8 @@ sources:
   TrainJob's name (two examples share one);
 * the project's own cases: each plug-in's corners, runtimePatches, podGroupPolicy,
   podSpecOverrides and objects that must be refused;
-* one object for each further way upstream's admission refuses (``refused``).
+* one object for each further way upstream's admission refuses (``refused``);
+* TrainJobs created and then changed, for upstream's update rules (``updated``).
 
 Upstream's objects are read from the module at run time, never copied into this repository.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from clusters import upstream_trainer
-from clusters.conformance import refused
+from clusters.conformance import refused, updated
 from clusters.conformance.objects import Case, job as _job, runtime as _runtime, \
     torch_runtime, trainjob as _trainjob
 from trainjob import constants as c
@@ -247,4 +248,4 @@ def project_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     return (upstream_runtime_cases() + upstream_example_cases() + project_cases()
-            + refused.refused_cases())
+            + refused.refused_cases() + updated.update_cases())
