@@ -197,6 +197,16 @@ def project_cases() -> list[Case]:
             "env": [{"name": "FLUX_VIEW_IMAGE", "value": "flux-view:rocky"}]}), [flux]),
         Case("cf-flux-no-nodes", "project", _trainjob("cf-flux-no-nodes", "cf-flux", {
             "command": ["train"]}), [flux], intended=FLUX_WITHOUT_NODES),
+        # Upstream's JAX plug-in refuses none of its variables in trainer.env: the job's
+        # value wins, and a variable the runtime lacks comes after the policy's.
+        Case("cf-jax-env", "project", _trainjob("cf-jax-env", "jax-distributed", {
+            "numNodes": 2, "env": [{"name": "APP_MODE", "value": "train"},
+                                   {"name": "JAX_NUM_PROCESSES", "value": "4"},
+                                   {"name": "JAX_COORDINATOR_ADDRESS", "value": "c:1234"}]}),
+            [upstream_trainer.runtime("jax_distributed.yaml")]),
+        Case("cf-xgboost-env", "project", _trainjob("cf-xgboost-env", "xgboost-distributed", {
+            "numNodes": 2, "env": [{"name": "APP_MODE", "value": "train"}]}),
+            [upstream_trainer.runtime("xgboost_distributed.yaml")]),
         # Refused by both.
         Case("cf-bad-flux-installer", "project", _trainjob(
             "cf-bad-flux-installer", "cf-bad-flux", {"numNodes": 1}), [flux_reserved]),
