@@ -42,6 +42,7 @@ FLUX_WITHOUT_NODES = ("a Flux TrainJob without trainer.numNodes: upstream's cont
                       "it (a nil dereference) and never builds it; the operator runs the "
                       "runtime's node count")
 EXAMPLES_DIR = "examples"
+CONFORMANCE_PRIORITY = "cf-conformance-high"
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -101,6 +102,13 @@ def _flux_node(container: dict, init_container: dict) -> dict:
         "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
         "spec": {"template": {"spec": {"initContainers": [init_container],
                                        "containers": [container]}}}}}
+
+
+def _volcano_priority(name: str, priority_class: str) -> dict:
+    """A Volcano runtime whose trainer pods name ``priority_class``."""
+    node = _job("node", c.ROLE_TRAINER)
+    node["template"]["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    return _runtime(name, {"numNodes": 1, "torch": {}}, [node], podGroupPolicy={"volcano": {}})
 
 
 def project_cases() -> list[Case]:
@@ -173,6 +181,12 @@ def project_cases() -> list[Case]:
         Case("cf-coscheduling", "project", _trainjob("cf-coscheduling", "cf-coscheduling",
                                                      {}), [coscheduling]),
         Case("cf-volcano", "project", _trainjob("cf-volcano", "cf-volcano", {}), [volcano]),
+        # A priorityClassName that exists (the run creates it on both workers) reaches the
+        # PodGroup.
+        Case("cf-volcano-priority", "project", _trainjob("cf-volcano-priority",
+                                                         "cf-volcano-priority", {}),
+             [_volcano_priority("cf-volcano-priority", CONFORMANCE_PRIORITY)],
+             priority_classes=(CONFORMANCE_PRIORITY,)),
         Case("cf-patches-sidecar", "project", _trainjob(
             "cf-patches-sidecar", "cf-torch", {"numNodes": 1},
             runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {

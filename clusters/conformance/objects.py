@@ -25,6 +25,8 @@ class Case:
     runtimes: list[dict] = field(default_factory=list)
     update: dict | None = None
     update_when: str = UPDATE_AT_ONCE
+    # PriorityClasses the case needs on both clusters (created before any case's objects).
+    priority_classes: tuple[str, ...] = ()
     # Where this case differs on purpose, and why: the objects (labels, as the table names
     # them; all of the case's when empty) whose differences the reason explains.
     intended: str = ""

@@ -1,6 +1,6 @@
 """Objects upstream Trainer refuses, one case for each way its admission refuses: the
 TrainJob webhook (the runtime it names, initializers, runtime patches, each ML policy's and
-the Volcano plug-in's rules), the runtime webhooks (a step's replicas and container) and the
+the Volcano plug-in's rules: an empty queue, a PriorityClass that does not exist), the runtime webhooks (a step's replicas and container) and the
 CEL rules of its CRDs. The table shows, for each, the fields and reasons both sides name.
 
 Each comment names the field and reason upstream gives; the cases of ``cases.project_cases``
@@ -113,6 +113,10 @@ def trainjob_webhook_cases() -> list[Case]:
             [job("node", c.ROLE_TRAINER)])], {"numNodes": 2}, "cf-mpi-no-launcher"),
         # spec.annotations[scheduling.volcano.sh/queue-name] Invalid: an empty queue.
         _case("cf-bad-volcano-queue", [_volcano_runtime()], {}, "cf-volcano-empty-queue"),
+        # spec.templateSpec.priorityClassName Invalid: a Volcano runtime's pod template names
+        # a PriorityClass that does not exist.
+        _case("cf-bad-volcano-priority", [_volcano_priority_runtime()], {},
+              "cf-volcano-no-priority"),
     ]
 
 
@@ -121,6 +125,13 @@ def _volcano_runtime() -> dict:
                        [job("node", c.ROLE_TRAINER)], podGroupPolicy={"volcano": {}})
     document["spec"]["template"]["metadata"] = {"annotations": {VOLCANO_QUEUE: ""}}
     return document
+
+
+def _volcano_priority_runtime() -> dict:
+    node = job("node", c.ROLE_TRAINER)
+    node["template"]["spec"]["template"]["spec"]["priorityClassName"] = "cf-no-such-priority"
+    return runtime("cf-volcano-no-priority", {"numNodes": 1, "torch": {}}, [node],
+                   podGroupPolicy={"volcano": {}})
 
 
 def runtime_webhook_cases() -> list[Case]:

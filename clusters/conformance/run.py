@@ -351,6 +351,10 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
         _wait_webhooks_enforced(sides, namespace)
         log.info("both controllers serve; applying %d cases", len(cases))
 
+        priorities = sorted({name for case in cases for name in case.priority_classes})
+        for side in sides:
+            added = _add_priority_classes(side, priorities)
+            cleanups.append(lambda side=side, added=added: _delete_priority_classes(side, added))
         cluster_runtimes = {r["metadata"]["name"] for case in cases for r in case.runtimes
                             if r["kind"] == c.CLUSTERTRAININGRUNTIME_KIND}
         cleanups.append(lambda: [_delete_cluster_runtime(s, n) for s in sides
@@ -408,6 +412,32 @@ def _delete_crds(api: client.ApiClient, names: list[str]) -> None:
     for name in names:
         try:
             client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def _add_priority_classes(side: Side, names: list[str]) -> list[str]:
+    """Create the PriorityClasses ``names`` the cluster lacks; the names of those created
+    (only those are removed afterwards)."""
+    scheduling = client.SchedulingV1Api(side.api)
+    added = []
+    for name in names:
+        try:
+            scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1",
+                                              "kind": "PriorityClass",
+                                              "metadata": {"name": name}, "value": 1000})
+            added.append(name)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    return added
+
+
+def _delete_priority_classes(side: Side, names: list[str]) -> None:
+    for name in names:
+        try:
+            client.SchedulingV1Api(side.api).delete_priority_class(name)
         except ApiException as err:
             if err.status != 404:
                 raise
