@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from trainjob import constants as c
 
 
-# When a case's update is sent: at once after the create, or once the JobSet reports a
-# replicated job with active pods (upstream's runtime-patch rule looks at that).
+# When a case's update is sent: at once after the create; once the controller has built the
+# suspended job (its JobSet exists, its Suspended condition is True), so the update meets
+# the same state on both sides; or once the JobSet reports a replicated job with active
+# pods (upstream's runtime-patch rule looks at that).
 UPDATE_AT_ONCE = ""
+UPDATE_WHEN_SUSPENDED = "suspended"
 UPDATE_WHEN_ACTIVE = "active"
 
 

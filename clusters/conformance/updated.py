@@ -11,8 +11,8 @@ field and reason upstream gives (in the comment), compared by meaning like the c
 
 from __future__ import annotations
 
-from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, Case, job, runtime, \
-    torch_runtime, trainjob
+from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, UPDATE_WHEN_SUSPENDED, Case, \
+    job, runtime, torch_runtime, trainjob
 from trainjob import constants as c
 
 QUEUE = "example.com/queue"
@@ -68,7 +68,7 @@ def update_cases() -> list[Case]:
         # Admitted: changed and resumed in one request (suspended before; the JobSet exists
         # and has no active job), as Kueue admits a job.
         _case("cf-upd-patch-resume", {"suspend": False, "runtimePatches": _patch(RUNS)},
-              runtimePatches=_patch(PENDS), suspend=True),
+              runtimePatches=_patch(PENDS), suspend=True, when=UPDATE_WHEN_SUSPENDED),
         # spec.runtimePatches Forbidden: changed and suspended in one request while the
         # JobSet's node job is still active (its pod cannot be placed).
         _case("cf-upd-patch-suspend-active", {"suspend": True, "runtimePatches": _patch(RUNS)},

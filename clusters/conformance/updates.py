@@ -13,7 +13,7 @@ from typing import Any, Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, Case
+from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, UPDATE_WHEN_SUSPENDED, Case
 from clusters.testing import eventually
 from trainjob import constants as c
 
@@ -43,6 +43,8 @@ def apply_updates(custom: client.CustomObjectsApi, namespace: str, cases: list[C
             continue
         if case.update_when == UPDATE_WHEN_ACTIVE:
             wait_active(custom, namespace, case.name)
+        elif case.update_when == UPDATE_WHEN_SUSPENDED:
+            wait_suspended(custom, namespace, case.name)
         answers[label(case)] = send(custom, namespace, case.name, case.update, refusal)
     return answers
 
@@ -67,17 +69,36 @@ def active_jobs(jobset: dict | None) -> list[str]:
             if isinstance(entry, dict) and (entry.get("active") or 0) > 0]
 
 
+def suspended(trainjob: dict | None) -> bool:
+    """Whether the TrainJob's controller has reported it suspended."""
+    conditions = ((trainjob or {}).get("status") or {}).get("conditions") or []
+    return any(isinstance(x, dict) and x.get("type") == c.CONDITION_SUSPENDED
+               and x.get("status") == "True" for x in conditions)
+
+
+def _read(read, *args) -> dict | None:
+    try:
+        return read(*args)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
 def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
     """Until the JobSet ``name`` reports an active replicated job."""
-
-    def read() -> dict | None:
-        try:
-            return custom.get_namespaced_custom_object(c.JOBSET_GROUP, c.JOBSET_VERSION,
-                                                       namespace, c.JOBSETS, name)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-
-    eventually(read, lambda jobset: bool(active_jobs(jobset)), timeout=ACTIVE_TIMEOUT,
+    eventually(lambda: _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                             c.JOBSET_VERSION, namespace, c.JOBSETS, name),
+               lambda jobset: bool(active_jobs(jobset)), timeout=ACTIVE_TIMEOUT,
                interval=0.5, expected=f"JobSet {namespace}/{name} with an active replicated job")
+
+
+def wait_suspended(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Until the TrainJob ``name`` is reported suspended and its JobSet exists."""
+    eventually(lambda: (_read(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+                              c.TRAINER_VERSION, namespace, c.TRAINJOBS, name),
+                        _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                              c.JOBSET_VERSION, namespace, c.JOBSETS, name)),
+               lambda seen: suspended(seen[0]) and seen[1] is not None,
+               timeout=ACTIVE_TIMEOUT, interval=0.5,
+               expected=f"TrainJob {namespace}/{name} suspended, with its JobSet")

@@ -43,3 +43,10 @@ def test_every_update_case_creates_a_job_and_changes_only_its_spec():
     for case in updated.update_cases():
         assert case.job is not None and case.job["metadata"]["name"] == case.name, case.name
         assert set(case.update) == {"spec"} and case.update["spec"], case.name
+
+
+def test_a_job_counts_as_suspended_once_its_controller_says_so():
+    assert not updates.suspended(None) and not updates.suspended({"status": {}})
+    said = {"status": {"conditions": [{"type": "Suspended", "status": "True"}]}}
+    resumed = {"status": {"conditions": [{"type": "Suspended", "status": "False"}]}}
+    assert updates.suspended(said) and not updates.suspended(resumed)
