@@ -9,7 +9,8 @@ sources:
   TrainJob's name (two examples share one);
 * the project's own cases: each plug-in's corners, runtimePatches, podGroupPolicy,
   podSpecOverrides and objects that must be refused;
-* one object for each further way upstream's admission refuses (``refused``).
+* one object for each further way upstream's admission refuses (``refused``);
+* TrainJobs created and then changed, for upstream's update rules (``updated``).
 
 Upstream's objects are read from the module at run time, never copied into this repository.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from clusters import upstream_trainer
-from clusters.conformance import refused
+from clusters.conformance import refused, updated
 from clusters.conformance.objects import Case, job as _job, runtime as _runtime, \
     torch_runtime, trainjob as _trainjob
 from trainjob import constants as c
@@ -41,6 +42,7 @@ FLUX_WITHOUT_NODES = ("a Flux TrainJob without trainer.numNodes: upstream's cont
                       "it (a nil dereference) and never builds it; the operator runs the "
                       "runtime's node count")
 EXAMPLES_DIR = "examples"
+CONFORMANCE_PRIORITY = "cf-conformance-high"
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -100,6 +102,13 @@ def _flux_node(container: dict, init_container: dict) -> dict:
         "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
         "spec": {"template": {"spec": {"initContainers": [init_container],
                                        "containers": [container]}}}}}
+
+
+def _volcano_priority(name: str, priority_class: str) -> dict:
+    """A Volcano runtime whose trainer pods name ``priority_class``."""
+    node = _job("node", c.ROLE_TRAINER)
+    node["template"]["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    return _runtime(name, {"numNodes": 1, "torch": {}}, [node], podGroupPolicy={"volcano": {}})
 
 
 def project_cases() -> list[Case]:
@@ -172,6 +181,12 @@ def project_cases() -> list[Case]:
         Case("cf-coscheduling", "project", _trainjob("cf-coscheduling", "cf-coscheduling",
                                                      {}), [coscheduling]),
         Case("cf-volcano", "project", _trainjob("cf-volcano", "cf-volcano", {}), [volcano]),
+        # A priorityClassName that exists (the run creates it on both workers) reaches the
+        # PodGroup.
+        Case("cf-volcano-priority", "project", _trainjob("cf-volcano-priority",
+                                                         "cf-volcano-priority", {}),
+             [_volcano_priority("cf-volcano-priority", CONFORMANCE_PRIORITY)],
+             priority_classes=(CONFORMANCE_PRIORITY,)),
         Case("cf-patches-sidecar", "project", _trainjob(
             "cf-patches-sidecar", "cf-torch", {"numNodes": 1},
             runtimePatches=[{"manager": "example.com/one", "trainingRuntimeSpec": {
@@ -196,6 +211,16 @@ def project_cases() -> list[Case]:
             "env": [{"name": "FLUX_VIEW_IMAGE", "value": "flux-view:rocky"}]}), [flux]),
         Case("cf-flux-no-nodes", "project", _trainjob("cf-flux-no-nodes", "cf-flux", {
             "command": ["train"]}), [flux], intended=FLUX_WITHOUT_NODES),
+        # Upstream's JAX plug-in refuses none of its variables in trainer.env: the job's
+        # value wins, and a variable the runtime lacks comes after the policy's.
+        Case("cf-jax-env", "project", _trainjob("cf-jax-env", "jax-distributed", {
+            "numNodes": 2, "env": [{"name": "APP_MODE", "value": "train"},
+                                   {"name": "JAX_NUM_PROCESSES", "value": "4"},
+                                   {"name": "JAX_COORDINATOR_ADDRESS", "value": "c:1234"}]}),
+            [upstream_trainer.runtime("jax_distributed.yaml")]),
+        Case("cf-xgboost-env", "project", _trainjob("cf-xgboost-env", "xgboost-distributed", {
+            "numNodes": 2, "env": [{"name": "APP_MODE", "value": "train"}]}),
+            [upstream_trainer.runtime("xgboost_distributed.yaml")]),
         # Refused by both.
         Case("cf-bad-flux-installer", "project", _trainjob(
             "cf-bad-flux-installer", "cf-bad-flux", {"numNodes": 1}), [flux_reserved]),
@@ -247,4 +272,4 @@ def project_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     return (upstream_runtime_cases() + upstream_example_cases() + project_cases()
-            + refused.refused_cases())
+            + refused.refused_cases() + updated.update_cases())

@@ -7,14 +7,29 @@ from dataclasses import dataclass, field
 from trainjob import constants as c
 
 
+# When a case's update is sent: at once after the create; once the controller has built the
+# suspended job (its JobSet exists, its Suspended condition is True), so the update meets
+# the same state on both sides; or once the JobSet reports a replicated job with active
+# pods (upstream's runtime-patch rule looks at that).
+UPDATE_AT_ONCE = ""
+UPDATE_WHEN_SUSPENDED = "suspended"
+UPDATE_WHEN_ACTIVE = "active"
+
+
 @dataclass
 class Case:
-    """One TrainJob (``job`` None for a runtime-only case) and the runtimes it needs."""
+    """One TrainJob (``job`` None for a runtime-only case) and the runtimes it needs;
+    ``update``, a JSON merge patch sent to the TrainJob after it was admitted (its answer
+    is compared like the create's), ``update_when`` says when."""
 
     name: str
     source: str
     job: dict | None = None
     runtimes: list[dict] = field(default_factory=list)
+    update: dict | None = None
+    update_when: str = UPDATE_AT_ONCE
+    # PriorityClasses the case needs on both clusters (created before any case's objects).
+    priority_classes: tuple[str, ...] = ()
     # Where this case differs on purpose, and why: the objects (labels, as the table names
     # them; all of the case's when empty) whose differences the reason explains.
     intended: str = ""

@@ -1,7 +1,9 @@
 """Objects upstream Trainer refuses, one case for each way its admission refuses: the
 TrainJob webhook (the runtime it names, initializers, runtime patches, each ML policy's and
-the Volcano plug-in's rules), the runtime webhooks (a step's replicas and container) and the
-CEL rules of its CRDs. The table shows, for each, the fields and reasons both sides name.
+the Volcano plug-in's rules: an empty queue, a PriorityClass that does not exist), the
+runtime webhooks (a step's replicas and container) and the CEL rules of its CRDs (its own,
+and two of JobSet's in the runtime template). The table shows, for each, the fields and
+reasons both sides name.
 
 Each comment names the field and reason upstream gives; the cases of ``cases.project_cases``
 marked "refused by both" cover the rest (reserved torch/MPI/XGBoost variables, managedBy, a
@@ -113,6 +115,10 @@ def trainjob_webhook_cases() -> list[Case]:
             [job("node", c.ROLE_TRAINER)])], {"numNodes": 2}, "cf-mpi-no-launcher"),
         # spec.annotations[scheduling.volcano.sh/queue-name] Invalid: an empty queue.
         _case("cf-bad-volcano-queue", [_volcano_runtime()], {}, "cf-volcano-empty-queue"),
+        # spec.templateSpec.priorityClassName Invalid: a Volcano runtime's pod template names
+        # a PriorityClass that does not exist.
+        _case("cf-bad-volcano-priority", [_volcano_priority_runtime()], {},
+              "cf-volcano-no-priority"),
     ]
 
 
@@ -121,6 +127,13 @@ def _volcano_runtime() -> dict:
                        [job("node", c.ROLE_TRAINER)], podGroupPolicy={"volcano": {}})
     document["spec"]["template"]["metadata"] = {"annotations": {VOLCANO_QUEUE: ""}}
     return document
+
+
+def _volcano_priority_runtime() -> dict:
+    node = job("node", c.ROLE_TRAINER)
+    node["template"]["spec"]["template"]["spec"]["priorityClassName"] = "cf-no-such-priority"
+    return runtime("cf-volcano-no-priority", {"numNodes": 1, "torch": {}}, [node],
+                   podGroupPolicy={"volcano": {}})
 
 
 def runtime_webhook_cases() -> list[Case]:
@@ -153,7 +166,34 @@ def crd_rule_cases() -> list[Case]:
             "cf-bad-injection-node", {"numNodes": 1, "torch": {"envInjection": {"targets": [
                 {"jobName": "node", "containerNames": [c.NODE]}]}}},
             [job("node", c.ROLE_TRAINER)])]),
+        # spec.template.spec Invalid: JobSet's rule that InOrder startup and dependsOn
+        # exclude each other.
+        Case("cf-bad-runtime-in-order-depends", "refused", None, [_in_order_depends()]),
+        # spec.template.spec.volumeClaimPolicies[0] Invalid: JobSet's rule that a claim
+        # template sets no namespace (claims go to the JobSet's).
+        Case("cf-bad-runtime-claim-namespace", "refused", None, [_claim_namespace()]),
     ]
+
+
+def _in_order_depends() -> dict:
+    node = job("node", c.ROLE_TRAINER)
+    node["dependsOn"] = [{"name": "prepare", "status": "Complete"}]
+    document = runtime("cf-bad-in-order-depends", {"numNodes": 1, "torch": {}},
+                       [job("prepare"), node])
+    document["spec"]["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    return document
+
+
+def _claim_namespace() -> dict:
+    # A namespaced TrainingRuntime: its CRD carries the rules too.
+    document = runtime("cf-bad-claim-namespace", {"numNodes": 1, "torch": {}},
+                       [job("node", c.ROLE_TRAINER)], kind=c.TRAININGRUNTIME_KIND)
+    document["spec"]["template"]["spec"]["volumeClaimPolicies"] = [{
+        "templates": [{"metadata": {"name": "data", "namespace": "other"},
+                       "spec": {"accessModes": ["ReadWriteOnce"],
+                                "resources": {"requests": {"storage": "1Gi"}}}}],
+        "retentionPolicy": {"whenDeleted": "Delete"}}]
+    return document
 
 
 def refused_cases() -> list[Case]:

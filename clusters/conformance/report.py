@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clusters.conformance import updates
 from clusters.conformance.run import Row
 
 MAX_PATHS = 6
@@ -43,8 +44,8 @@ def summary(rows: list[Row]) -> str:
 
 
 def refused(row: Row) -> bool:
-    """An admission row where at least one side refused the object."""
-    return row.label.startswith("admission") and any(
+    """An admission row (a create's or an update's) where at least one side refused."""
+    return updates.is_answer(row.label) and any(
         isinstance(side, dict) and side.get("allowed") is False
         for side in (row.upstream, row.operator))
 

@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import crds, fixtures, upstream_trainer
-from clusters.conformance import compare, refusal
+from clusters.conformance import compare, refusal, updates
 from clusters.conformance.cases import Case
 from clusters.controlplane import free_port
 from clusters.local import BIND_ADDRESS, LocalClusters
@@ -120,8 +120,8 @@ def _create(side: Side, obj: dict, namespace: str) -> dict[str, Any]:
 
 
 def apply_cases(side: Side, cases: list[Case], namespace: str) -> None:
-    """Every runtime once (by kind and name), then every TrainJob; admission answers are
-    kept by the object's label."""
+    """Every runtime once (by kind and name), then every TrainJob, then the cases' updates;
+    admission answers are kept by the object's label."""
     seen: set[tuple[str, str]] = set()
     for case in cases:
         for runtime in case.runtimes:
@@ -133,6 +133,10 @@ def apply_cases(side: Side, cases: list[Case], namespace: str) -> None:
     for case in cases:
         if case.job is not None:
             side.admission[f"admission {case.name}"] = _create(side, case.job, namespace)
+    # After every create, so a case waiting for its JobSet to be active holds up no other.
+    side.admission.update(updates.apply_updates(
+        side.custom, namespace, cases,
+        lambda case: side.admission[f"admission {case.name}"].get("allowed"), _refusal))
 
 
 def _get(read, *args) -> dict | None:
@@ -229,7 +233,7 @@ def _podgroups(side: Side, namespace: str, name: str) -> dict[str, dict | None]:
 def snapshot(side: Side, namespace: str, case: Case) -> dict[str, Any]:
     """What ``side`` made for ``case``: labelled objects, None where nothing exists."""
     shot: dict[str, Any] = {k: v for k, v in side.admission.items()
-                            if k == f"admission {case.name}" or any(
+                            if k in (f"admission {case.name}", updates.label(case)) or any(
                                 k == f"admission {r['kind']} {r['metadata']['name']}"
                                 for r in case.runtimes)}
     if case.job is None:
@@ -254,7 +258,7 @@ def compare_case(case: Case, upstream: dict[str, Any], operator: dict[str, Any])
     for label in list(dict.fromkeys([*upstream, *operator])):
         left = upstream.get(label)
         right = operator.get(label)
-        if label.startswith("admission"):
+        if updates.is_answer(label):
             # Equal when both admit, or both refuse naming the same fields for the same
             # reasons; the wording and the HTTP code may differ.
             paths = refusal.differences(compare.refusal_as_operator_says(left, right), right)
@@ -347,6 +351,10 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
         _wait_webhooks_enforced(sides, namespace)
         log.info("both controllers serve; applying %d cases", len(cases))
 
+        priorities = sorted({name for case in cases for name in case.priority_classes})
+        for side in sides:
+            added = _add_priority_classes(side, priorities)
+            cleanups.append(lambda side=side, added=added: _delete_priority_classes(side, added))
         cluster_runtimes = {r["metadata"]["name"] for case in cases for r in case.runtimes
                             if r["kind"] == c.CLUSTERTRAININGRUNTIME_KIND}
         cleanups.append(lambda: [_delete_cluster_runtime(s, n) for s in sides
@@ -404,6 +412,32 @@ def _delete_crds(api: client.ApiClient, names: list[str]) -> None:
     for name in names:
         try:
             client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def _add_priority_classes(side: Side, names: list[str]) -> list[str]:
+    """Create the PriorityClasses ``names`` the cluster lacks; the names of those created
+    (only those are removed afterwards)."""
+    scheduling = client.SchedulingV1Api(side.api)
+    added = []
+    for name in names:
+        try:
+            scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1",
+                                              "kind": "PriorityClass",
+                                              "metadata": {"name": name}, "value": 1000})
+            added.append(name)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    return added
+
+
+def _delete_priority_classes(side: Side, names: list[str]) -> None:
+    for name in names:
+        try:
+            client.SchedulingV1Api(side.api).delete_priority_class(name)
         except ApiException as err:
             if err.status != 404:
                 raise

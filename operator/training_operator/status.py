@@ -93,7 +93,11 @@ def desired_status(job: TrainJob, jobset: dict[str, Any] | None,
                               found.get("message") or f"JobSet {source.lower()}", transitions)
     status: dict[str, Any] = {"conditions": conditions}
     if jobset is not None:
-        status["jobsStatus"] = jobs_status(jobset)
+        jobs = jobs_status(jobset)
+        # A JobSet that has reported no job yet leaves the field out, as upstream's does
+        # (an empty list is omitted there); one that had jobs is cleared.
+        if jobs or current.get("jobsStatus"):
+            status["jobsStatus"] = jobs
     elif current.get("jobsStatus"):
         status["jobsStatus"] = current["jobsStatus"]
     return status, transitions

@@ -7,9 +7,10 @@ response AdmissionReview. It never raises: whatever arrives (the apiserver's req
 garbage) gets a well-formed answer, because an exception here would reach the apiserver as
 a failed webhook call and hide the reason from the user.
 
-What needs state the webhook cannot see in the object itself (the runtime, the JobSet) comes
-through ``Lookups``; the operator passes a cache-backed implementation, so a review costs no
-network round trip except on a cache miss.
+What needs state the webhook cannot see in the object itself (the runtime, the JobSet, a
+PriorityClass) comes through ``Lookups``; the operator passes a cache-backed implementation,
+so a review costs no network round trip except on a cache miss (and the PriorityClass GET a
+Volcano runtime naming one asks for).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.utils.quantity import parse_quantity
 
-from training_operator import runtime_webhook
+from training_operator import priority_classes, runtime_webhook
 from trainjob import constants as c, runtime_ref
 from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
 
@@ -57,6 +58,9 @@ class Lookups(Protocol):
     def jobset(self, namespace: str, name: str) -> dict | None:
         """The JobSet ``namespace/name``."""
 
+    def priority_class(self, name: str) -> dict | None:
+        """The (cluster-scoped) PriorityClass ``name``."""
+
 
 class ApiLookups:
     """``Lookups`` by direct GETs against the API server (no cache)."""
@@ -89,6 +93,14 @@ class ApiLookups:
         return self._get(self._custom.get_namespaced_custom_object, c.JOBSET_GROUP,
                          c.JOBSET_VERSION, namespace, c.JOBSETS, name)
 
+    def priority_class(self, name: str) -> dict | None:
+        from kubernetes import client
+
+        scheduling = client.SchedulingV1Api(self._custom.api_client)
+        found = self._get(scheduling.read_priority_class, name)
+        return None if found is None else self._custom.api_client.sanitize_for_serialization(
+            found)
+
 
 class CacheLookups:
     """``Lookups`` from the operator's informer caches (no API call per review); for a
@@ -118,6 +130,10 @@ class CacheLookups:
         if self._cached(namespace):
             return self._jobsets.get(namespace, name)
         return self._direct().jobset(namespace, name)
+
+    def priority_class(self, name: str) -> dict | None:
+        # A GET at admission: only a Volcano runtime that names a priority class asks.
+        return self._direct().priority_class(name)
 
 
 @dataclass(frozen=True)
@@ -487,6 +503,8 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
                  if p.field not in refused]
     if "metadata.name" not in refused:
         problems += check_name_room(job, runtime, described)
+    problems += [Problem(field, reason) for field, reason in priority_classes.problems(
+        runtime, lambda name: lookups.priority_class(name) is not None)]
     return problems
 
 

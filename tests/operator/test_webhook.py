@@ -585,3 +585,40 @@ def test_runtime_patches_may_not_change_while_a_replicated_job_is_active(webhook
         "spec.runtimePatches", f"JobSet {namespace}/draining-patch",
         "replicated job node still has active pods")
     assert webhook.get(namespace, "draining-patch")["spec"].get("runtimePatches") is None
+
+
+def test_a_volcano_runtime_must_name_a_priority_class_that_exists(webhook, namespace):
+    # Upstream's Volcano rule: the PodGroup would carry a priority no PriorityClass defines.
+    priority = f"{namespace}-high"
+    node = replicated_job("node")
+    node["template"]["spec"]["template"]["spec"]["priorityClassName"] = priority
+    body = runtime_body("TrainingRuntime", "gang", [node], {})
+    body["spec"]["podGroupPolicy"] = {"volcano": {}}
+    webhook.custom.create_namespaced_custom_object(*TRAINER, namespace, "trainingruntimes", body)
+
+    message = assert_refused_by_webhook(
+        refusal(webhook.create, namespace, "ungrouped", runtime="gang", kind="TrainingRuntime"),
+        422, f"TrainJob {namespace}/ungrouped", "spec.templateSpec.priorityClassName",
+        f"PriorityClass '{priority}'", "not found")
+    assert "create the PriorityClass first" in message
+    assert_not_created(webhook, namespace, "ungrouped")
+
+    scheduling = client.SchedulingV1Api(webhook.worker.api)
+    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1",
+                                      "kind": "PriorityClass", "metadata": {"name": priority},
+                                      "value": 100})
+    try:
+        webhook.create(namespace, "grouped", runtime="gang", kind="TrainingRuntime")
+        assert webhook.get(namespace, "grouped")["spec"]["runtimeRef"]["name"] == "gang"
+    finally:
+        scheduling.delete_priority_class(priority)
+
+
+def test_the_initializer_cannot_change(webhook, namespace):
+    webhook.create(namespace, "fetched", initializer={"dataset": {"storageUri": "hf://a/b"}})
+    status, body = refusal(webhook.patch, namespace, "fetched",
+                           {"initializer": {"dataset": {"storageUri": "hf://a/c"}}})
+    assert status == 422, body
+    assert "spec.initializer" in body["message"] and "immutable" in body["message"]
+    assert webhook.get(namespace, "fetched")["spec"]["initializer"]["dataset"][
+        "storageUri"] == "hf://a/b"

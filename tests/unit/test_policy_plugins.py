@@ -644,3 +644,27 @@ def test_volcano_annotates_pods_and_takes_the_queue_from_the_job():
     (group,) = [o.body for o in info.objects if o.body["kind"] == "PodGroup"]
     assert (group["apiVersion"], group["spec"]["queue"], group["spec"]["minMember"]) == (
         "scheduling.volcano.sh/v1beta1", "q1", 3)
+
+
+def test_jax_variables_in_trainer_env_are_admitted_and_the_jobs_values_win():
+    # Upstream's JAX plug-in refuses nothing; its builder lays trainer.env over the policy's
+    # variables, so those the runtime lacks come after them.
+    job = trainjob({"numNodes": 2, "env": [{"name": "A", "value": "1"},
+                                           {"name": "JAX_NUM_PROCESSES", "value": "7"}]})
+    info = build_runtime_info(job, runtime({"jax": {}}))
+    assert validate_policies(info, job) == []
+    assert [(v["name"], v.get("value")) for v in node_container(info)["env"]] == [
+        ("JAX_NUM_PROCESSES", "7"), ("JAX_PROCESS_ID", None),
+        ("JAX_COORDINATOR_ADDRESS", f"{NAME}-node-0-0.{NAME}:29500"), ("A", "1")]
+
+
+def test_xgboost_variables_come_after_the_trainer_env():
+    node = _node()
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "B", "value": "runtime"}]
+    job = trainjob({"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "job"}]})
+    info = build_runtime_info(job, runtime({"xgboost": {}}, [node]))
+    assert [(v["name"], v.get("value")) for v in node_container(info)["env"]][:2] == [
+        ("B", "job"), ("A", "1")]
+    assert [v["name"] for v in node_container(info)["env"]][2:] == [
+        "DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_TASK_ID", "DMLC_NUM_WORKER"]

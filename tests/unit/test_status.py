@@ -27,6 +27,11 @@ def test_never_suspended_job_has_no_suspended_condition():
     assert desired["conditions"] == [] and transitions == []
 
 
+def test_a_jobset_that_reported_no_job_leaves_jobs_status_out():
+    desired, _ = status.desired_status(job(suspend=True), {"status": {}})
+    assert "jobsStatus" not in desired
+
+
 def test_jobset_completed_and_failed_carry_reason_and_message():
     jobset = {"status": {"conditions": [
         {"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "done"}],

@@ -58,6 +58,7 @@ class TableLookups:
             ("TrainingRuntime", NS, "local"): LOCAL,
         }
         self.jobsets = jobsets or {}
+        self.priorities: set[str] = set()
         self.calls: list[tuple] = []
 
     def runtime(self, namespace: str, kind: str, name: str) -> dict | None:
@@ -68,6 +69,10 @@ class TableLookups:
     def jobset(self, namespace: str, name: str) -> dict | None:
         self.calls.append(("jobset", namespace, name))
         return self.jobsets.get((namespace, name))
+
+    def priority_class(self, name: str) -> dict | None:
+        self.calls.append(("priority_class", name))
+        return {"metadata": {"name": name}, "value": 1000} if name in self.priorities else None
 
 
 def trainjob(name: str = "job", **spec) -> dict:
@@ -603,6 +608,9 @@ class GarbageLookups:
     def jobset(self, namespace, name):
         return mutate(self.rng, jobset_with({"node": 1})) if self.rng.random() < 0.7 \
             else random_value(self.rng)
+
+    def priority_class(self, name):
+        return random_value(self.rng) if self.rng.random() < 0.5 else None
 
 
 def valid_reviews() -> list[dict]:

@@ -9,6 +9,7 @@ from typing import Any
 from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import FORBIDDEN, Problems
+from trainjob.runtime.pod_template import merge_by_name
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 
 PORT = 29500
@@ -38,9 +39,37 @@ def ensure_port(container: dict[str, Any]) -> None:
         ports.append({"containerPort": PORT})
 
 
+def runtime_env_names(info: RuntimeInfo, job_name: str, container: str) -> set[str]:
+    """The variables the runtime itself gives ``container`` of replicated job ``job_name``."""
+    for job in info.runtime_jobs:
+        if job.get("name") != job_name:
+            continue
+        spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {})
+        for entry in (spec.get("spec") or {}).get("containers") or []:
+            if entry.get("name") == container:
+                return {var.get("name") for var in entry.get("env") or []}
+    return set()
+
+
+def set_env_before_trainer_env(info: RuntimeInfo, job: TrainJob, pod_set: PodSet,
+                               variables: list[dict[str, Any]]) -> None:
+    """Set a policy's ``variables`` on the ``node`` container in the order upstream's JAX
+    plug-in leaves them: its JobSet builder lays the TrainJob's env over the policy's, so a
+    variable of the TrainJob's wins and those the runtime lacks come after the policy's.
+    (Upstream's XGBoost keeps the TrainJob's first, as ``merge_env`` after it does.)"""
+    container = pod_set.container(c.NODE)
+    env = container.setdefault("env", [])
+    given = job.spec.trainer.env if job.spec.trainer is not None else []
+    own = runtime_env_names(info, pod_set.name, c.NODE)
+    added = {var.get("name") for var in given} - own
+    env[:] = [var for var in env if var.get("name") not in added]
+    merge_by_name(env, variables)
+    merge_by_name(env, given)
+
+
 class TrainerEnvPolicy:
     """An ML policy that sets environment variables on the trainer: it takes part when the
-    runtime sets ``mlPolicy.<name>``, and refuses its variables in ``trainer.env``."""
+    runtime sets ``mlPolicy.<name>``, and refuses its ``reserved_env`` in ``trainer.env``."""
 
     name = ""
     reserved_env: tuple[str, ...] = ()

@@ -1,0 +1,104 @@
+"""The update half of a conformance case: a JSON merge patch sent to a TrainJob both sides
+admitted, whose admission answer is kept under ``label`` and compared like a create's.
+
+Upstream's update rules need an object that exists (``self == oldSelf`` transition rules, the
+runtime-patch rule's "suspended before or after", the JobSet's active replicated jobs), so a
+create alone cannot show them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, UPDATE_WHEN_SUSPENDED, Case
+from clusters.testing import eventually
+from trainjob import constants as c
+
+MERGE_PATCH = "application/merge-patch+json"
+# Pods the scheduler cannot place keep a Job active; the JobSet controller reports it soon.
+ACTIVE_TIMEOUT = 60
+
+
+def label(case: Case) -> str:
+    return f"update {case.name}"
+
+
+def is_answer(label_: str) -> bool:
+    """Whether a snapshot label holds an admission answer (a create's or an update's)."""
+    return label_.startswith(("admission", "update "))
+
+
+def apply_updates(custom: client.CustomObjectsApi, namespace: str, cases: list[Case],
+                  admitted: Callable[[Case], bool],
+                  refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
+    """Send each case's update (to jobs ``admitted`` on this side; a job that was refused
+    has nothing to update) and return the answers by label. ``refusal`` reads a refused
+    request's answer."""
+    answers = {}
+    for case in cases:
+        if case.update is None or case.job is None or not admitted(case):
+            continue
+        if case.update_when == UPDATE_WHEN_ACTIVE:
+            wait_active(custom, namespace, case.name)
+        elif case.update_when == UPDATE_WHEN_SUSPENDED:
+            wait_suspended(custom, namespace, case.name)
+        answers[label(case)] = send(custom, namespace, case.name, case.update, refusal)
+    return answers
+
+
+def send(custom: client.CustomObjectsApi, namespace: str, name: str, patch: dict,
+         refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        custom.patch_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
+                                              c.TRAINJOBS, name, patch,
+                                              _content_type=MERGE_PATCH)
+    except ApiException as err:
+        if err.status in (400, 403, 422):
+            return refusal(err)
+        raise
+    return {"allowed": True}
+
+
+def active_jobs(jobset: dict | None) -> list[str]:
+    """The JobSet's replicated jobs it reports with active Jobs."""
+    status = (jobset or {}).get("status") or {}
+    return [entry.get("name") for entry in status.get("replicatedJobsStatus") or []
+            if isinstance(entry, dict) and (entry.get("active") or 0) > 0]
+
+
+def suspended(trainjob: dict | None) -> bool:
+    """Whether the TrainJob's controller has reported it suspended."""
+    conditions = ((trainjob or {}).get("status") or {}).get("conditions") or []
+    return any(isinstance(x, dict) and x.get("type") == c.CONDITION_SUSPENDED
+               and x.get("status") == "True" for x in conditions)
+
+
+def _read(read, *args) -> dict | None:
+    try:
+        return read(*args)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Until the JobSet ``name`` reports an active replicated job."""
+    eventually(lambda: _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                             c.JOBSET_VERSION, namespace, c.JOBSETS, name),
+               lambda jobset: bool(active_jobs(jobset)), timeout=ACTIVE_TIMEOUT,
+               interval=0.5, expected=f"JobSet {namespace}/{name} with an active replicated job")
+
+
+def wait_suspended(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Until the TrainJob ``name`` is reported suspended and its JobSet exists."""
+    eventually(lambda: (_read(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+                              c.TRAINER_VERSION, namespace, c.TRAINJOBS, name),
+                        _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                              c.JOBSET_VERSION, namespace, c.JOBSETS, name)),
+               lambda seen: suspended(seen[0]) and seen[1] is not None,
+               timeout=ACTIVE_TIMEOUT, interval=0.5,
+               expected=f"TrainJob {namespace}/{name} suspended, with its JobSet")
