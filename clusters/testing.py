@@ -27,6 +27,10 @@ class ConditionTimeout(AssertionError):
     """Raised by ``eventually``; its message says what was expected and what was last seen."""
 
 
+class ProcessExited(AssertionError):
+    """A process that was waited on has exited: no use waiting any longer."""
+
+
 def eventually(
     observe: Callable[[], T],
     check: Callable[[T], bool],
@@ -38,7 +42,8 @@ def eventually(
     """Call ``observe()`` until ``check`` accepts its result; return that result.
 
     On timeout, fail with ``expected`` and the last observation (or the last exception
-    ``observe`` raised), so a red test explains itself.
+    ``observe`` raised), so a red test explains itself. ``observe`` raising
+    ``ProcessExited`` ends the wait at once.
     """
     deadline = time.monotonic() + timeout
     last: object = "nothing observed"
@@ -48,6 +53,8 @@ def eventually(
             if check(value):
                 return value
             last = value
+        except ProcessExited:
+            raise
         except Exception as err:  # noqa: BLE001 - the last error is part of the report
             last = f"{type(err).__name__}: {err}"
         if time.monotonic() >= deadline:
@@ -109,7 +116,7 @@ class ServiceProcess:
 
     def readyz(self) -> tuple[int, str]:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(
+            raise ProcessExited(
                 f"{self.module} exited with {self.proc.returncode}:\n{self.log_tail()}")
         return self.get("/readyz")
 
