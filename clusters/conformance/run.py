@@ -139,21 +139,14 @@ def apply_cases(side: Side, cases: list[Case], namespace: str) -> None:
         lambda case: side.admission[f"admission {case.name}"].get("allowed"), _refusal))
 
 
-def _get(read, *args) -> dict | None:
-    try:
-        return read(*args)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
 def _trainjob(side: Side, namespace: str, name: str) -> dict | None:
-    return _get(side.custom.get_namespaced_custom_object, *TRAINER, namespace, c.TRAINJOBS, name)
+    return updates.read_or_none(side.custom.get_namespaced_custom_object, *TRAINER, namespace,
+                                c.TRAINJOBS, name)
 
 
 def _jobset(side: Side, namespace: str, name: str) -> dict | None:
-    return _get(side.custom.get_namespaced_custom_object, *JOBSET, namespace, c.JOBSETS, name)
+    return updates.read_or_none(side.custom.get_namespaced_custom_object, *JOBSET, namespace,
+                                c.JOBSETS, name)
 
 
 def _condition_true(job: dict, type_: str) -> bool:

@@ -76,7 +76,8 @@ def suspended(trainjob: dict | None) -> bool:
                and x.get("status") == "True" for x in conditions)
 
 
-def _read(read, *args) -> dict | None:
+def read_or_none(read, *args) -> dict | None:
+    """``read(*args)``, or None when the object does not exist."""
     try:
         return read(*args)
     except ApiException as err:
@@ -87,7 +88,7 @@ def _read(read, *args) -> dict | None:
 
 def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
     """Until the JobSet ``name`` reports an active replicated job."""
-    eventually(lambda: _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+    eventually(lambda: read_or_none(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
                              c.JOBSET_VERSION, namespace, c.JOBSETS, name),
                lambda jobset: bool(active_jobs(jobset)), timeout=ACTIVE_TIMEOUT,
                interval=0.5, expected=f"JobSet {namespace}/{name} with an active replicated job")
@@ -95,9 +96,9 @@ def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> N
 
 def wait_suspended(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
     """Until the TrainJob ``name`` is reported suspended and its JobSet exists."""
-    eventually(lambda: (_read(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+    eventually(lambda: (read_or_none(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
                               c.TRAINER_VERSION, namespace, c.TRAINJOBS, name),
-                        _read(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                        read_or_none(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
                               c.JOBSET_VERSION, namespace, c.JOBSETS, name)),
                lambda seen: suspended(seen[0]) and seen[1] is not None,
                timeout=ACTIVE_TIMEOUT, interval=0.5,
