@@ -69,6 +69,12 @@ class NamedSecrets:
                           f"Secret {self.namespace}/{name} not read yet")
         return cache.get(self.namespace, name), None
 
+    def pending(self, name: str) -> bool:
+        """Secret ``name``'s first list has not answered yet (nor failed): nothing is known
+        about it, for a moment."""
+        cache = self.watch(name)
+        return not cache.synced.is_set() and not cache.last_error
+
     def wait_synced(self, timeout: float) -> list[str]:
         """Wait (up to ``timeout`` in all) for every started cache's first list; the names
         still unread."""

@@ -61,6 +61,9 @@ REASON_ACTIVE = "Active"
 REASON_CONNECTION_FAILED = "ClientConnectionFailed"
 REASON_DUPLICATE = "DuplicateRegistration"
 REASON_UNSUPPORTED_SOURCE = "UnsupportedClusterSource"
+# The worker's Secret is being read for the first time: no verdict to publish yet (its first
+# list, a moment away, re-derives the worker).
+REASON_PENDING = "KubeconfigPending"
 KUBECONFIG_KEY = "kubeconfig"
 # Created by every apiserver at start and never deleted: its UID identifies the cluster.
 IDENTITY_NAMESPACE = "kube-system"
@@ -319,7 +322,8 @@ class WorkerRegistry:
         self._named.add(location)
         secret, unknown = self.secrets.state(location)
         if unknown:
-            return None, BAD_KUBECONFIG, unknown
+            return None, REASON_PENDING if self.secrets.pending(location) else BAD_KUBECONFIG, \
+                unknown
         if secret is None:
             return None, BAD_KUBECONFIG, (
                 f"Secret {self.config.namespace}/{location} not found")
@@ -420,7 +424,8 @@ class WorkerRegistry:
                 reason, message = verdict.reason, verdict.message
         if not worker.connected:
             self._set_state(worker, False, reason, message)
-            log.warning("worker %s cannot be used: %s: %s", name, reason, message)
+            if reason != REASON_PENDING:
+                log.warning("worker %s cannot be used: %s: %s", name, reason, message)
         return worker
 
     def release_drained(self) -> None:
@@ -594,6 +599,8 @@ class WorkerRegistry:
                 self._write_active(worker)
 
     def _write_active(self, worker: WorkerCluster) -> None:
+        if worker.reason == REASON_PENDING:
+            return  # no verdict yet: a transient "not read" would flap the condition
         if not worker.from_object or worker.draining or not self.may_write():
             return  # a draining worker is no registration of ours to report on
         if not self.publish_conditions():
