@@ -20,7 +20,7 @@ help:
 	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
 	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
-	@echo "make bench-smoke    the comparison with Kueue MultiKueue at a tiny scale, and a run whose dispatcher fails, as tests"
+	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'

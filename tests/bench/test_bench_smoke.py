@@ -33,6 +33,11 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+# The whole module starts clusters of its own (two minutes and more): it runs with make
+# bench-smoke, outside make test's budget.
+pytestmark = pytest.mark.bench_compare
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory, run_bench):
     args = list(TINY)
@@ -116,9 +121,6 @@ def test_the_plots_are_valid_pngs(bench_run):
         assert width >= 300 and height >= 200, (name, width, height)
 
 
-# It starts clusters of its own (a minute and more): run with the comparison's smoke test
-# (make bench-smoke), outside make test's budget.
-@pytest.mark.bench_compare
 def test_a_dispatcher_that_does_not_start_stops_the_run_naming_it_and_its_log(tmp_path):
     """The first dispatcher the run starts refuses its flags: the run stops with exit 1,
     names the dispatcher and its log file, and keeps what it measured before, marked
