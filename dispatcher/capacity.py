@@ -73,6 +73,12 @@ class WorkerCapacity:
         # reservations and pods change, so a placement does not sum every placed job.
         self._counted: dict[JobKey, Resources] = {}
         self._counted_total: Resources = {}
+        # The same split by where it is held: per Node for reservations with a plan (they
+        # take room only on their Nodes), and one total for those without (they come off
+        # every selection of Nodes).
+        self._planned_counted: dict[JobKey, dict[str, Resources]] = {}
+        self._node_planned: dict[str, Resources] = {}
+        self._unplanned_total: Resources = {}
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -143,16 +149,28 @@ class WorkerCapacity:
         previous = self._counted.pop(job, None)
         if previous:
             _accumulate(self._counted_total, previous, -1)
+            if job not in self._planned_counted:
+                _accumulate(self._unplanned_total, previous, -1)
+        for node, amounts in self._planned_counted.pop(job, {}).items():
+            _accumulate(self._node_planned[node], amounts, -1)
         reserved = self._reserved.get(job)
         if reserved is None:
             return
         bound = self._job_used.get(job, {})
-        counted = {resource: amount - bound.get(resource, Decimal(0))
-                   for resource, amount in reserved.items()
-                   if amount > bound.get(resource, Decimal(0))}
-        if counted:
-            self._counted[job] = counted
-            _accumulate(self._counted_total, counted)
+        counted = _outstanding(reserved, bound)
+        if not counted:
+            return
+        self._counted[job] = counted
+        _accumulate(self._counted_total, counted)
+        plan = self._planned.get(job)
+        if not plan:
+            _accumulate(self._unplanned_total, counted)
+            return
+        per_node = {node: left for node, amounts in plan.items()
+                    if (left := _outstanding(amounts, self._job_node_used.get((job, node), {})))}
+        self._planned_counted[job] = per_node
+        for node, amounts in per_node.items():
+            _accumulate(self._node_planned.setdefault(node, {}), amounts)
 
     def _counted_reservations(self) -> Resources:
         return {resource: amount for resource, amount in self._counted_total.items() if amount}
@@ -198,12 +216,7 @@ class WorkerCapacity:
         jobs whose pods have not taken it yet. Called under the lock."""
         room = dict(self._nodes[name].allocatable)
         _accumulate(room, self._used.get(name, {}), -1)
-        for job, plan in self._planned.items():
-            bound = self._job_node_used.get((job, name), {})
-            for resource, amount in plan.get(name, {}).items():
-                outstanding = amount - bound.get(resource, Decimal(0))
-                if outstanding > 0:
-                    room[resource] = room.get(resource, Decimal(0)) - outstanding
+        _accumulate(room, self._node_planned.get(name, {}), -1)
         return room
 
     def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
@@ -225,14 +238,14 @@ class WorkerCapacity:
     def _free(self, node_names: list[str]) -> Resources:
         total: Resources = {}
         for name in node_names:
-            used = self._used.get(name, {})
-            for resource, amount in self._nodes[name].allocatable.items():
+            room = self._node_room(name)
+            for resource in self._nodes[name].allocatable:
                 # Clamped per node: an overcommitted node must not eat into another's room.
-                room = max(amount - used.get(resource, Decimal(0)), Decimal(0))
-                total[resource] = total.get(resource, Decimal(0)) + room
-        # Reservations are not tied to nodes, so they come off every selection.
-        for resource, amount in self._counted_reservations().items():
-            if resource in total:
+                total[resource] = total.get(resource, Decimal(0)) + max(
+                    room.get(resource, Decimal(0)), Decimal(0))
+        # Reservations without a plan are tied to no Node: they come off every selection.
+        for resource, amount in self._unplanned_total.items():
+            if resource in total and amount:
                 total[resource] = max(total[resource] - amount, Decimal(0))
         return total
 
@@ -362,6 +375,12 @@ def _node_from(obj: dict[str, Any]) -> _Node:
     return _Node(allocatable=allocatable, labels=dict(meta.get("labels") or {}),
                  taints=list(spec.get("taints") or []),
                  usable=ready and not spec.get("unschedulable", False))
+
+
+def _outstanding(wanted: Resources, taken: Resources) -> Resources:
+    """What of ``wanted`` ``taken`` does not cover yet (positive parts only)."""
+    return {resource: amount - taken.get(resource, Decimal(0))
+            for resource, amount in wanted.items() if amount > taken.get(resource, Decimal(0))}
 
 
 def _accumulate(total: Resources, amounts: Resources, sign: int = 1) -> None:

@@ -341,6 +341,30 @@ def test_reserve_replaces_and_reservations_come_off_every_selection():
     assert GPU not in free  # no node offers GPUs; a reservation does not invent them
 
 
+def test_a_planned_reservation_takes_room_only_on_its_nodes():
+    """Jobs packed onto one pool's Nodes leave another pool's room alone (many placed jobs
+    without pods yet on a big Node must not make a small pool look full)."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("big", cpu=64, labels={"pool": "big"}),
+              node("pool-1", cpu=8, labels={"pool": "x"}))
+    for i in range(20):
+        job = ("team-a", f"job-{i}")
+        plan = capacity.pack([{"cpu": D(3)}], {"pool": "big"})
+        assert plan == {"big": {"cpu": D(3), "pods": D(1)}}, (i, plan)
+        capacity.reserve(job, {"cpu": D(3)}, pods=1, planned=plan)
+    assert capacity.free({"pool": "x"})["cpu"] == 8
+    assert capacity.free()["cpu"] == 64 + 8 - 60
+    # Its pods bound where planned: the plan is used up, not counted twice.
+    capacity.on_pod(ADDED, None, pod("p", node_name="big", cpu="3", job="job-0"))
+    assert capacity.free()["cpu"] == 64 + 8 - 60
+    capacity.release(("team-a", "job-0"))
+    capacity.on_pod(DELETED, pod("p", node_name="big", cpu="3", job="job-0"), None)
+    assert capacity.free()["cpu"] == 64 + 8 - 57
+    for i in range(1, 20):
+        capacity.release(("team-a", f"job-{i}"))
+    assert capacity.free()["cpu"] == 72 and capacity._node_planned["big"].get("cpu", 0) == 0
+
+
 def test_summary_is_strings():
     capacity = WorkerCapacity()
     add_nodes(capacity, node("a", cpu="7500m", memory="1Gi"), node("b", ready=False))
