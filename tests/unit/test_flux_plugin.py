@@ -197,16 +197,11 @@ def test_a_job_without_num_nodes_uses_the_runtimes_count():
 
 
 def _upstream_templates():
-    """Upstream's own templates, when the Trainer module is at hand: the oracle for the
-    scripts' bytes."""
-    try:
-        from clusters import upstream_trainer
-        directory = (upstream_trainer.module_dir()
-                     / "pkg/runtime/framework/plugins/flux/templates")
-    except Exception as err:  # noqa: BLE001 - no module, no oracle
-        pytest.skip(f"Trainer module not available: {err}")
-    if not directory.is_dir():
-        pytest.skip(f"no templates under {directory}")
+    """Upstream's own templates, from the Trainer module make test provisions: the oracle
+    for the scripts' bytes (a missing module fails the test; it is never skipped)."""
+    from clusters import upstream_trainer
+    directory = upstream_trainer.module_dir() / "pkg/runtime/framework/plugins/flux/templates"
+    assert directory.is_dir(), f"expected upstream's Flux templates under {directory}"
     return {p.name: p.read_text() for p in directory.iterdir()}
 
 
