@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import socket
 import ssl
 import time
@@ -55,7 +56,39 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or to become ready; the message carries its log tail."""
 
 
+# Ports handed out by this process, so two calls never give the same one before either
+# component has bound it.
+_handed_out: set[int] = set()
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_LISTEN_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in _EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def listen_port_candidates() -> list[int]:
+    """Ports outside the kernel's ephemeral range. A port picked inside that range can be
+    taken by any outgoing connection (an apiserver's to etcd, a client's) between the pick
+    and the component's bind; one outside it cannot."""
+    low, high = _ephemeral_range()
+    return [*range(_LOWEST_LISTEN_PORT, low), *range(high + 1, 65536)]
+
+
 def free_port(address: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, outside the ephemeral range, not handed out before
+    by this process."""
+    candidates = listen_port_candidates()
+    for _ in range(min(2000, len(candidates))):
+        port = random.choice(candidates)
+        if port not in _handed_out and port_is_free(port, address):
+            _handed_out.add(port)
+            return port
+    # No room outside the ephemeral range (an unusual kernel setting): let the kernel pick.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
