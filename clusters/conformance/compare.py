@@ -49,10 +49,17 @@ INTENDED = (
              "the runtime's JobSet template as each cluster's CRD stored it: upstream's schema "
              "types it and fills in JobSet's defaults (replicas, groupName, ...), the "
              "project's keeps it as written; both JobSets are compared in full"),
-    # No path removed: the values of a Secret's data are replaced by its sorted keys below.
+    # No path removed for these two: their data's values are replaced by its sorted keys
+    # (``KEYS_ONLY``).
     Intended("Secret", (),
              "SSH key material is random: only the keys of the Secret's data are compared"),
+    Intended("ConfigMap <job>-flux-entrypoint", (),
+             "the Flux scripts are the project's own text: they run the same Flux commands "
+             "and write the same broker configuration, but only the ConfigMap's keys "
+             "(init.sh, entrypoint.sh) are compared"),
 )
+# Objects whose data is compared by its keys alone.
+KEYS_ONLY = ("Secret", "ConfigMap <job>-flux-entrypoint")
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ def normalise(label: str, obj: Any) -> Any:
                 metadata.pop(key, None)
     if label == STATUS and not obj.get("conditions"):
         obj.pop("conditions", None)  # what is left once the intended conditions are gone
-    if label.startswith("Secret") and isinstance(obj.get("data"), dict):
+    if label.startswith(KEYS_ONLY) and isinstance(obj.get("data"), dict):
         obj["data"] = sorted(obj["data"])
     return obj
 

@@ -1,6 +1,7 @@
 """The flux policy (``mlPolicy.flux``): the trainer runs under the Flux workload manager, laid
-out as upstream Trainer v2.3 lays it out, so that either controller builds the same JobSet,
-ConfigMap and Secret for a TrainJob.
+out as upstream Trainer v2.3 lays it out, so that either controller builds the same JobSet
+and Secret for a TrainJob, and a ConfigMap of the same name and keys whose scripts run the
+same Flux commands (their text is this project's own: ``flux_scripts``).
 
 ``enforce_ml_policy``:
 
@@ -231,7 +232,7 @@ class FluxPlugin:
         scripts = {
             ENTRYPOINT_SCRIPT: flux_scripts.entrypoint_script(
                 resources, f"{name}-{c.NODE}-0-0", flags),
-            INIT_SCRIPT: flux_scripts.init_script(name, hosts, broker),
+            INIT_SCRIPT: flux_scripts.init_script(hosts, broker),
         }
         cert = flux_curve.certificate(name, job.metadata.uid or "")
         metadata = {"namespace": namespace}

@@ -1,46 +1,35 @@
-"""The text of the Flux ConfigMap (``init.sh``, ``entrypoint.sh``) and of the broker
-configuration that ``init.sh`` writes, for one TrainJob.
+"""The two scripts of the Flux ConfigMap (``init.sh``, ``entrypoint.sh``) and the broker
+configuration ``init.sh`` writes, for one TrainJob.
 
-Why the bytes are fixed: upstream Trainer v2.3 writes these scripts into the
-``<trainjob>-flux-entrypoint`` ConfigMap, and the pods of its Flux view image run them. A
-JobSet and ConfigMap made by this operator must be the same objects upstream's controller
-makes (a TrainJob may move between a worker running upstream and one running this operator,
-and the conformance run compares both field by field), so every byte of the script text is
-part of the contract, the shell comments and banner lines included. Only the values below
-vary with the TrainJob; the fixed parts are kept as plain text blocks between them, in the
-order the script runs.
+The scripts are this project's own. What they must agree on with the Flux view image and
+with the pod layout the flux plug-in builds is fixed: the view is copied to ``VIEW_BASE``
+(shared ``flux-install`` volume), the spack tree to ``/opt/software``, the CURVE certificate
+is mounted at ``/curve/curve.cert``, and the first node pod runs the lead broker. Their text
+differs from upstream Trainer's (the conformance run lists the ConfigMap's data as an
+intended difference); the commands they run and the configuration they write do not.
 """
 
 from __future__ import annotations
+
+import shlex
 
 # Where the installer copies the Flux view, and where both scripts expect it.
 VIEW_BASE = "/mnt/flux"
 # The Flux install inside the view image (its spack view).
 VIEW_ROOT = "/opt/view"
+SPACK_ROOT = "/opt/software"
+CURVE_MOUNT = "/curve/curve.cert"
 DOMAIN_SUFFIX = "svc.cluster.local"
 BROKER_PORT = 8050
+# How long a follower broker waits before it tries to join the lead broker again.
+FOLLOWER_RETRY_SECONDS = 15
 
-# The Apache-2.0 notice both scripts start with, one comment line per entry.
-_NOTICE = (
-    "Copyright The Kubeflow Authors.",
-    "",
-    'Licensed under the Apache License, Version 2.0 (the "License");',
-    "you may not use this file except in compliance with the License.",
-    "You may obtain a copy of the License at",
-    "",
-    "    http://www.apache.org/licenses/LICENSE-2.0",
-    "",
-    "Unless required by applicable law or agreed to in writing, software",
-    'distributed under the License is distributed on an "AS IS" BASIS,',
-    "WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.",
-    "See the License for the specific language governing permissions and",
-    "limitations under the License.",
-)
-
-
-def _preamble() -> str:
-    notice = "".join(f"# {line}\n" if line else "#\n" for line in _NOTICE)
-    return notice + "\n#!/bin/sh\n"
+_CONFIG = f"{VIEW_BASE}/config"
+_SYSTEM = f"{_CONFIG}/etc/flux/system"
+_BROKER_CONFIG_DIR = f"{_CONFIG}/etc/flux/config"
+_CURVE = f"{_CONFIG}/etc/curve/curve.cert"
+_STATE = f"{_CONFIG}/var/lib/flux"
+_RUNDIR = f"{_CONFIG}/run/flux"
 
 
 def index_range(size: int, start: int = 0) -> str:
@@ -56,266 +45,132 @@ def hostlist(job_name: str, nodes: int) -> str:
 
 def broker_toml(job_name: str, namespace: str, hosts: str, network_device: str,
                 queue_policy: str) -> str:
-    """The broker configuration: bind on the pod's device, reach peers through the JobSet's
-    headless service (named like the job), fluxion's queue policy."""
-    config = VIEW_BASE + "/config"
+    """The broker configuration: bind on the pod's network device, reach the other brokers
+    through the JobSet's headless Service (named like the job), fluxion's queue policy."""
     connect_domain = f"{job_name}.{namespace}.{DOMAIN_SUFFIX}"
-    lines = [
+    return "\n".join([
         "[access]",
         "allow-guest-user = true",
         "allow-root-owner = true",
         "",
-        "# Point to resource definition generated with flux-R(1).",
         "[resource]",
-        f'path = "{config}/etc/flux/system/R"',
+        f'path = "{_SYSTEM}/R"',
         "",
         "[bootstrap]",
-        f'curve_cert = "{config}/etc/curve/curve.cert"',
+        f'curve_cert = "{_CURVE}"',
         f"default_port = {BROKER_PORT}",
         f'default_bind = "tcp://{network_device}:%p"',
         f'default_connect = "tcp://%h.{connect_domain}:%p"',
-        "hosts = [",
-        f'{{ host="{hosts}"}},',
-        "]",
+        f'hosts = [{{ host = "{hosts}" }}]',
         "",
         "[archive]",
-        f'dbpath = "{config}/var/lib/flux/job-archive.sqlite"',
+        f'dbpath = "{_STATE}/job-archive.sqlite"',
         'period = "1m"',
         'busytimeout = "50s"',
         "",
         "[sched-fluxion-qmanager]",
         f'queue-policy = "{queue_policy}"',
-    ]
-    return "\n".join(lines) + "\n"
+        "",
+    ])
 
 
-# init.sh, run by the installer init container: prepares the config tree on the shared
-# volume, writes the hostlist and broker.toml, copies the view out of the image.
-_INIT_SETUP = """
-# We need to "install" config assets separately. We may not have write to /opt/view.
-installRoot=/mnt/flux/config
-echo "Hello I am hostname $(hostname) running setup."
-
-# Always use verbose, no reason to not here
-echo "Flux install root: ${fluxroot}"
-export fluxroot
-
-# Add flux to the path (if using view)
-export PATH=/opt/view/bin:$PATH
-
-# If the view doesn't exist, ensure basic paths do
-mkdir -p $fluxroot/bin
-
-# Cron directory
-mkdir -p $installRoot/etc/flux/system/cron.d
-mkdir -p $installRoot/var/lib/flux
-
-# These actions need to happen on all hosts
-mkdir -p $installRoot/etc/flux/system
-"""
-
-_INIT_BROKER_OPEN = """
-# Echo hosts here in case the main container needs to generate
-echo "${hosts}" > ${installRoot}/etc/flux/system/hostlist
-
-# Write the broker configuration
-mkdir -p ${installRoot}/etc/flux/config
-cat <<EOT >> ${installRoot}/etc/flux/config/broker.toml
-"""
-
-_INIT_COPY_VIEW = """EOT
-
-echo
-echo "\U0001f438 Broker Configuration"
-cat ${installRoot}/etc/flux/config/broker.toml
-
-# The rundir needs to be created first, and owned by user flux
-# Along with the state directory and curve certificate
-mkdir -p ${installRoot}/run/flux ${installRoot}/etc/curve
-
-viewroot=/mnt/flux
-mkdir -p $viewroot/view
-
-# Now prepare to copy finished spack view over
-echo "Moving content from /opt/view to be in shared volume at $viewroot"
-# Note that /opt/view is a symlink to here
-view=$(ls /opt/views/._view/)
-view="/opt/views/._view/${view}"
-
-# We have to move both of these paths - spack makes link to /opt/software
-# /opt/software will need to be restored in application container
-cp -R ${view}/* $viewroot/view
-cp -R /opt/software $viewroot/
-
-# This is a marker to indicate the copy is done
-touch $viewroot/flux-operator-done.txt
-echo "Application is done."
-"""
+def _script(*blocks: str) -> str:
+    return "#!/bin/bash\n" + "\n".join(block.strip("\n") + "\n" for block in blocks)
 
 
-def init_script(job_name: str, hosts: str, broker: str) -> str:
-    return (_preamble()
-            + f"fluxroot={VIEW_ROOT}\nmainHost={job_name}-0\n"
-            + _INIT_SETUP
-            + f'hosts="{hosts}"\n'
-            + _INIT_BROKER_OPEN
-            + broker + "\n"
-            + _INIT_COPY_VIEW)
-
-
-# entrypoint.sh, run by the node container: puts the view on PATH, writes helper scripts,
-# places the curve certificate, encodes the resources, then starts the lead broker with the
-# wrapped command (or interactively) on the first pod and follower brokers elsewhere.
-_ENTRY_ENVIRONMENT = """
-fluxuser=$(whoami)
-fluxuid=$(id -u $fluxuser)
-
-# Ensure spack view is on the path, wherever it is mounted
-viewbase="/mnt/flux"
-viewroot=${viewbase}/view
-configroot=${viewbase}/config
-software="${viewbase}/software"
-viewbin="${viewroot}/bin"
-fluxpath=${viewbin}/flux
-
-# Important to add AFTER in case software in container duplicated (e.g., Python)
-export PATH=$PATH:${viewbin}
-
-# Copy mount software to /opt/software
-cp -R ${viewbase}/software/* /opt/software/
-
-# Flux should use the Python with its install
-foundroot=$(find $viewroot -maxdepth 2 -type d -path $viewroot/lib/python3*) > /dev/null 2>&1
-pythonversion=$(basename ${foundroot})
-pythonversion=${viewroot}/bin/${pythonversion}
-echo "Python version: $pythonversion"
-echo "Python root: $foundroot"
-
-# If we found the right python, ensure it's linked (old link does not work)
-if [[ -f "${pythonversion}" ]]; then
-   rm -rf $viewroot/bin/python3
-   rm -rf $viewroot/bin/python
-   ln -s ${pythonversion} $viewroot/lib/python  || true
-   ln -s ${pythonversion} $viewroot/lib/python3 || true
-fi
-
-# Ensure we have flux's python on the path
-export PYTHONPATH=${PYTHONPATH:-""}:${foundroot}/site-packages
-export FLUX_RC_EXTRA=$viewroot/etc/flux/rc1.d
-
-# Write a script to load fluxion
-cat <<EOT >> /tmp/load-fluxion.sh
-flux module remove sched-simple
-flux module load sched-fluxion-resource
-flux module load sched-fluxion-qmanager
-EOT
-mv /tmp/load-fluxion.sh ${viewbase}/load-fluxion.sh
-
-# Write an easy file we can source for the environment
-cat <<EOT >> /tmp/flux-view.sh
-#!/bin/bash
-export PATH=$PATH
-export PYTHONPATH=$PYTHONPATH
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-""}:$viewroot/lib
-export fluxsocket=local://${configroot}/run/flux/local
-EOT
-mv /tmp/flux-view.sh ${viewbase}/flux-view.sh
-
-# Variables we can use again
-cfg="${configroot}/etc/flux/config"
-command="$@"
-
-# Copy mounted curve to expected location
-curvepath=/mnt/flux/config/etc/curve/curve.cert
-cp /curve/curve.cert ${curvepath}
-
-# Remove group and other read
-chmod o-r ${curvepath}
-chmod g-r ${curvepath}
-chown -R ${fluxuid} ${curvepath}
-
-# Generate host resources
-hosts=$(cat ${configroot}/etc/flux/system/hostlist)
-"""
-
-_ENTRY_STATE = """mv /tmp/R ${configroot}/etc/flux/system/R
-
-# Put the state directory in /var/lib on shared view
-export STATE_DIR=${configroot}/var/lib/flux
-export FLUX_OUTPUT_DIR=/tmp/fluxout
-mkdir -p ${STATE_DIR} ${FLUX_OUTPUT_DIR}
-
-# Main host <name>-0 and the fully qualified domain name
-"""
-
-_ENTRY_LEAD = """workdir=$(pwd)
-
-# Make cron.d directory
-mkdir -p ${configroot}/etc/flux/system/cron.d
-brokerOptions="-Scron.directory=${configroot}/etc/flux/system/cron.d \\
-  -Stbon.fanout=256 \\
-  -Srundir=${configroot}/run/flux  \\
-  -Sstatedir=${STATE_DIR} -Slocal-uri=local://$configroot/run/flux/local \\
-  -Slog-stderr-level=0  \\
-  -Slog-stderr-mode=local"
-
-# Run an interactive cluster, giving no command to flux start
-run_interactive_cluster() {
-    echo "\U0001f300 flux broker --config-path ${cfg} ${brokerOptions}"
-    flux broker --config-path ${cfg} ${brokerOptions}
-}
-
-# Start flux with the original entrypoint
-if [ "$(hostname)" = "${mainHost}" ]; then
-
-  echo "Command provided is: ${command}"
-  if [ -z "${command}" ]; then
-    run_interactive_cluster
-  else
-
-    # If tasks are == 0, then only define nodes
-"""
-
-_ENTRY_FOLLOWERS = """    echo "Flags for flux are ${flags}"
-    echo "\U0001f300 flux start  -o --config ${cfg} ${brokerOptions} flux submit ${flags} --quiet --watch ${command}"
-\tflux start  -o --config ${cfg} ${brokerOptions} flux run ${flags} ${command}
-  fi
-
-# Block run by workers
-else
-
-    # We basically sleep/wait until the lead broker is ready
-    echo "\U0001f300 flux start  -o --config ${configroot}/etc/flux/config ${brokerOptions}"
-
-    # We can keep trying forever, don't care if worker is successful or not
-    # Unless retry count is set, in which case we stop after retries
-    while true
-    do
-        flux start -o --config ${configroot}/etc/flux/config ${brokerOptions}
-        retval=$?
-        if [[ "${retval}" -eq 0 ]] || [[ "false" == "true" ]]; then
-             echo "The follower worker exited cleanly. Goodbye!"
-             break
-        fi
-        echo "Return value for follower worker is ${retval}"
-        echo "\U0001f62a Sleeping 15s to try again..."
-        sleep 15
-    done
-fi
-
-# Marker of completion, if needed
-touch $viewbase/flux-operator-complete.txt
-"""
+def init_script(hosts: str, broker: str) -> str:
+    """Run by the installer init container (the view image): lays out the configuration
+    tree on the shared volume, writes the hostlist and broker configuration, and copies the
+    view and spack tree out of the image for the node container."""
+    return _script(
+        "set -eu",
+        f"""
+# The configuration tree the brokers read and write.
+mkdir -p {_SYSTEM}/cron.d {_BROKER_CONFIG_DIR} {_STATE} {_RUNDIR} {_CONFIG}/etc/curve
+echo {shlex.quote(hosts)} > {_SYSTEM}/hostlist
+cat > {_BROKER_CONFIG_DIR}/broker.toml <<'BROKER'
+{broker.rstrip(chr(10))}
+BROKER
+echo "broker configuration:"
+cat {_BROKER_CONFIG_DIR}/broker.toml
+""",
+        f"""
+# {VIEW_ROOT} links into spack's view directory; copy what it points at, and the spack
+# tree its files link to, so the node container (any image) can run Flux.
+view_dir=$(ls -d /opt/views/._view/*/ | head -n 1)
+mkdir -p {VIEW_BASE}/view
+cp -R "$view_dir". {VIEW_BASE}/view/
+cp -R {SPACK_ROOT} {VIEW_BASE}/
+touch {VIEW_BASE}/install-done
+echo "Flux view installed under {VIEW_BASE}"
+""")
 
 
 def entrypoint_script(resource_spec: str, main_host: str, run_flags: str) -> str:
-    """``resource_spec``: the ``flux R encode`` options after ``--hosts`` (cores, GPUs);
-    ``main_host``: the lead broker's hostname; ``run_flags``: ``flux run``'s sizing."""
-    return (_preamble()
-            + _ENTRY_ENVIRONMENT
-            + f"flux R encode --hosts=${{hosts}} {resource_spec} > /tmp/R\n"
-            + _ENTRY_STATE
-            + f'mainHost="{main_host}"\n'
-            + _ENTRY_LEAD
-            + f'    flags="{run_flags}  "\n'
-            + _ENTRY_FOLLOWERS)
+    """Run by every node container with the trainer's command as its one argument.
+    ``resource_spec``: the ``flux R encode`` options after ``--hosts`` (cores, GPUs);
+    ``main_host``: the hostname of the pod that runs the lead broker; ``run_flags``:
+    ``flux run``'s sizing."""
+    return _script(
+        f"""
+command="$*"
+view={VIEW_BASE}/view
+export PATH="$PATH:$view/bin"
+# The view's files link into the spack tree at its original place.
+cp -R {VIEW_BASE}/software/. {SPACK_ROOT}/
+
+# Flux's Python modules are those of the view's own Python.
+python_lib=$(find "$view/lib" -maxdepth 1 -type d -name 'python3*' | head -n 1)
+if [ -n "$python_lib" ] && [ -x "$view/bin/$(basename "$python_lib")" ]; then
+  ln -sf "$view/bin/$(basename "$python_lib")" "$view/lib/python3" || true
+fi
+export PYTHONPATH="${{PYTHONPATH:-}}:$python_lib/site-packages"
+export FLUX_RC_EXTRA="$view/etc/flux/rc1.d"
+""",
+        f"""
+# Helpers a user can source or run inside the pod.
+cat > {VIEW_BASE}/flux-view.sh <<EOT
+export PATH=$PATH
+export PYTHONPATH=$PYTHONPATH
+export LD_LIBRARY_PATH=${{LD_LIBRARY_PATH:-}}:$view/lib
+export fluxsocket=local://{_RUNDIR}/local
+EOT
+printf '%s\\n' 'flux module remove sched-simple' 'flux module load sched-fluxion-resource' \\
+  'flux module load sched-fluxion-qmanager' > {VIEW_BASE}/load-fluxion.sh
+""",
+        f"""
+# The broker refuses a certificate others can read.
+cp {CURVE_MOUNT} {_CURVE}
+chmod go-r {_CURVE}
+chown "$(id -u)" {_CURVE}
+
+hosts=$(cat {_SYSTEM}/hostlist)
+flux R encode --hosts="$hosts" {resource_spec} > {_SYSTEM}/R
+export STATE_DIR={_STATE}
+export FLUX_OUTPUT_DIR=/tmp/fluxout
+mkdir -p "$STATE_DIR" "$FLUX_OUTPUT_DIR" {_SYSTEM}/cron.d
+options="-Scron.directory={_SYSTEM}/cron.d -Stbon.fanout=256 -Srundir={_RUNDIR}"
+options="$options -Sstatedir=$STATE_DIR -Slocal-uri=local://{_RUNDIR}/local"
+options="$options -Slog-stderr-level=0 -Slog-stderr-mode=local"
+""",
+        f"""
+if [ "$(hostname)" = {shlex.quote(main_host)} ]; then
+  if [ -z "$command" ]; then
+    # No command: an interactive cluster that runs until the pod is stopped.
+    echo "starting the lead broker"
+    exec flux broker --config-path {_BROKER_CONFIG_DIR} $options
+  fi
+  echo "running under Flux: $command"
+  flux start -o --config {_BROKER_CONFIG_DIR} $options flux run {run_flags} $command
+  status=$?
+else
+  # A follower joins the lead broker; until that broker is up, it fails and tries again.
+  until flux start -o --config {_BROKER_CONFIG_DIR} $options; do
+    echo "follower broker exited with $?; retrying in {FOLLOWER_RETRY_SECONDS}s"
+    sleep {FOLLOWER_RETRY_SECONDS}
+  done
+  status=0
+fi
+touch {VIEW_BASE}/run-done
+exit $status
+""")
