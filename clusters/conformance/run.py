@@ -46,8 +46,8 @@ NODE_CAPACITY = {"cpu": "512", "memory": "2Ti", "nvidia.com/gpu": "128", "pods":
 # Labels the examples' runtime patches select nodes by, so their pods run too.
 NODE_LABELS = {"node-type": "training", "pool": "a"}
 OPERATOR_WEBHOOK = "validating-webhook.yaml"
-# How long jobs may take to finish; those with unschedulable pods or without a JobSet stop
-# being waited for sooner (``_settled``).
+# How long jobs may take to finish; those with unschedulable pods, without a JobSet or
+# without pods stop being waited for sooner (``wait_settled``).
 SETTLE_SECONDS = 90
 NO_JOBSET_GRACE = 8
 
@@ -154,47 +154,53 @@ def _condition_true(job: dict, type_: str) -> bool:
                for x in (job.get("status") or {}).get("conditions") or [])
 
 
-def _unschedulable_jobsets(side: Side, namespace: str) -> set[str]:
-    """JobSets with a pod the scheduler cannot place (no volume, say): they never finish."""
-    stuck = set()
+def _pods_by_jobset(side: Side, namespace: str) -> tuple[set[str], set[str]]:
+    """(JobSets with any pod, JobSets with a pod the scheduler cannot place, say for want
+    of a volume: those never finish)."""
+    with_pods, stuck = set(), set()
     for pod in side.core.list_namespaced_pod(namespace).items:
+        jobset = (pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL)
+        with_pods.add(jobset)
         for condition in pod.status.conditions or []:
             if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                stuck.add((pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL))
-    return stuck
+                stuck.add(jobset)
+    return with_pods, stuck
 
 
 def _unsettled(side: Side, namespace: str, names: list[str]) -> tuple[list[str], list[str]]:
-    """(jobs still running towards an end, jobs with no JobSet yet)."""
-    stuck = _unschedulable_jobsets(side, namespace)
-    running, without = [], []
+    """(jobs running towards an end, jobs that may never start: no JobSet yet, or a JobSet
+    without any pod, as when its Jobs cannot create them)."""
+    with_pods, stuck = _pods_by_jobset(side, namespace)
+    running, idle = [], []
     for name in names:
         job = _trainjob(side, namespace, name)
         if job is None:
             continue
         if _condition_true(job, c.CONDITION_COMPLETE) or _condition_true(job, c.CONDITION_FAILED):
             continue
-        jobset = _jobset(side, namespace, name)
-        if jobset is None:
-            without.append(name)
-        elif not job["spec"].get("suspend") and name not in stuck:
+        if job["spec"].get("suspend") or name in stuck:
+            continue
+        if _jobset(side, namespace, name) is None or name not in with_pods:
+            idle.append(name)
+        else:
             running.append(name)
-    return running, without
+    return running, idle
 
 
 def wait_settled(sides: list[Side], namespace: str, names: list[str],
                  timeout: float = SETTLE_SECONDS) -> None:
-    """Until every admitted job on both sides has finished, is suspended, cannot be
-    scheduled, or has had no JobSet for ``NO_JOBSET_GRACE`` seconds after the rest settled."""
+    """Until every admitted job on both sides has finished, is suspended or cannot be
+    scheduled, and those that have not started (no JobSet, or no pod) have stayed so for
+    ``NO_JOBSET_GRACE`` seconds after the rest settled."""
     deadline = time.monotonic() + timeout
     quiet_since = None
     while time.monotonic() < deadline:
-        running, without = [], []
+        running, idle = [], []
         for side in sides:
-            r, w = _unsettled(side, namespace, names)
+            r, i = _unsettled(side, namespace, names)
             running += r
-            without += w
-        if not running and not without:
+            idle += i
+        if not running and not idle:
             return
         if not running:
             quiet_since = quiet_since or time.monotonic()
@@ -203,6 +209,8 @@ def wait_settled(sides: list[Side], namespace: str, names: list[str],
         else:
             quiet_since = None
         time.sleep(0.5)
+    log.warning("jobs still running after %.0fs: %s; not started: %s", timeout,
+                sorted(set(running)), sorted(set(idle)))
 
 
 def _owned_by(obj: Any, job: str) -> bool:
@@ -313,7 +321,7 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
     try:
         for side in sides:
             fixtures.ensure_namespace(side.api, namespace)
-            cleanups.append(lambda side=side: side.core.delete_namespace(namespace))
+            cleanups.append(lambda side=side: _delete_namespace(side, namespace))
             fixtures.add_node(side.api, node, NODE_CAPACITY, labels=NODE_LABELS)
             cleanups.append(lambda side=side: fixtures.remove_node(side.api, node))
         upstream, ours = sides
@@ -376,15 +384,24 @@ def run(harness: LocalClusters, operator_cluster: str, upstream_cluster: str,
             side.api.close()
 
 
+def _delete_namespace(side: Side, namespace: str, pods_now: bool = False) -> None:
+    """Delete ``namespace``; ``pods_now``: its pods too, without a grace period. The
+    namespace controller waits out each pod's grace period before it looks again; kwok's
+    pods have nothing to stop (and nothing new is created in a terminating namespace)."""
+    try:
+        side.core.delete_namespace(namespace)
+        if pods_now:
+            side.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
 def _remove_namespace(sides: list[Side], namespace: str, timeout: float = 90) -> None:
     """Delete the run's namespace on both sides and wait until it is gone, so no other
     test on these shared clusters finds it terminating."""
     for side in sides:
-        try:
-            side.core.delete_namespace(namespace)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        _delete_namespace(side, namespace, pods_now=True)
     for side in sides:
         eventually(lambda side=side: [n.metadata.name for n in side.core.list_namespace().items],
                    lambda names: namespace not in names, timeout=timeout, interval=0.5,
