@@ -108,10 +108,14 @@ def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "
     """A ClusterTrainingRuntime (or TrainingRuntime with ``namespace``) for torch with
     dataset and model initializers and a trainer job, each pod requesting cpu/memory.
     ``pod_annotations`` go on every pod (e.g. ``worker_stack.OUTCOME_ANNOTATION``, to tell
-    kwok how the pods end), and so does ``node_selector``."""
+    kwok how the pods end), and so does ``node_selector``. The pods have no termination
+    grace period: kwok's have nothing to stop, and the namespace controller waits out the
+    longest grace period of a namespace's pods before it looks again, so a namespace holding
+    them would take 30 s to go."""
     def job(job_name: str, role: str, image: str) -> dict[str, Any]:
         pod_metadata = {"annotations": dict(pod_annotations)} if pod_annotations else {}
-        pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
+        pod_spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                                    "containers": [{
             "name": job_name, "image": image,
             "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
         if node_selector:

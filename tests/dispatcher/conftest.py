@@ -21,9 +21,9 @@ from clusters import fixtures, worker_stack
 from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 
-from dispatch_helpers import CONFIG, QUICK_RUNTIME, RUNTIME  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+    CONFIG, QUICK_RUNTIME, RUNTIME, WORKER_LOST_TIMEOUT)
 
-WORKER_LOST_TIMEOUT = 20
 # Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
 LEASE_ARGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
 

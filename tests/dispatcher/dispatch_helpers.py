@@ -12,6 +12,8 @@ from trainjob import constants as c
 
 RUNTIME = "torch-e2e"  # the runtime dispatch_env (conftest) installs on both workers
 QUICK_RUNTIME = "torch-e2e-quick"  # its pods succeed a second after they start
+# dispatch_env's dispatcher declares a worker lost after this many seconds unreachable.
+WORKER_LOST_TIMEOUT = 15
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 
 
