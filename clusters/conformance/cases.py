@@ -272,4 +272,5 @@ def project_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     return (upstream_runtime_cases() + upstream_example_cases() + project_cases()
-            + refused.refused_cases() + updated.update_cases())
+            + refused.refused_cases() + updated.update_cases()
+            + updated.runtime_update_cases())

@@ -19,8 +19,9 @@ UPDATE_WHEN_ACTIVE = "active"
 @dataclass
 class Case:
     """One TrainJob (``job`` None for a runtime-only case) and the runtimes it needs;
-    ``update``, a JSON merge patch sent to the TrainJob after it was admitted (its answer
-    is compared like the create's), ``update_when`` says when."""
+    ``update``, a JSON merge patch sent after creation (its answer is compared like the
+    create's) to the TrainJob, or, in a runtime-only case, to its first runtime;
+    ``update_when`` says when."""
 
     name: str
     source: str

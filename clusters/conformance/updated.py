@@ -6,7 +6,10 @@ field and reason upstream gives (in the comment), compared by meaning like the c
   job;
 * the fields upstream's CRD keeps as they were (``self == oldSelf``): managedBy, runtimeRef,
   initializer, activeDeadlineSeconds, trainer, and inside a runtime patch the pod fields
-  other than scheduling constraints (serviceAccountName, volumes, containers, ...).
+  other than scheduling constraints (serviceAccountName, volumes, containers, ...);
+* in a runtime's JobSet template, the fields JobSet keeps as they were: failurePolicy,
+  network, successPolicy, startupPolicy, volumeClaimPolicies and each replicated job's
+  dependsOn (other fields of a runtime may change).
 """
 
 from __future__ import annotations
@@ -100,3 +103,46 @@ def update_cases() -> list[Case]:
                                "nodeSelector": {"pool": RUNS}}],
             intended=OVERRIDES_PRUNED),
     ]
+
+
+def _staged_runtime(name: str, kind: str) -> dict:
+    """A runtime whose JobSet template sets every field JobSet keeps as created: the node
+    job waits for the dataset initializer to complete."""
+    staged = runtime(name, {"numNodes": 1, "torch": {}}, [
+        job(c.DATASET_INITIALIZER, c.ROLE_DATASET_INITIALIZER, container=c.DATASET_INITIALIZER),
+        {**job(c.NODE, c.ROLE_TRAINER),
+         "dependsOn": [{"name": c.DATASET_INITIALIZER, "status": "Complete"}]}], kind=kind)
+    staged["spec"]["template"]["spec"].update({
+        "failurePolicy": {"maxRestarts": 1}, "network": {"publishNotReadyAddresses": True},
+        "successPolicy": {"operator": "All"}})
+    return staged
+
+
+def _runtime_case(name: str, template_spec: dict,
+                  kind: str = c.CLUSTERTRAININGRUNTIME_KIND, **spec) -> Case:
+    """A runtime-only case: ``_staged_runtime`` created, then merge-patched with
+    ``template_spec`` under spec.template.spec (and ``spec`` under spec)."""
+    patch = {"spec": {**spec, **({"template": {"spec": template_spec}} if template_spec
+                                  else {})}}
+    return Case(name, "update", None, [_staged_runtime(name, kind)], update=patch)
+
+
+def runtime_update_cases() -> list[Case]:
+    staged = _staged_runtime("", c.CLUSTERTRAININGRUNTIME_KIND)["spec"]["template"]["spec"]
+    waits_ready = [dict(j) for j in staged["replicatedJobs"]]
+    waits_ready[1] = {**waits_ready[1], "dependsOn": [{"name": c.DATASET_INITIALIZER,
+                                                       "status": "Ready"}]}
+    return [
+        # spec.template.spec.failurePolicy Invalid ("Value is immutable").
+        _runtime_case("cf-upd-rt-failure", {"failurePolicy": {"maxRestarts": 3}}),
+        # spec.template.spec.network Invalid, on a namespaced runtime too.
+        _runtime_case("cf-upd-rt-network", {"network": {"enableDNSHostnames": False}},
+                      kind=c.TRAININGRUNTIME_KIND),
+        # spec.template.spec.successPolicy Invalid.
+        _runtime_case("cf-upd-rt-success", {"successPolicy": {"operator": "Any"}}),
+        # spec.template.spec.replicatedJobs[1].dependsOn Invalid.
+        _runtime_case("cf-upd-rt-depends-on", {"replicatedJobs": waits_ready}),
+        # Admitted: the node count and the ML policy may change.
+        _runtime_case("cf-upd-rt-nodes", {}, mlPolicy={"numNodes": 2}),
+    ]
+

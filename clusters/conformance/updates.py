@@ -1,5 +1,6 @@
 """The update half of a conformance case: a JSON merge patch sent to a TrainJob both sides
-admitted, whose admission answer is kept under ``label`` and compared like a create's.
+admitted (or to the runtime of a runtime-only case), whose admission answer is kept under
+``label`` and compared like a create's.
 
 Upstream's update rules need an object that exists (``self == oldSelf`` transition rules, the
 runtime-patch rule's "suspended before or after", the JobSet's active replicated jobs), so a
@@ -39,7 +40,13 @@ def apply_updates(custom: client.CustomObjectsApi, namespace: str, cases: list[C
     request's answer."""
     answers = {}
     for case in cases:
-        if case.update is None or case.job is None or not admitted(case):
+        if case.update is None:
+            continue
+        if case.job is None:
+            answers[label(case)] = send_runtime(custom, namespace, case.runtimes[0],
+                                                case.update, refusal)
+            continue
+        if not admitted(case):
             continue
         if case.update_when == UPDATE_WHEN_ACTIVE:
             wait_active(custom, namespace, case.name)
@@ -55,6 +62,25 @@ def send(custom: client.CustomObjectsApi, namespace: str, name: str, patch: dict
         custom.patch_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
                                               c.TRAINJOBS, name, patch,
                                               _content_type=MERGE_PATCH)
+    except ApiException as err:
+        if err.status in (400, 403, 422):
+            return refusal(err)
+        raise
+    return {"allowed": True}
+
+
+def send_runtime(custom: client.CustomObjectsApi, namespace: str, runtime: dict, patch: dict,
+                 refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
+    name = runtime["metadata"]["name"]
+    try:
+        if runtime["kind"] == c.CLUSTERTRAININGRUNTIME_KIND:
+            custom.patch_cluster_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
+                                               c.CLUSTERTRAININGRUNTIMES, name, patch,
+                                               _content_type=MERGE_PATCH)
+        else:
+            custom.patch_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
+                                                  c.TRAININGRUNTIMES, name, patch,
+                                                  _content_type=MERGE_PATCH)
     except ApiException as err:
         if err.status in (400, 403, 422):
             return refusal(err)
