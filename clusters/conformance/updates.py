@@ -58,29 +58,28 @@ def apply_updates(custom: client.CustomObjectsApi, namespace: str, cases: list[C
 
 def send(custom: client.CustomObjectsApi, namespace: str, name: str, patch: dict,
          refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        custom.patch_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
-                                              c.TRAINJOBS, name, patch,
-                                              _content_type=MERGE_PATCH)
-    except ApiException as err:
-        if err.status in (400, 403, 422):
-            return refusal(err)
-        raise
-    return {"allowed": True}
+    return _answer(lambda: custom.patch_namespaced_custom_object(
+        c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, name, patch,
+        _content_type=MERGE_PATCH), refusal)
 
 
 def send_runtime(custom: client.CustomObjectsApi, namespace: str, runtime: dict, patch: dict,
                  refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
     name = runtime["metadata"]["name"]
+    if runtime["kind"] == c.CLUSTERTRAININGRUNTIME_KIND:
+        return _answer(lambda: custom.patch_cluster_custom_object(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, c.CLUSTERTRAININGRUNTIMES, name, patch,
+            _content_type=MERGE_PATCH), refusal)
+    return _answer(lambda: custom.patch_namespaced_custom_object(
+        c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAININGRUNTIMES, name, patch,
+        _content_type=MERGE_PATCH), refusal)
+
+
+def _answer(request: Callable[[], Any],
+            refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
+    """The admission answer to ``request``: allowed, or the refusal as ``refusal`` reads it."""
     try:
-        if runtime["kind"] == c.CLUSTERTRAININGRUNTIME_KIND:
-            custom.patch_cluster_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
-                                               c.CLUSTERTRAININGRUNTIMES, name, patch,
-                                               _content_type=MERGE_PATCH)
-        else:
-            custom.patch_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
-                                                  c.TRAININGRUNTIMES, name, patch,
-                                                  _content_type=MERGE_PATCH)
+        request()
     except ApiException as err:
         if err.status in (400, 403, 422):
             return refusal(err)
