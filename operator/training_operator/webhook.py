@@ -281,7 +281,11 @@ def validate_create(job: dict, namespace: str, lookups: Lookups) -> list[Problem
 
 def validate_update(old: dict, new: dict, namespace: str, name: str,
                     lookups: Lookups) -> list[Problem]:
-    """Problems with changing ``old`` into ``new``: managedBy and podSpecOverrides."""
+    """Problems with changing ``old`` into ``new``: managedBy, when podSpecOverrides and
+    runtimePatches may change, and a changed spec checked against the runtime as a new
+    job's is (upstream re-validates every update). An update that leaves the spec alone
+    (labels, finalizers) is not judged again: a runtime deleted since must not hold up a
+    finalizer's removal."""
     problems = check_managed_by(new["spec"])
     was, now = managed_by(old["spec"]), managed_by(new["spec"])
     if was != now:
@@ -290,6 +294,10 @@ def validate_update(old: dict, new: dict, namespace: str, name: str,
     problems += check_patch_managers(new["spec"])
     problems += check_overrides_change(old, new, namespace, name, lookups)
     problems += check_runtime_patches_change(old, new, namespace, name, lookups)
+    if old["spec"] != new["spec"] and operator_manages(now):
+        problems += check_trainer(new["spec"])
+        problems += check_against_runtime(new, namespace, lookups, problems,
+                                          missing_is_refused=False)
     return _unique(problems)
 
 
@@ -475,8 +483,10 @@ def active_replicated_jobs(jobset: Any) -> list[str]:
 
 
 def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
-                          earlier: list[Problem]) -> list[Problem]:
-    """The runtime exists, overrides and initializers fit it, and the policy plug-ins agree."""
+                          earlier: list[Problem], missing_is_refused: bool = True) -> list[Problem]:
+    """The runtime exists, overrides and initializers fit it, and the policy plug-ins agree.
+    ``missing_is_refused`` False: a runtime that does not exist is no problem (an update of
+    a job whose runtime was deleted since)."""
     spec = job["spec"]
     ref = spec.get("runtimeRef")
     if not isinstance(ref, dict):
@@ -489,6 +499,8 @@ def check_against_runtime(job: dict, namespace: str, lookups: Lookups,
     kind, name, described = key.kind, key.name, str(key)
     runtime = _lookup(lambda: lookups.runtime(namespace, kind, name), described)
     if runtime is None:
+        if not missing_is_refused:
+            return []
         # Invalid, as upstream: the reference does not resolve.
         return [Problem("spec.runtimeRef", f"{described} not found: create the runtime "
                                            "before the TrainJob")]
