@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
@@ -214,17 +215,22 @@ class DispatcherController:
         # The jobs first: the registry keeps a worker that left it while jobs are placed
         # there (to drain it), so it needs to know where jobs are placed.
         self.trainjobs.start()
-        if not self.trainjobs.wait_synced(sync_timeout):
+        if not self._wait_until(self.trainjobs.synced.is_set, sync_timeout):
+            if self._stop_asked():
+                return self
             raise TimeoutError("manager TrainJob cache not synced")
         self.registry.start(sync_timeout)
         if self.nominator is not None:
             self.nominator.start(sync_timeout)
-        # Placement decisions need the workers' caches; give connected workers a moment
-        # to sync so the first decisions are not made against empty pictures.
-        deadline = time.monotonic() + sync_timeout
-        for worker in self.registry.snapshot():
-            for informer in worker.informers.values():
-                informer.wait_synced(max(0.0, deadline - time.monotonic()))
+        # Placement decisions need the workers' caches, so the first decisions are not made
+        # against empty pictures: wait until each connected worker's caches have synced or
+        # failed. A worker that does not answer must not hold up dispatching to the rest.
+        informers = [informer for worker in self.registry.snapshot()
+                     for informer in worker.informers.values()]
+        self._wait_until(lambda: all(i.synced.is_set() or i.last_error for i in informers),
+                         sync_timeout)
+        if self._stop_asked():
+            return self
         self._scheduler.start()
         self._started = True
         if self.elector is not None:
@@ -232,6 +238,22 @@ class DispatcherController:
         else:
             self._started_leading()
         return self
+
+    def _stop_asked(self) -> bool:
+        return self.stop_requested is not None and self.stop_requested.is_set()
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Whether ``condition`` came true within ``timeout``; a stop request (SIGTERM while
+        starting) ends the wait at once."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self._stop_asked() or time.monotonic() >= deadline:
+                return False
+            if self.stop_requested is not None:
+                self.stop_requested.wait(0.05)
+            else:
+                time.sleep(0.05)
+        return True
 
     def ready(self) -> tuple[bool, str]:
         """Ready once the caches are synced, as leader or as a warm standby."""

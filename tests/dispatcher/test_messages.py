@@ -76,6 +76,26 @@ def test_a_failing_worker_logs_its_state_changes_not_every_retry(
     assert all(len(line) < 1000 for line in log.splitlines()), log
 
 
+def test_an_unreachable_worker_delays_neither_the_start_nor_the_stop(
+        multicluster, closed_port_worker, run_dispatcher):
+    """The first placements wait for the workers' caches, but a worker whose caches fail
+    must not hold up the start (it waited out a 60 s sync timeout), and SIGTERM ends the
+    process at once (it was ignored until the start was over)."""
+    started = time.monotonic()
+    dispatcher = run_dispatcher(multicluster.manager, "--multikueue-config",
+                                closed_port_worker)
+    eventually(lambda: lines_about(dispatcher.log_file, "leading: dispatching"), bool,
+               timeout=20, expected=f"the dispatcher leading within seconds although "
+                                    f"{closed_port_worker} does not answer")
+    assert time.monotonic() - started < 20
+    stopping = time.monotonic()
+    dispatcher.stop()
+    took = time.monotonic() - stopping
+    assert dispatcher.proc.returncode == 0 and took < 5, (
+        f"expected a clean exit within 5 s of SIGTERM; exit code {dispatcher.proc.returncode} "
+        f"after {took:.1f}s")
+
+
 @pytest.mark.parametrize("module, command", [("dispatcher", "status"), ("dispatcher", "run"),
                                              ("training_operator", "run")])
 @pytest.mark.parametrize("content, words", [
