@@ -83,8 +83,7 @@ def free_port(address: str = "127.0.0.1") -> int:
     """A port nothing listens on now, outside the ephemeral range, not handed out before
     by this process."""
     candidates = listen_port_candidates()
-    for _ in range(min(2000, len(candidates))):
-        port = random.choice(candidates)
+    for port in random.sample(candidates, min(2000, len(candidates))):
         if port not in _handed_out and port_is_free(port, address):
             _handed_out.add(port)
             return port

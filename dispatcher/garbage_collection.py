@@ -53,7 +53,7 @@ def sweep(registry: WorkerRegistry, manager_trainjobs: Informer, origin: str,
     for worker in registry.snapshot(draining=True):
         if not worker.active:
             continue
-        copies = RemoteCopies(worker.api, worker.name, origin, metrics)
+        copies = RemoteCopies(worker.api, worker.name, origin, metrics, worker.sent_deletes)
         for stray in worker.cache(c.TRAINJOBS).list():
             meta = stray["metadata"]
             manager = manager_trainjobs.get(meta["namespace"], meta["name"])

@@ -255,7 +255,8 @@ class DispatchReconciler:
         self.timings.dispatched(key)
 
     def _copies(self, worker: WorkerCluster) -> remote.RemoteCopies:
-        return remote.RemoteCopies(worker.api, worker.name, self.config.origin, self.metrics)
+        return remote.RemoteCopies(worker.api, worker.name, self.config.origin, self.metrics,
+                                   worker.sent_deletes)
 
     def _exclude(self, manager: dict, worker: WorkerCluster, generation: int | None,
                  why: str, reason: str) -> None:

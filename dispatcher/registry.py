@@ -46,6 +46,7 @@ from dispatcher.capacity import WorkerCapacity
 from dispatcher.config import DispatcherConfig
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, check_kubeconfig
 from dispatcher.named_secrets import NamedSecrets
+from dispatcher.remote import SentDeletes
 from dispatcher.worker_quota import WorkerQuota
 from trainjob import constants as c
 from trainjob import logs
@@ -93,6 +94,7 @@ class WorkerCluster:
     created: str = ""
     identity: str = ""  # the cluster's kube-system namespace UID, once its caches know it
     draining: bool = False  # left the registry; kept only to remove the copies placed there
+    sent_deletes: SentDeletes = field(default_factory=SentDeletes)
 
     @property
     def precedence(self) -> tuple[str, int, str]:

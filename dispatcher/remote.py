@@ -6,6 +6,8 @@ here, so there is one ownership test.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from kubernetes import client
@@ -53,15 +55,36 @@ class NamespaceGoing:
 CreateOutcome = Created | Stale | NameTaken | Refused | NamespaceGoing
 
 
+class SentDeletes:
+    """The copies (by UID) deleted on one worker by this process, the latest ``size``: a
+    reconcile that runs before the watch has delivered a deletion does not send it again."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._uids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, uid: str) -> None:
+        with self._lock:
+            self._uids[uid] = None
+            while len(self._uids) > self.size:
+                self._uids.popitem(last=False)
+
+    def __contains__(self, uid: object) -> bool:
+        with self._lock:
+            return uid in self._uids
+
+
 class RemoteCopies:
     """The copies on one worker."""
 
     def __init__(self, api: client.ApiClient, worker: str, origin: str,
-                 metrics: DispatcherMetrics):
+                 metrics: DispatcherMetrics, sent: SentDeletes | None = None):
         self.custom = client.CustomObjectsApi(api)
         self.worker = worker
         self.origin = origin
         self.metrics = metrics
+        self.sent = sent if sent is not None else SentDeletes()
 
     def create(self, manager: dict, requests: dict[str, str], pods: int) -> CreateOutcome:
         meta = manager["metadata"]
@@ -94,6 +117,8 @@ class RemoteCopies:
         if not mirror.is_ours(remote, self.origin):
             return False
         meta = remote["metadata"]
+        if meta["uid"] in self.sent:
+            return False
         try:
             self.custom.delete_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
@@ -104,5 +129,6 @@ class RemoteCopies:
             if err.status in (404, 409):  # already gone, or replaced meanwhile
                 return False
             raise
+        self.sent.add(meta["uid"])
         self.metrics.worker_writes.labels(cluster=self.worker, kind="delete").inc()
         return True
