@@ -172,9 +172,11 @@ def _pool_allocatable(workers: list[str]) -> dict[str, Decimal]:
     return total
 
 
-def prepare(env, workers: list[str]) -> list[ServiceProcess]:
+def prepare(env, workers: list[str], namespace: str | None = None) -> list[ServiceProcess]:
     """The pool's Nodes and runtimes on each worker, and a training operator on each (and
-    the runtimes on a manager that runs Kueue, which reads them to size a job)."""
+    the runtimes on a manager that runs Kueue, which reads them to size a job).
+    ``namespace``: the operators reconcile only there (the earlier scenarios' copies, never
+    run, would otherwise all start at once and bury the workload)."""
     if getattr(env, "kueue", False):
         _install_runtimes(env.apis["manager"])
     operators = []
@@ -186,7 +188,9 @@ def prepare(env, workers: list[str]) -> list[ServiceProcess]:
         _install_runtimes(api)
         operators.append(ServiceProcess(
             "training_operator", env.kubeconfig(worker),
-            env.log_dir / f"operator-{worker}.log", ("--cluster-name", worker)).start())
+            env.log_dir / f"operator-{worker}.log",
+            ("--cluster-name", worker, *(("--namespace", namespace) if namespace else ()))
+        ).start())
     return operators
 
 

@@ -27,9 +27,10 @@ def _now() -> str:
 
 def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:
     """The constrained-placement workload under the standalone dispatcher."""
-    operators = constrained.prepare(ctx.env, workers)
+    namespace = "bench-constrained"
+    operators = constrained.prepare(ctx.env, workers, namespace)
     try:
-        return constrained.constrained(ctx, "bench-constrained", workers,
+        return constrained.constrained(ctx, namespace, workers,
                                        ctx.settings.constrained_jobs,
                                        timeout=ctx.settings.constrained_timeout)
     finally:
