@@ -26,6 +26,10 @@ Scenarios, in this order:
   ceiling   a plain client creates TrainJobs on the manager and on a worker (same count
             and concurrency as the burst); the dispatcher's throughput is reported as a
             share of the lower of the two
+  constrained  60 jobs of mixed sizes (a quarter with GPUs) on workers of different
+            sizes that hold them in aggregate but not each: they run to Complete (training
+            operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
+            withdrawn, makespan and mean Node utilisation
   scaling   burst throughput with 1, 2, 4 and 8 workers (a fresh dispatcher each)
   burst     1,000 jobs created on the manager at once, 3 workers: throughput (first create
             to last remote seen), latency per job (manager TrainJob ADDED to remote ADDED,
@@ -34,10 +38,6 @@ Scenarios, in this order:
   sync      remote status written as the operator would; lag until the manager shows it,
             and manager writes per change
   steady    arrivals at 10, 50 and 100 jobs/s for 20 s each: latency percentiles
-  constrained  60 jobs of mixed sizes (a quarter with GPUs) on workers of different
-            sizes that hold them in aggregate but not each: they run to Complete (training
-            operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
-            withdrawn, makespan and mean Node utilisation
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
   compare   on clusters of their own where the manager and every worker run Kueue, the
             same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,

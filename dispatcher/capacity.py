@@ -123,18 +123,18 @@ class WorkerCapacity:
     def reserve(self, job_key: JobKey, requests: Resources, pods: int,
                 planned: dict[str, Resources] | None = None) -> None:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
-        ``planned`` says on which Nodes its pods were packed. Without one, the plan the
-        reservation has stays: an event of the job's copy says nothing about where its
-        pods go (dropping the plan made every placed job count against every pool)."""
+        ``planned`` says on which Nodes its pods were packed. Without one (the copy's
+        events re-reserve the footprint recorded on it) the reservation counts against
+        every selection of Nodes: the worker's scheduler does not follow the plan (its
+        default scoring spreads pods where the plan packs them), and keeping plans past
+        placement let a fragmented burst leave a pod unschedulable."""
         with self._lock:
             self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
             if planned:
                 self._planned[job_key] = planned
+            else:
+                self._planned.pop(job_key, None)
             self._recount(job_key)
-
-    def has_plan(self, job_key: JobKey) -> bool:
-        with self._lock:
-            return job_key in self._planned
 
     def release(self, job_key: JobKey) -> bool:
         """Stop counting the job's reservation (job finished, deleted or moved); True when

@@ -40,7 +40,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.kueue_presence import RECHECK_SECONDS
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placement import message_shape
-from dispatcher.placer import Need, Placer, plan_for
+from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob.events import NORMAL, WARNING, EventRecorder
@@ -209,9 +209,7 @@ class WorkloadNominator:
         if worker is None:
             return
         job = wl.job_key(obj)
-        # Held again at each of the Workload's events: the plan made the first time stays.
-        worker.capacity.reserve(job, need.requests, need.pods,
-                                None if worker.capacity.has_plan(job) else plan_for(worker, need))
+        worker.capacity.reserve(job, need.requests, need.pods)
         if worker.quota is not None:
             # Nominated, not admitted: the worker's ClusterQueue does not count it yet, so
             # this dispatcher does. Admitted: its reservation there counts it.

@@ -144,35 +144,28 @@ class Placer:
     def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
         """(None, what the job needs there) when ``worker`` is eligible, else (why not,
         None)."""
-        problem = self._ineligible((job.metadata.namespace or "", job.metadata.name),
-                                   job.metadata.generation, worker)
+        namespace, name = job.metadata.namespace or "", job.metadata.name
+        problem = self._ineligible((namespace, name), job.metadata.generation, worker)
         if problem:
             return problem, None
-        need = self._need(job, worker)
-        return (need, None) if isinstance(need, str) else (None, need)
-
-    def _need(self, job: TrainJob, worker: WorkerCluster) -> Need | str:
-        """What the job needs on ``worker``, from the worker's copy of its runtime; or why
-        that cannot be told."""
-        namespace = job.metadata.namespace or ""
         ref = job.spec.runtime_ref
         if ref.kind == c.TRAININGRUNTIME_KIND:
             runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
         else:
             runtime = worker.cache(c.CLUSTERTRAININGRUNTIMES).get("", ref.name)
         if runtime is None:
-            return f"{ref.kind} {ref.name} not found"
+            return f"{ref.kind} {ref.name} not found", None
         try:
             info = build_runtime_info(job, TrainingRuntime.model_validate(runtime))
         except Exception as err:  # noqa: BLE001 - a broken runtime excludes this worker only
-            return f"runtime {ref.name} unusable: {err}"
+            return f"runtime {ref.name} unusable: {err}", None
         trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
         pod_spec = trainers[0].pod_spec if trainers else {}
         totals = info.totals
         each_pod = [pod_set.requests for pod_set in info.pod_sets
                     for _ in range(pod_set.count)]
-        return Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                    pod_spec.get("tolerations"), each_pod)
+        return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
+                          pod_spec.get("tolerations"), each_pod)
 
     def _ineligible(self, key: JobKey, generation: int | None,
                     worker: WorkerCluster) -> str | None:
@@ -215,32 +208,11 @@ class Placer:
         if kind == "DELETED" or copy is None or conditions.finished(copy) or recorded is None:
             return self.release(worker, key)
         requests, pods = recorded
-        plan = None if worker.capacity.has_plan(key) else self._plan_copy(worker, copy)
-        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods,
-                                plan)
+        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
         return False
-
-    def _plan_copy(self, worker: WorkerCluster, copy: dict) -> dict | None:
-        """Where the pods of a copy found without a plan (placed before this process
-        started) would go, from the worker's runtime as at placement; None when that cannot
-        be told (its reservation then counts against every selection of Nodes)."""
-        try:
-            need = self._need(TrainJob.model_validate(copy), worker)
-        except Exception:  # noqa: BLE001 - an unreadable copy is reserved without a plan
-            return None
-        return plan_for(worker, need)
 
     def forget(self, key: JobKey) -> None:
         self.excluded.pop(key, None)
-
-
-def plan_for(worker: WorkerCluster, need: Need | str) -> dict | None:
-    """Where the pods of ``need`` would go on ``worker``'s Nodes now (the plan a
-    reservation takes room by); None when they do not fit or the need is unknown."""
-    if isinstance(need, str):
-        return None
-    plan = worker.capacity.pack(need.each_pod, need.node_selector, need.tolerations)
-    return None if isinstance(plan, str) else plan
 
 
 def _quota_room(key: JobKey, worker: WorkerCluster, need: Need,

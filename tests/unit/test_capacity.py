@@ -503,20 +503,3 @@ def test_packing_follows_node_selectors_and_names_what_no_node_has():
     assert capacity.pack([{"cpu": D(1)}], node_selector={"pool": "none"}) == (
         "no Node admits its pods")
 
-
-def test_a_reservation_keeps_its_plan_when_its_copy_reports_it_again():
-    """The copy's events re-reserve the footprint recorded on it, without a plan: the room
-    stays on the Nodes the pods were packed onto, off the other pool's."""
-    capacity = WorkerCapacity()
-    add_nodes(capacity, node("big", cpu=64, labels={"pool": "big"}),
-              node("pool-1", cpu=8, labels={"pool": "x"}))
-    job = ("team-a", "placed")
-    capacity.reserve(job, {"cpu": D(40)}, pods=1,
-                     planned=capacity.pack([{"cpu": D(40)}], {"pool": "big"}))
-    capacity.reserve(job, {"cpu": D(40)}, pods=1)  # the copy's ADDED, then MODIFIED
-    assert capacity.has_plan(job)
-    assert capacity.free({"pool": "x"})["cpu"] == 8
-    assert capacity.free({"pool": "big"})["cpu"] == 24
-    capacity.release(job)
-    assert not capacity.has_plan(job) and capacity.free()["cpu"] == 72
-
