@@ -246,13 +246,11 @@ class DispatcherController:
         """Whether ``condition`` came true within ``timeout``; a stop request (SIGTERM while
         starting) ends the wait at once."""
         deadline = time.monotonic() + timeout
+        stop = self.stop_requested or threading.Event()
         while not condition():
-            if self._stop_asked() or time.monotonic() >= deadline:
+            if stop.is_set() or time.monotonic() >= deadline:
                 return False
-            if self.stop_requested is not None:
-                self.stop_requested.wait(0.05)
-            else:
-                time.sleep(0.05)
+            stop.wait(0.05)
         return True
 
     def ready(self) -> tuple[bool, str]:

@@ -79,12 +79,12 @@ class RemoteCopies:
     """The copies on one worker."""
 
     def __init__(self, api: client.ApiClient, worker: str, origin: str,
-                 metrics: DispatcherMetrics, sent: SentDeletes | None = None):
+                 metrics: DispatcherMetrics, sent: SentDeletes):
         self.custom = client.CustomObjectsApi(api)
         self.worker = worker
         self.origin = origin
         self.metrics = metrics
-        self.sent = sent if sent is not None else SentDeletes()
+        self.sent = sent  # the worker's: it outlives this object
 
     def create(self, manager: dict, requests: dict[str, str], pods: int) -> CreateOutcome:
         meta = manager["metadata"]

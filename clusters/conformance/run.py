@@ -105,18 +105,11 @@ def _create(side: Side, obj: dict, namespace: str) -> dict[str, Any]:
     kind = obj["kind"]
     plural = {c.TRAINJOB_KIND: c.TRAINJOBS, c.TRAININGRUNTIME_KIND: c.TRAININGRUNTIMES,
               c.CLUSTERTRAININGRUNTIME_KIND: c.CLUSTERTRAININGRUNTIMES}[kind]
-    try:
-        if kind == c.CLUSTERTRAININGRUNTIME_KIND:
-            side.custom.create_cluster_custom_object(*TRAINER, plural, obj)
-        else:
-            side.custom.create_namespaced_custom_object(*TRAINER, namespace, plural, obj)
-    except ApiException as err:
-        if err.status == 409:
-            return {"allowed": True}
-        if err.status in (400, 403, 422):
-            return _refusal(err)
-        raise
-    return {"allowed": True}
+    if kind == c.CLUSTERTRAININGRUNTIME_KIND:
+        return updates.answer(lambda: side.custom.create_cluster_custom_object(
+            *TRAINER, plural, obj), _refusal, exists_ok=True)
+    return updates.answer(lambda: side.custom.create_namespaced_custom_object(
+        *TRAINER, namespace, plural, obj), _refusal, exists_ok=True)
 
 
 def apply_cases(side: Side, cases: list[Case], namespace: str) -> None:

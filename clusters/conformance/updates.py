@@ -58,7 +58,7 @@ def apply_updates(custom: client.CustomObjectsApi, namespace: str, cases: list[C
 
 def send(custom: client.CustomObjectsApi, namespace: str, name: str, patch: dict,
          refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
-    return _answer(lambda: custom.patch_namespaced_custom_object(
+    return answer(lambda: custom.patch_namespaced_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, name, patch,
         _content_type=MERGE_PATCH), refusal)
 
@@ -67,20 +67,23 @@ def send_runtime(custom: client.CustomObjectsApi, namespace: str, runtime: dict,
                  refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
     name = runtime["metadata"]["name"]
     if runtime["kind"] == c.CLUSTERTRAININGRUNTIME_KIND:
-        return _answer(lambda: custom.patch_cluster_custom_object(
+        return answer(lambda: custom.patch_cluster_custom_object(
             c.TRAINER_GROUP, c.TRAINER_VERSION, c.CLUSTERTRAININGRUNTIMES, name, patch,
             _content_type=MERGE_PATCH), refusal)
-    return _answer(lambda: custom.patch_namespaced_custom_object(
+    return answer(lambda: custom.patch_namespaced_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAININGRUNTIMES, name, patch,
         _content_type=MERGE_PATCH), refusal)
 
 
-def _answer(request: Callable[[], Any],
-            refusal: Callable[[ApiException], dict[str, Any]]) -> dict[str, Any]:
-    """The admission answer to ``request``: allowed, or the refusal as ``refusal`` reads it."""
+def answer(request: Callable[[], Any], refusal: Callable[[ApiException], dict[str, Any]],
+           exists_ok: bool = False) -> dict[str, Any]:
+    """The admission answer to ``request``: allowed, or the refusal as ``refusal`` reads it
+    (``exists_ok``: a create that finds the object there already was allowed before)."""
     try:
         request()
     except ApiException as err:
+        if exists_ok and err.status == 409:
+            return {"allowed": True}
         if err.status in (400, 403, 422):
             return refusal(err)
         raise
