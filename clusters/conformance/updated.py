@@ -23,9 +23,6 @@ QUEUE = "example.com/queue"
 # their Job active.
 RUNS, PENDS = "a", "nowhere"
 
-TRAINER_MUTABLE = ("spec.trainer may change on the project's TrainJob (a suspended job's "
-                   "JobSet follows it; a running one's is not rebuilt and an Event says so); "
-                   "upstream's CRD keeps spec.trainer as created")
 OVERRIDES_PRUNED = ("podSpecOverrides is the v2.0 API the project keeps, changed only while "
                     "suspended; upstream v2.3's CRD prunes the field, so it admits any change "
                     "of it")
@@ -92,9 +89,8 @@ def update_cases() -> list[Case]:
         _case("cf-upd-initializer", {"initializer": {"dataset": {
             "storageUri": "hf://example/other"}}}, [_dataset_runtime()], "cf-upd-dataset",
             initializer={"dataset": {"storageUri": "hf://example/data"}}, suspend=True),
-        # spec.trainer Invalid upstream; the project admits it (TRAINER_MUTABLE).
-        _case("cf-upd-trainer", {"trainer": {"image": "node:v2"}}, suspend=True,
-              intended=TRAINER_MUTABLE),
+        # spec.trainer Invalid, suspended or not.
+        _case("cf-upd-trainer", {"trainer": {"image": "node:v2"}}, suspend=True),
         # Upstream admits any change of the pruned field; the project refuses it while the
         # job runs (spec.podSpecOverrides Forbidden).
         _case("cf-upd-overrides-running", {"podSpecOverrides": [

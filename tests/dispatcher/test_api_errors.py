@@ -183,6 +183,6 @@ def test_a_copy_every_worker_refuses_waits_with_their_reasons_until_the_spec_cha
         # The user changes the spec (a new generation): the workers are asked again.
         env.manager.custom.patch_namespaced_custom_object(
             c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, "refused",
-            {"spec": {"trainer": {"env": [{"name": "FIXED", "value": "1"}]}}})
+            {"spec": {"annotations": {"example.com/fixed": "1"}}})
         worker, remote = wait_placed(env, namespace, "refused")
-        assert {"name": "FIXED", "value": "1"} in remote["spec"]["trainer"]["env"]
+        assert remote["spec"]["annotations"] == {"example.com/fixed": "1"}, remote["spec"]

@@ -482,60 +482,78 @@ def test_jobset_for_100_torch_nodes_and_two_initializers(
 # --- 3. suspend and resume -------------------------------------------------------------------
 
 
+def _node_overrides(pool: str, stage: str | None = None) -> list[dict]:
+    """podSpecOverrides of the node job: a nodeSelector and, with ``stage``, an env var."""
+    override: dict[str, Any] = {"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": pool}}
+    if stage is not None:
+        override["containers"] = [{"name": "node", "env": [{"name": "STAGE", "value": stage}]}]
+    return [override]
+
+
 def test_suspend_resume_and_which_spec_changes_reach_the_jobset(
         worker1, namespace, runtime, run_operator):
     run_operator(worker1)
     name = "pausable"
-    v1, v2, v3 = (f"ghcr.io/example/train:{tag}" for tag in ("v1", "v2", "v3"))
     create_trainjob(worker1, namespace, trainjob_body(
-        name, runtime, suspend=True, trainer={"image": v1, "numNodes": 2},
-        podSpecOverrides=[{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "a"}}]))
+        name, runtime, suspend=True, trainer={"numNodes": 2},
+        podSpecOverrides=_node_overrides("a")))
     create_trainjob(worker1, namespace, trainjob_body("witness", runtime,
                                                       trainer={"numNodes": 1}))
 
     def jobset() -> tuple | None:
-        view = running_view(worker1, namespace, name)
-        return view and (view["suspend"], view["image"], view["nodeSelector"])
+        found = get_jobset(worker1, namespace, name)
+        if found is None:
+            return None
+        stage = [e.get("value") for e in container(found, "node").get("env") or []
+                 if e["name"] == "STAGE"]
+        return (found["spec"].get("suspend"), stage,
+                pod_spec(found, "node").get("nodeSelector"))
 
     def suspended_condition() -> tuple | None:
         return conditions_of(worker1, namespace, name).get("Suspended", (None,))[:2]
 
-    wait_equal(jobset, (True, v1, {"pool": "a"}),
-               expected="JobSet (suspend, node image, nodeSelector) of the suspended job")
+    wait_equal(jobset, (True, [], {"pool": "a"}),
+               expected="JobSet (suspend, node STAGE env, nodeSelector) of the suspended job")
     wait_equal(suspended_condition, ("True", "Suspended"),
                expected="TrainJob condition Suspended (status, reason)")
 
     # While suspended, what a suspended JobSet may change (its pods' scheduling: here the
-    # nodeSelector a queue injects) reaches the JobSet. An image change is refused by
+    # nodeSelector a queue injects) reaches the JobSet. A container change is refused by
     # JobSet's own webhook: the operator says so in an Event and keeps the JobSet as it is.
     patch_trainjob(worker1, namespace, name, {"spec": {
-        "trainer": {"image": v2},
-        "podSpecOverrides": [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"}}],
-    }})
+        "podSpecOverrides": _node_overrides("b", stage="2")}})
     refused = eventually(
         lambda: [m for r, _, m in events_about(worker1, namespace, name)
                  if r == "JobSetUpdateRefused"],
         lambda messages: messages,
-        expected=f"a JobSetUpdateRefused Event about {name} after its image changed")
+        expected=f"a JobSetUpdateRefused Event about {name} after its container env changed")
     assert "replicatedJobs" in refused[0] and "immutable" in refused[0], refused
-    assert jobset() == (True, v1, {"pool": "a"})
-    patch_trainjob(worker1, namespace, name, {"spec": {"trainer": {"image": v1}}})
-    wait_equal(jobset, (True, v1, {"pool": "b"}),
-               expected="JobSet (suspend, node image, nodeSelector) after a nodeSelector "
+    assert jobset() == (True, [], {"pool": "a"})
+    patch_trainjob(worker1, namespace, name, {"spec": {
+        "podSpecOverrides": _node_overrides("b")}})
+    wait_equal(jobset, (True, [], {"pool": "b"}),
+               expected="JobSet (suspend, node STAGE env, nodeSelector) after a nodeSelector "
                         "change while suspended")
 
     # Resume: only the suspend flag flips.
     patch_trainjob(worker1, namespace, name, {"spec": {"suspend": False}})
-    wait_equal(jobset, (False, v1, {"pool": "b"}),
-               expected="JobSet (suspend, node image, nodeSelector) after resume")
+    wait_equal(jobset, (False, [], {"pool": "b"}),
+               expected="JobSet (suspend, node STAGE env, nodeSelector) after resume")
     wait_equal(suspended_condition, ("False", "Resumed"),
                expected="TrainJob condition Suspended (status, reason) after resume")
 
-    # While running, a spec change must not reach the JobSet.
+    # spec.trainer stays as created, as upstream's CRD keeps it, suspended or not.
+    with pytest.raises(ApiException) as refused_trainer:
+        patch_trainjob(worker1, namespace, name, {"spec": {"trainer": {"numNodes": 3}}})
+    assert refused_trainer.value.status == 422 and "spec.trainer" in refused_trainer.value.body \
+        and "immutable" in refused_trainer.value.body, refused_trainer.value.body
+
+    # While running, a spec change (the JobSet labels) must not reach the JobSet.
+    before_view = running_view(worker1, namespace, name)
     before = get_trainjob(worker1, namespace, name)["metadata"]["generation"]
-    changed = patch_trainjob(worker1, namespace, name, {"spec": {"trainer": {"image": v3}}})
+    changed = patch_trainjob(worker1, namespace, name, {"spec": {"labels": {"example.com/stage": "running"}}})
     assert changed["metadata"]["generation"] > before, (
-        f"expected the image change to bump generation past {before}, "
+        f"expected the labels change to bump generation past {before}, "
         f"saw {changed['metadata']['generation']}")
     # Positive signals that the operator has handled events after the change: a witness
     # job's JobSet status, then this job's own JobSet status, are mirrored.
@@ -546,24 +564,26 @@ def test_suspend_resume_and_which_spec_changes_reach_the_jobset(
                         jobs_status(get_trainjob(worker1, namespace, name))],
                [("node", 2)], expected=f"TrainJob {name} jobsStatus (name, active)")
     settled = running_view(worker1, namespace, name)
-    assert (settled["suspend"], settled["image"]) == (False, v1), (
-        f"expected the running JobSet to keep suspend false and image {v1} after the image "
-        f"was changed to {v3} while running; saw {settled}")
+    labels = get_jobset(worker1, namespace, name)["metadata"].get("labels") or {}
+    assert settled["suspend"] is False and "example.com/stage" not in labels, (
+        f"expected the running JobSet to stay unsuspended without the new label; "
+        f"saw {settled}, labels {labels}")
+    assert {k: settled[k] for k in ("image", "nodeSelector")} == {
+        k: before_view[k] for k in ("image", "nodeSelector")}, (before_view, settled)
     holds_for(
         lambda: running_view(worker1, namespace, name),
         lambda view: view == settled,
         seconds=3,
-        expected=f"running JobSet left alone (image {v1}, not {v3}; no write): {settled}")
+        expected=f"running JobSet left alone (no write after the labels change): {settled}")
 
-    # Suspend again, with a new nodeSelector and the image set back: the JobSet follows.
+    # Suspend again, with a new nodeSelector: the JobSet follows.
     patch_trainjob(worker1, namespace, name, {"spec": {
-        "suspend": True, "trainer": {"image": v1},
-        "podSpecOverrides": [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "c"}}],
-    }})
+        "suspend": True, "podSpecOverrides": _node_overrides("c")}})
     wait_equal(suspended_condition, ("True", "Suspended"),
                expected="TrainJob condition Suspended (status, reason) after suspending again")
-    wait_equal(jobset, (True, v1, {"pool": "c"}),
-               expected="JobSet (suspend, node image, nodeSelector) re-applied while suspended")
+    wait_equal(jobset, (True, [], {"pool": "c"}),
+               expected="JobSet (suspend, node STAGE env, nodeSelector) re-applied while "
+                        "suspended")
 
 
 # --- 4. status mapping -----------------------------------------------------------------------

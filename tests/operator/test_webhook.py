@@ -406,10 +406,9 @@ INJECTED = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"pool": "b"},
 def test_unchanged_overrides_allow_other_changes_of_a_running_job(webhook, namespace):
     webhook.create(namespace, "running", podSpecOverrides=OVERRIDE)
     webhook.jobset(namespace, "running", {"node": 2})
-    webhook.patch(namespace, "running", {"trainer": {"image": "ghcr.io/example/train:2"},
-                                         "podSpecOverrides": OVERRIDE})
+    webhook.patch(namespace, "running", {"labels": {"team": "x"}, "podSpecOverrides": OVERRIDE})
     now = webhook.get(namespace, "running")
-    assert now["spec"]["trainer"]["image"] == "ghcr.io/example/train:2"
+    assert now["spec"]["labels"] == {"team": "x"}
     assert now["spec"]["podSpecOverrides"] == OVERRIDE
 
 
