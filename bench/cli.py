@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: unwinds through every cleanup and writes what was measured, like Ctrl-C."""
+
+
 def _terminate(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through every cleanup, like Ctrl-C
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_benchmark(settings, output, args.state_dir,
                       mode="quick" if args.quick else "full", results=results)
-    except KeyboardInterrupt:
-        _write_partial(output, results, "interrupted")
-        print("interrupted; clusters and processes stopped; what was measured is in "
+    except KeyboardInterrupt as err:
+        reason = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        _write_partial(output, results, reason)
+        print(f"{reason}; clusters and processes stopped; what was measured is in "
               f"{output / 'results.json'} (marked incomplete)", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
     except ControllerStartError as err:
         _write_partial(output, results, str(err))
         print(f"error: {err}; what was measured is in {output / 'results.json'} (marked "

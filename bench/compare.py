@@ -4,8 +4,10 @@ clusters that all run Kueue, with the same jobs and load.
 
 Bursts and steady arrival run first for every contender with no training operator (a job
 counts as dispatched when a copy exists on a worker); then the operators start and the
-constrained-placement workload runs to the end under each contender. Everything a
-contender made is removed before the next one starts. Figures land in ``results`` as they
+constrained-placement workload runs to the end under each contender. After each burst and
+each steady step its jobs are deleted and waited for, so a contender's backlog never
+queues ahead of its next step's jobs; everything a contender made is removed before the
+next one starts. Figures land in ``results`` as they
 are measured, so a run that stops half-way still has them.
 """
 
@@ -16,15 +18,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from kubernetes import client
+
 from bench import constrained, scenarios
 from bench.contenders import CONTENDERS, engage
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
-from bench.timeline import Timelines
+from bench.timeline import WORKLOAD_RESOURCE, Timelines
+from trainjob import constants as c
 
 log = logging.getLogger(__name__)
+
+# How long a step's jobs may take to go after they are deleted. Kueue's own dispatchers
+# delete remote copies through 5-qps clients, so a thousand-job backlog takes minutes.
+DRAIN_TIMEOUT = 300.0
 
 
 def client_limits(env: BenchClusters) -> dict:
@@ -80,6 +89,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                                             api_cost=True, submit=contender.submit,
                                             profile=profile)
             _from_quota_reserved(ctx, mine["burst"], namespace)
+            mine["burst"]["drain"] = _drain(ctx, namespace)
             for rate in settings.compare_rates:
                 namespace = f"cmp-{contender.key.lower()}-rate-{rate}"
                 namespaces.append(namespace)
@@ -87,6 +97,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                                         seconds=settings.compare_rate_seconds,
                                         namespace=namespace, submit=contender.submit)
                 _from_quota_reserved(ctx, step, namespace)
+                step["drain"] = _drain(ctx, namespace)
                 mine["steady"].append(step)
             env.stop_dispatcher()
             _clear(ctx, namespaces)
@@ -128,6 +139,27 @@ def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: 
             samples.append(max(0.0, remote[1] - reserved))
     if samples:
         figures["latency_from_quota_reserved"] = summary_ms(samples)
+
+
+def _drain(ctx: scenarios.BenchContext, namespace: str,
+           timeout: float = DRAIN_TIMEOUT) -> dict:
+    """Delete the step's TrainJobs on the manager, as a user would, with every controller
+    still running, and wait until neither they nor their Workloads are left there."""
+    custom = client.CustomObjectsApi(ctx.env.apis["manager"])
+    custom.delete_collection_namespaced_custom_object(
+        c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS)
+    started = time.monotonic()
+    left: dict[str, int] = {}
+    while time.monotonic() - started < timeout:
+        left = {plural: len(custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, limit=500)["items"])
+                for group, version, plural in (
+                    (c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)}
+        if not any(left.values()):
+            return {"seconds": round(time.monotonic() - started, 1), "complete": True}
+        time.sleep(1)  # polling the apiserver's count, not synchronising with a thread
+    log.warning("%s: after %.0f s, still on the manager: %s", namespace, timeout, left)
+    return {"seconds": round(time.monotonic() - started, 1), "complete": False, "left": left}
 
 
 def _clear(ctx: scenarios.BenchContext, namespaces: list[str]) -> None:

@@ -208,6 +208,9 @@ def _comparison_table(results: dict) -> str:
                   "manager apiserver+etcd", "workers apiserver+etcd"):
         row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
     row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
+    row("burst: seconds until its jobs were gone after deletion",
+        lambda m: f"{m['burst']['drain']['seconds']}"
+                  + ("" if m["burst"]["drain"]["complete"] else " (some left)"))
     rates = sorted({s["rate"] for m in contenders.values() for s in m.get("steady", [])})
     for rate in rates:
         row(f"steady {rate} jobs/s: latency p50 / p99 ms (dispatched/jobs)",

@@ -67,7 +67,7 @@ def test_a_failing_worker_logs_its_state_changes_not_every_retry(
         return counts
 
     holds_for(lines_per_informer, lambda counts: all(n == 1 for n in counts.values()),
-              seconds=30, expected=f"one line per informer of {closed_port_worker} while it "
+              seconds=20, expected=f"one line per informer of {closed_port_worker} while it "
                                    f"keeps failing (log: {dispatcher.log_file})")
     assert time.monotonic() - started < 60, "the window must end before the first summary"
     log = dispatcher.log_file.read_text(errors="replace")

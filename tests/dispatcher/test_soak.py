@@ -15,7 +15,7 @@ from dispatch_helpers import (  # noqa: E402 - this directory's helpers
     QUICK_RUNTIME, trainjob, create, get, wait_placed, complete_jobset)
 
 
-JOBS = 120
+JOBS = 80
 KILLS = 5
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 

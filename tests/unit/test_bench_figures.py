@@ -4,11 +4,14 @@ jobs."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections import Counter
 
 import pytest
 
-from bench import apicost
+from bench import apicost, cli
 from bench.report import targets
 
 HOOK = "mworkload.kb.io"
@@ -57,3 +60,20 @@ def test_constrained_target_judged_against_the_timeout_when_a_never_finishes(
     assert row["met"] is met, row
     if span_a is None:
         assert "A not finished in 150 s" in row["measured"], row
+
+
+def test_a_sigterm_mid_run_writes_what_was_measured_marked_incomplete(tmp_path, monkeypatch):
+    def measure_then_get_terminated(settings, output, state_dir, mode, results):
+        results["ceiling"] = {"limit_creates_per_second": 120.0}
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "run_benchmark", measure_then_get_terminated)
+    try:
+        status = cli.main(["--quick", "--output", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert status == 128 + signal.SIGTERM
+    assert written == {"ceiling": {"limit_creates_per_second": 120.0},
+                       "incomplete": "terminated (SIGTERM)"}, written
