@@ -31,9 +31,10 @@ from trainjob import constants as c
 
 log = logging.getLogger(__name__)
 
-# How long a step's jobs may take to go after they are deleted. Kueue's own dispatchers
-# delete remote copies through 5-qps clients, so a thousand-job backlog takes minutes.
-DRAIN_TIMEOUT = 300.0
+# How long a step's jobs may take to go after they are deleted, copies included. Kueue's
+# own dispatchers delete remote copies through 5-qps clients: a thousand-job backlog takes
+# minutes, and what is left is recorded.
+DRAIN_TIMEOUT = 180.0
 
 
 def client_limits(env: BenchClusters) -> dict:
@@ -72,6 +73,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                               workloads=True).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
+        # The ceiling on these clusters: every create passes Kueue's webhooks here.
+        figures["ceiling"] = scenarios.create_ceiling(ctx, settings.compare_jobs)
         workers = env.worker_names
         chosen = [CONTENDERS[key] for key in settings.contenders]
         for contender in chosen:
@@ -144,18 +147,20 @@ def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: 
 def _drain(ctx: scenarios.BenchContext, namespace: str,
            timeout: float = DRAIN_TIMEOUT) -> dict:
     """Delete the step's TrainJobs on the manager, as a user would, with every controller
-    still running, and wait until neither they nor their Workloads are left there."""
-    custom = client.CustomObjectsApi(ctx.env.apis["manager"])
-    custom.delete_collection_namespaced_custom_object(
+    still running, and wait until neither they, their Workloads nor their copies on the
+    workers are left (a dispatcher still deleting copies would slow the next step)."""
+    apis = {name: client.CustomObjectsApi(ctx.env.apis[name]) for name in ctx.env.names}
+    apis["manager"].delete_collection_namespaced_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS)
+    kinds = ((c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)
     started = time.monotonic()
     left: dict[str, int] = {}
     while time.monotonic() - started < timeout:
-        left = {plural: len(custom.list_namespaced_custom_object(
-                    group, version, namespace, plural, limit=500)["items"])
-                for group, version, plural in (
-                    (c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)}
-        if not any(left.values()):
+        left = {f"{name} {plural}": count for name, api in apis.items()
+                for group, version, plural in kinds
+                if (count := len(api.list_namespaced_custom_object(
+                    group, version, namespace, plural, limit=500)["items"]))}
+        if not left:
             return {"seconds": round(time.monotonic() - started, 1), "complete": True}
         time.sleep(1)  # polling the apiserver's count, not synchronising with a thread
     log.warning("%s: after %.0f s, still on the manager: %s", namespace, timeout, left)

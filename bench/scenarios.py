@@ -143,10 +143,10 @@ def _profiled(pid: int, path: Path, enabled: bool):
 
 # --- the ceiling ---------------------------------------------------------------------------
 
-def create_ceiling(ctx: BenchContext) -> dict:
-    """How fast a plain client creates TrainJobs on the manager and on one worker, with the
-    burst's count and concurrency (no dispatcher running)."""
-    count = ctx.settings.burst_jobs
+def create_ceiling(ctx: BenchContext, count: int | None = None) -> dict:
+    """How fast a plain client creates ``count`` TrainJobs (default the burst's) on the
+    manager and on one worker, with the burst's concurrency (no dispatcher running)."""
+    count = count or ctx.settings.burst_jobs
     figures = {}
     for cluster in ("manager", "worker-1"):
         namespace = f"bench-ceiling-{cluster}"
