@@ -93,7 +93,7 @@ class Placer:
                 need_of: NeedOf) -> tuple[WorkerCluster, Need, dict | None] | str:
         """The worker for the job, its need there and where its pods were packed (the
         reservation's per-Node plan); or why nothing fits."""
-        candidates, needs, plans = [], {}, {}
+        candidates, needs, plans, unread = [], {}, {}, []
         workers = {worker.name: worker for worker in self.registry.snapshot()}
         for worker in workers.values():
             problem, need = need_of(worker)
@@ -110,6 +110,8 @@ class Placer:
                     plans[worker.name] = plan
             if need is not None and problem is None:
                 problem, free = _quota_room(key, worker, need, free)
+                if problem is not None and worker.quota is not None and worker.quota.reading():
+                    unread.append(f"{worker.name}: {problem}")
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
             return "no worker cluster is registered"
@@ -133,6 +135,11 @@ class Placer:
                     reasons[candidate.name] += f" ({rules})"
         if not fitting:
             return describe_reasons(reasons)
+        if unread:
+            # A worker whose Nodes have room and whose Kueue queues are still being read
+            # may be the better fit: decide once they are read (moments after a start or a
+            # reconnect; the end of that first list looks at waiting jobs again).
+            return "; ".join(unread)
         log.debug("%s/%s candidates: %s", *key,
                   {cand.name: cand.problem or {k: str(v) for k, v in cand.free.items()}
                    for cand in candidates})

@@ -125,6 +125,11 @@ class WorkerQuota:
         return bool(self.informers) and not all(
             i.synced.is_set() for i in self.informers.values())
 
+    def reading(self) -> bool:
+        """The queues' first list is under way and has not failed: the quota is unknown
+        for a moment, not unreadable."""
+        return self.syncing() and self.unreadable() is None
+
     # --- the room for one job -------------------------------------------------------------
 
     def verdict(self, queue: tuple[str, str], requests: Resources, pods: int,

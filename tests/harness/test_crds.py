@@ -192,11 +192,11 @@ def test_other_spec_fields_stay_mutable(multicluster, namespace, cluster_name, m
     created = create(cluster, namespace, trainjob("mutable", **spec))
 
     merge_patch(cluster, namespace, "mutable",
-                {"spec": {"suspend": True, "trainer": {"image": "train:2"}}})
+                {"spec": {"suspend": True, "labels": {"example.com/stage": "2"}}})
 
     now = get(cluster, namespace, "mutable")
     assert now["spec"]["suspend"] is True
-    assert now["spec"]["trainer"]["image"] == "train:2"
+    assert now["spec"]["labels"] == {"example.com/stage": "2"}
     assert now["spec"].get("managedBy", ABSENT) == managed_by
     assert now["metadata"]["generation"] == created["metadata"]["generation"] + 1
 

@@ -255,3 +255,23 @@ def test_a_worker_without_kueue_is_placed_by_its_nodes_alone():
     assert Placer(Registry(missing_queue), "best-fit").place_need(("ns", "j"), need(1), {}) == (
         "worker-1: LocalQueue ns/q (the Workload's spec.queueName) not found: this worker's "
         "Kueue would not admit it")
+
+
+def test_a_job_waits_while_a_worker_with_room_is_still_reading_its_queues():
+    # worker-1 is the tighter fit, but its queues' first list has not ended: choosing
+    # worker-2 now would be a choice made blind. The job waits, and goes to worker-1 once
+    # its queues are read.
+    unread = quota(local_queue(), cluster_queue(quota={"cpu": "32"}), synced=False)
+    tight = worker("worker-1", 0, 8, unread)
+    roomy = worker("worker-2", 1, 16, quota(local_queue(), cluster_queue(quota={"cpu": "32"})))
+    placer = Placer(Registry(tight, roomy), "best-fit")
+    assert placer.place_need(("ns", "j"), need(6), {}) == (
+        "worker-1: Kueue's queues on worker-x not read yet")
+    for informer in unread.informers.values():
+        informer.synced.set()
+    chosen, _ = placer.place_need(("ns", "j"), need(6), {})
+    assert chosen.name == "worker-1"
+    # Queues that cannot be read are not waited for: Node room alone decides there.
+    broken = worker("worker-1", 0, 8, quota(local_queue(), synced=False, error="403 Forbidden"))
+    chosen, _ = Placer(Registry(broken, roomy), "best-fit").place_need(("ns", "k"), need(6), {})
+    assert chosen.name == "worker-1"
