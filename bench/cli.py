@@ -175,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         run_benchmark(settings, output, args.state_dir,
                       mode="quick" if args.quick else "full", results=results)
     except KeyboardInterrupt as err:
-        reason = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        signum, reason = ((signal.SIGTERM, "terminated (SIGTERM)") if isinstance(err, Terminated)
+                          else (signal.SIGINT, "interrupted"))
         _write_partial(output, results, reason)
         print(f"{reason}; clusters and processes stopped; what was measured is in "
               f"{output / 'results.json'} (marked incomplete)", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+        return 128 + signum
     except ControllerStartError as err:
         _write_partial(output, results, str(err))
         print(f"error: {err}; what was measured is in {output / 'results.json'} (marked "

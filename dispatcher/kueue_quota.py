@@ -81,6 +81,9 @@ class QuotaVerdict:
 
     problem: str | None
     free: Resources = field(default_factory=dict)
+    # The queues are still on their first list: the answer is not known yet (a moment),
+    # rather than no.
+    unknown: bool = False
 
 
 def quota_room(cluster_queue: Obj) -> QuotaRoom:

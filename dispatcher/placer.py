@@ -109,8 +109,8 @@ class Placer:
                 else:
                     plans[worker.name] = plan
             if need is not None and problem is None:
-                problem, free = _quota_room(key, worker, need, free)
-                if problem is not None and worker.quota is not None and worker.quota.reading():
+                problem, free, unknown = _quota_room(key, worker, need, free)
+                if unknown:
                     unread.append(f"{worker.name}: {problem}")
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
@@ -222,23 +222,24 @@ class Placer:
         self.excluded.pop(key, None)
 
 
-def _quota_room(key: JobKey, worker: WorkerCluster, need: Need,
-                free: dict[str, Decimal]) -> tuple[str | None, dict[str, Decimal]]:
+def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal]
+                ) -> tuple[str | None, dict[str, Decimal], bool]:
     """Kueue mode: the worker fits only when its Kueue's quota for the job's queue fits
-    too. (why not, Node room) when it does not; else (None, the smaller of Node and quota
-    room per resource, so ranking sees what both allow). Without a quota read (no Kueue
-    API there, or none asked for), the Node room alone."""
+    too. (why not, Node room, whether that answer is only not known yet) when it does not;
+    else (None, the smaller of Node and quota room per resource, so ranking sees what both
+    allow, False). Without a quota read (no Kueue API there, or none asked for), the Node
+    room alone."""
     if need.queue is None or worker.quota is None:
-        return None, free
+        return None, free, False
     verdict = worker.quota.verdict(need.queue, need.requests, need.pods, key)
     if verdict is None:
-        return None, free
+        return None, free, False
     if verdict.problem is not None:
         short = shortfalls(need.requests, need.pods, free)
         nodes = f" (and its Nodes: needs {' and '.join(short)})" if short else ""
-        return verdict.problem + nodes, free
+        return verdict.problem + nodes, free, verdict.unknown
     return None, {resource: min(amount, verdict.free.get(resource, amount))
-                  for resource, amount in free.items()}
+                  for resource, amount in free.items()}, False
 
 
 def _largest(requests_list) -> dict[str, Decimal]:

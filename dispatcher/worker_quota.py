@@ -125,11 +125,6 @@ class WorkerQuota:
         return bool(self.informers) and not all(
             i.synced.is_set() for i in self.informers.values())
 
-    def reading(self) -> bool:
-        """The queues' first list is under way and has not failed: the quota is unknown
-        for a moment, not unreadable."""
-        return self.syncing() and self.unreadable() is None
-
     # --- the room for one job -------------------------------------------------------------
 
     def verdict(self, queue: tuple[str, str], requests: Resources, pods: int,
@@ -140,7 +135,8 @@ class WorkerQuota:
             self._say(why)
             return None
         if self.syncing():
-            return kq.QuotaVerdict(f"Kueue's queues on {self.worker} not read yet")
+            return kq.QuotaVerdict(f"Kueue's queues on {self.worker} not read yet",
+                                   unknown=True)
         self._say(None)
         namespace, name = queue
         local = self.informers[LOCALQUEUES].get(namespace, name)
