@@ -10,12 +10,15 @@ them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from cachetools import LRUCache
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher import mirror
@@ -60,6 +63,13 @@ class Placer:
         # Choose and reserve under one lock: concurrent placements must each see the
         # reservations of the others, or a burst piles onto the same worker.
         self._lock = threading.Lock()
+        # A job's need on a runtime, by (job uid, job resourceVersion, runtime digest):
+        # building it is most of a placement's CPU, and workers usually hold the same
+        # runtime, so one build serves them all (and a retried placement).
+        self._needs: LRUCache = LRUCache(maxsize=4096)
+        # Runtime digests by (worker, runtime uid, runtime resourceVersion).
+        self._digests: LRUCache = LRUCache(maxsize=1024)
+        self._cache_lock = threading.Lock()
 
     # --- choosing ----------------------------------------------------------------------
 
@@ -79,8 +89,12 @@ class Placer:
         return self._place(key, need_of)
 
     def _place(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
+        workers = {worker.name: worker for worker in self.registry.snapshot()}
+        # What the job needs on each worker depends on the job and that worker's runtime,
+        # not on reservations: worked out before the lock, which only counting room needs.
+        asked = {name: need_of(worker) for name, worker in workers.items()}
         with self._lock:
-            decision = self._choose(key, need_of)
+            decision = self._choose(key, workers, asked)
             if isinstance(decision, str):
                 return decision
             worker, need, plan = decision
@@ -89,14 +103,14 @@ class Placer:
                 worker.quota.hold(key, need.queue, need.requests, need.pods)
         return worker, need
 
-    def _choose(self, key: JobKey,
-                need_of: NeedOf) -> tuple[WorkerCluster, Need, dict | None] | str:
+    def _choose(self, key: JobKey, workers: dict[str, WorkerCluster],
+                asked: dict[str, tuple[str | None, Need | None]]
+                ) -> tuple[WorkerCluster, Need, dict | None] | str:
         """The worker for the job, its need there and where its pods were packed (the
         reservation's per-Node plan); or why nothing fits."""
         candidates, needs, plans, unread = [], {}, {}, []
-        workers = {worker.name: worker for worker in self.registry.snapshot()}
         for worker in workers.values():
-            problem, need = need_of(worker)
+            problem, need = asked[worker.name]
             if need is not None:
                 needs[worker.name] = need
             free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
@@ -162,17 +176,33 @@ class Placer:
             runtime = worker.cache(c.CLUSTERTRAININGRUNTIMES).get("", ref.name)
         if runtime is None:
             return f"{ref.kind} {ref.name} not found", None
-        try:
-            info = build_runtime_info(job, TrainingRuntime.model_validate(runtime))
-        except Exception as err:  # noqa: BLE001 - a broken runtime excludes this worker only
-            return f"runtime {ref.name} unusable: {err}", None
-        trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
-        pod_spec = trainers[0].pod_spec if trainers else {}
-        totals = info.totals
-        each_pod = [pod_set.requests for pod_set in info.pod_sets
-                    for _ in range(pod_set.count)]
-        return None, Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                          pod_spec.get("tolerations"), each_pod)
+        meta = job.metadata
+        # A job not read from an apiserver (no uid or version) is worked out every time.
+        need_key = ((meta.uid, meta.resource_version, self._digest(worker, runtime))
+                    if meta.uid and meta.resource_version else None)
+        with self._cache_lock:
+            known = self._needs.get(need_key) if need_key else None
+        if known is None:
+            known = _need(job, runtime)
+            if need_key:
+                with self._cache_lock:
+                    self._needs[need_key] = known
+        return (known, None) if isinstance(known, str) else (None, known)
+
+    def _digest(self, worker: WorkerCluster, runtime: dict) -> str:
+        """What identifies a runtime's content (the same on every worker that holds it)."""
+        meta = runtime["metadata"]
+        key = (worker.name, meta.get("uid"), meta.get("resourceVersion"))
+        with self._cache_lock:
+            digest = self._digests.get(key)
+        if digest is None:
+            content = json.dumps([meta.get("name"), meta.get("labels"),
+                                  meta.get("annotations"), runtime.get("spec")],
+                                 sort_keys=True, default=str)
+            digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
+            with self._cache_lock:
+                self._digests[key] = digest
+        return digest
 
     def _ineligible(self, key: JobKey, generation: int | None,
                     worker: WorkerCluster) -> str | None:
@@ -220,6 +250,20 @@ class Placer:
 
     def forget(self, key: JobKey) -> None:
         self.excluded.pop(key, None)
+
+
+def _need(job: TrainJob, runtime: dict) -> Need | str:
+    """What ``job`` asks of a worker holding ``runtime``, or why that runtime is unusable."""
+    try:
+        info = build_runtime_info(job, TrainingRuntime.model_validate(runtime))
+    except Exception as err:  # noqa: BLE001 - a broken runtime excludes this worker only
+        return f"runtime {runtime['metadata'].get('name')} unusable: {err}"
+    trainers = info.by_role(c.ROLE_TRAINER) or info.pod_sets
+    pod_spec = trainers[0].pod_spec if trainers else {}
+    totals = info.totals
+    each_pod = [pod_set.requests for pod_set in info.pod_sets for _ in range(pod_set.count)]
+    return Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
+                pod_spec.get("tolerations"), each_pod)
 
 
 def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal]

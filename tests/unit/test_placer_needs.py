@@ -1,0 +1,115 @@
+"""The Placer works out a job's need once per job version and runtime content (pure)."""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal as D
+
+import pytest
+
+from dispatcher import placer as placer_module
+from dispatcher.capacity import WorkerCapacity
+from dispatcher.placer import Placer
+from dispatcher.registry import WorkerCluster
+from trainjob import constants as c
+from trainjob.api import TrainJob
+
+
+class Cache:
+    def __init__(self, *objs):
+        self.store = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]): o
+                      for o in objs}
+        self.synced = threading.Event()
+        self.synced.set()
+        self.last_error = None
+
+    def get(self, namespace, name):
+        return self.store.get((namespace or "", name))
+
+
+class Registry:
+    def __init__(self, *workers):
+        self.workers = {w.name: w for w in workers}
+
+    def snapshot(self):
+        return sorted(self.workers.values(), key=lambda w: w.order)
+
+    def get(self, name):
+        return self.workers.get(name)
+
+
+def runtime(uid: str, version: str, cpu: str) -> dict:
+    return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.CLUSTERTRAININGRUNTIME_KIND,
+            "metadata": {"name": "plain", "uid": uid, "resourceVersion": version},
+            "spec": {"template": {"spec": {"replicatedJobs": [{
+                "name": c.NODE,
+                "template": {"metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_TRAINER}},
+                             "spec": {"template": {"spec": {"containers": [{
+                                 "name": c.NODE, "image": "trainer",
+                                 "resources": {"requests": {"cpu": cpu}}}]}}}}}]}}}}
+
+
+def worker(name: str, order: int, training_runtime: dict) -> WorkerCluster:
+    capacity = WorkerCapacity(name)
+    capacity.on_node("ADDED", None, {
+        "metadata": {"name": f"{name}-node", "labels": {}}, "spec": {},
+        "status": {"allocatable": {"cpu": "64", "memory": "64Gi", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
+    return WorkerCluster(name=name, order=order, fingerprint="", capacity=capacity, active=True,
+                         informers={"namespaces": Cache({"metadata": {"name": "ns"}}),
+                                    c.CLUSTERTRAININGRUNTIMES: Cache(training_runtime)})
+
+
+def job(name: str, uid: str | None = "uid-1", version: str | None = "10") -> TrainJob:
+    return TrainJob.model_validate({
+        "apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version},
+        "spec": {"runtimeRef": {"name": "plain"}, "trainer": {"numNodes": 2}}})
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """How many times a runtime was worked out for a job."""
+    calls = []
+    real = placer_module.build_runtime_info
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].metadata.name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(placer_module, "build_runtime_info", counted)
+    return calls
+
+
+def test_workers_holding_the_same_runtime_share_one_build(builds):
+    # Same content, different uid and version on each worker (each is its own apiserver).
+    placer = Placer(Registry(worker("worker-1", 0, runtime("u1", "5", "2")),
+                             worker("worker-2", 1, runtime("u2", "7", "2"))), "best-fit")
+    chosen, need = placer.place(job("a"))
+    assert need.requests["cpu"] == D(4) and need.pods == 2
+    assert builds == ["a"]
+    # Placing the same version again (a retry) builds nothing.
+    placer.release(chosen, ("ns", "a"))
+    placer.place(job("a"))
+    assert builds == ["a"]
+
+
+def test_a_changed_runtime_or_job_is_worked_out_again(builds):
+    one = worker("worker-1", 0, runtime("u1", "5", "2"))
+    two = worker("worker-2", 1, runtime("u2", "7", "2"))
+    placer = Placer(Registry(one, two), "best-fit")
+    placer.place(job("a"))
+    two.informers[c.CLUSTERTRAININGRUNTIMES] = Cache(runtime("u2", "8", "16"))
+    assert placer.need_on(job("a"), two)[1].requests["cpu"] == D(32)
+    assert placer.need_on(job("a"), one)[1].requests["cpu"] == D(4)
+    assert builds == ["a", "a"]
+    placer.need_on(job("a", version="11"), one)
+    assert builds == ["a", "a", "a"]
+
+
+def test_jobs_not_read_from_an_apiserver_are_never_confused(builds):
+    one = worker("worker-1", 0, runtime("u1", "5", "2"))
+    placer = Placer(Registry(one), "best-fit")
+    placer.need_on(job("a", uid=None, version=None), one)
+    placer.need_on(job("b", uid=None, version=None), one)
+    assert builds == ["a", "b"]
