@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
 from kubernetes import client
 
 from bench import constrained, scenarios
@@ -37,18 +38,27 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 180.0
 
 
+# Kueue 0.19 builds its clients to the workers from the MultiKueueCluster's kubeconfig
+# alone, so client-go's defaults apply to them and no setting changes them.
+KUEUE_WORKER_CLIENTS = {"qps": 5, "burst": 10}
+
+
 def client_limits(env: BenchClusters) -> dict:
-    """The client rate limits each contender's controllers run with."""
+    """The client rate limits every contender's controllers run with: Kueue's, and this
+    dispatcher's set equal to them (its worker clients as Kueue's, its manager client as
+    Kueue's manager client), so that no contender wins on a rate limit."""
     plane = env.control_plane("manager")
     connection = plane.kueue_configuration()["clientConnection"]
-    return {
-        "kueue_manager_client": {"qps": connection["qps"], "burst": connection["burst"]},
-        # Kueue 0.19 builds its worker clients from the MultiKueueCluster's kubeconfig
-        # alone, so client-go's defaults apply and no setting changes them.
-        "kueue_worker_clients": {"qps": 5, "burst": 10},
-        "dispatcher_worker_clients": "client.qps / client.burst of the dispatcher "
-                                     "configuration (environment.dispatcher)",
-    }
+    manager = {"qps": connection["qps"], "burst": connection["burst"]}
+    return {"kueue_manager_client": manager, "kueue_worker_clients": KUEUE_WORKER_CLIENTS,
+            "dispatcher": {"manager_client": manager, "client": KUEUE_WORKER_CLIENTS}}
+
+
+def dispatcher_config_file(limits: dict, directory: Path) -> Path:
+    """A configuration file for this dispatcher with the comparison's client limits."""
+    path = directory / "dispatcher-compare.yaml"
+    path.write_text(yaml.safe_dump(limits["dispatcher"]))
+    return path
 
 
 def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None:
@@ -67,7 +77,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         started = time.monotonic()
         env.up()
         figures["harness_up_seconds"] = round(time.monotonic() - started, 1)
-        figures["client_limits"] = client_limits(env)
+        figures["client_limits"] = limits = client_limits(env)
+        config_args = ("--config", str(dispatcher_config_file(limits, log_dir)))
         results.setdefault("environment", describe(env, settings))
         timelines = Timelines({name: env.kubeconfig(name) for name in env.names},
                               workloads=True).start()
@@ -80,7 +91,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         for contender in chosen:
             mine = figures["contenders"].setdefault(
                 contender.key, {"title": contender.title, "steady": []})
-            engage(env, contender, workers, settings.placement_policy)
+            engage(env, contender, workers, settings.placement_policy, config_args)
             namespaces = []
             started = time.monotonic()
             namespace = f"cmp-{contender.key.lower()}-burst"
@@ -111,7 +122,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         try:
             for contender in chosen:
                 started = time.monotonic()
-                engage(env, contender, workers, settings.placement_policy)
+                engage(env, contender, workers, settings.placement_policy, config_args)
                 namespace = f"cmp-{contender.key.lower()}-constrained"
                 figures["contenders"][contender.key]["constrained"] = constrained.constrained(
                     ctx, namespace, workers, settings.constrained_jobs,

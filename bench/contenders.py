@@ -60,11 +60,13 @@ CONTENDERS = {
 
 
 def engage(env: BenchClusters, contender: Contender, workers: list[str],
-           placement_policy: str) -> None:
+           placement_policy: str, extra_args: tuple[str, ...] = ()) -> None:
     """Switch the clusters to ``contender``: the manager's Kueue restarted with its
-    dispatcherName when that changes, and this dispatcher started in its mode, if any."""
+    dispatcherName when that changes, and this dispatcher started in its mode, if any
+    (with ``extra_args`` too)."""
     env.stop_dispatcher()
     if contender.kueue_dispatcher is not None:
         env.use_kueue_dispatcher(contender.kueue_dispatcher)
     if contender.mode is not None:
-        env.start_dispatcher(workers, placement_policy, contender.dispatcher_args())
+        env.start_dispatcher(workers, placement_policy,
+                             (*contender.dispatcher_args(), *extra_args))

@@ -185,12 +185,12 @@ def _comparison_table(results: dict) -> str:
     keys = list(contenders)
     limits = comparison.get("client_limits", {})
     manager = limits.get("kueue_manager_client", {})
+    workers = limits.get("kueue_worker_clients", {})
     lines = [f"Side by side with Kueue MultiKueue ({results['mode']}): the same "
-             f"{results['settings']['burst_workers']} workers, all running Kueue; Kueue's "
-             f"manager client qps {manager.get('qps')}, its worker clients qps "
-             f"{limits.get('kueue_worker_clients', {}).get('qps')} (fixed), this "
-             f"dispatcher's worker clients qps "
-             f"{results['environment']['dispatcher']['config']['client']['qps']:g}"
+             f"{results['settings']['burst_workers']} workers, all running Kueue; every "
+             f"contender's manager client qps {manager.get('qps')} (burst "
+             f"{manager.get('burst')}), its worker clients qps {workers.get('qps')} (burst "
+             f"{workers.get('burst')}: Kueue's fixed value, this dispatcher set to it)"
              + _ceiling_note(comparison.get("ceiling")), "",
              "| Figure | " + " | ".join(f"{k}: {contenders[k]['title']}" for k in keys) + " |",
              "|---|" + "---|" * len(keys)]

@@ -136,7 +136,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        manager = api_client(args.kubeconfig, user_agent=DISPATCHER_USER_AGENT)
+        manager = api_client(args.kubeconfig, qps=config.manager_client.qps,
+                             burst=config.manager_client.burst,
+                             user_agent=DISPATCHER_USER_AGENT)
     except KubeconfigError as err:
         print(f"error: --kubeconfig {err}", file=sys.stderr)
         return 2

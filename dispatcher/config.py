@@ -43,6 +43,15 @@ class ClientLimits(_Strict):
                                 "fails and is retried with backoff")
 
 
+class ManagerClientLimits(_Strict):
+    """Rate limit of the client to the manager cluster. None by default: the manager's
+    apiserver has its own priority and fairness, and every dispatch writes there; a limit
+    is for sharing a manager with others, or for comparing with a controller that has one."""
+
+    qps: float | None = Field(None, gt=0)
+    burst: int | None = Field(None, ge=1, description="default: the qps, at least 1")
+
+
 class StaticWorker(_Strict):
     """A worker given in the file, for setups without MultiKueueCluster objects."""
 
@@ -72,6 +81,7 @@ class DispatcherConfig(_Strict):
         description="the directories a MultiKueueCluster's Path kubeConfig location may be "
                     "in; none: Path locations are refused")
     client: ClientLimits = Field(default_factory=ClientLimits)
+    manager_client: ManagerClientLimits = Field(default_factory=ManagerClientLimits)
     placement_policy: Literal["best-fit", "worst-fit", "first-fit"] = "best-fit"
     gc_interval_seconds: float = Field(60.0, ge=0, description="0 disables the sweep")
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)

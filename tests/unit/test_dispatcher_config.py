@@ -14,6 +14,15 @@ def test_defaults_follow_multikueue():
     assert config.gc_interval_seconds == 60
     assert config.worker_lost_timeout_seconds == 900
     assert config.client.qps >= 100
+    # The manager's apiserver has its own priority and fairness: no client-side limit.
+    assert (config.manager_client.qps, config.manager_client.burst) == (None, None)
+
+
+def test_manager_client_limit_from_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"manager-client": {"qps": 50, "burst": 100}}))
+    config = load_config(path)
+    assert (config.manager_client.qps, config.manager_client.burst) == (50, 100)
 
 
 def test_file_then_flags(tmp_path):
@@ -26,6 +35,8 @@ def test_file_then_flags(tmp_path):
 
 @pytest.mark.parametrize("content, key", [
     ({"client": {"qps": 0}}, "client.qps"),
+    ({"manager_client": {"qps": -1}}, "manager_client.qps"),
+    ({"manager_client": {"burst": 0}}, "manager_client.burst"),
     ({"origin": "not a label!"}, "origin"),
     ({"gc_interval_seconds": -1}, "gc_interval_seconds"),
     ({"unknown_key": 1}, "unknown_key"),
