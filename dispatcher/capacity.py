@@ -6,8 +6,11 @@ their pods appear, so a burst of decisions sees each other's footprint.
 
 Room is checked twice: in total over the Nodes a job may use, and pod by pod (``pack``):
 every pod must fit on one Node, or the scheduler would leave it Pending however much room
-the worker has in sum. A job placed by packing reserves its room on the Nodes the packing
-chose, so the next decision packs around it.
+the worker has in sum. ``pack`` puts each pod where the worker's scheduler would (its
+NodeResourcesFit scoring: LeastAllocated by default, which spreads), and a job placed by
+packing keeps its room on those Nodes until its pods take it, so the next decision packs
+around it. A prediction that packed where the scheduler spreads let a burst fragment the
+Nodes: every job fit on paper, and a large pod found no Node.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ log = logging.getLogger(__name__)
 
 # Pod slots are accounted like any other resource: each pod uses one, nodes allocate them.
 PODS = "pods"
+# kube-scheduler's NodeResourcesFit scoring strategies (its default is LeastAllocated), the
+# resources it scores (cpu and memory, weight 1 each) and what it assumes for a container
+# that requests none of them when scoring (not when filtering).
+LEAST_ALLOCATED = "LeastAllocated"
+MOST_ALLOCATED = "MostAllocated"
+SCORING_STRATEGIES = (LEAST_ALLOCATED, MOST_ALLOCATED)
+_SCORED = {"cpu": Decimal("0.1"), "memory": Decimal(200 * 2**20)}
 DELETED = "DELETED"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
@@ -55,8 +65,9 @@ class _PodUse:
 class WorkerCapacity:
     """Incremental capacity picture of one worker cluster; thread-safe, no API calls."""
 
-    def __init__(self, name: str = ""):
+    def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED):
         self.name = name
+        self.scoring = scoring
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
         # Only bound, non-terminal pods are recorded. Removing a pod subtracts what was
@@ -123,17 +134,16 @@ class WorkerCapacity:
     def reserve(self, job_key: JobKey, requests: Resources, pods: int,
                 planned: dict[str, Resources] | None = None) -> None:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
-        ``planned`` says on which Nodes its pods were packed. Without one (the copy's
-        events re-reserve the footprint recorded on it) the reservation counts against
-        every selection of Nodes: the worker's scheduler does not follow the plan (its
-        default scoring spreads pods where the plan packs them), and keeping plans past
-        placement let a fragmented burst leave a pod unschedulable."""
+        ``planned`` says on which Nodes its pods were packed. Re-reserving the same
+        footprint without a plan (the copy's events do) keeps the plan; a reservation
+        re-made after a restart has none and counts against every selection of Nodes."""
+        amounts = {**requests, PODS: Decimal(pods)}
         with self._lock:
-            self._reserved[job_key] = {**requests, PODS: Decimal(pods)}
             if planned:
                 self._planned[job_key] = planned
-            else:
-                self._planned.pop(job_key, None)
+            elif self._reserved.get(job_key) != amounts:
+                self._planned.pop(job_key, None)  # another footprint: the plan is not its
+            self._reserved[job_key] = amounts
             self._recount(job_key)
 
     def release(self, job_key: JobKey) -> bool:
@@ -194,13 +204,15 @@ class WorkerCapacity:
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
              tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
         """Where ``pods`` (each one's requests) would go on the Nodes that admit them,
-        largest first, each onto the Node it leaves fullest (as the scheduler's
-        MostAllocated scoring would); or why one cannot go anywhere. Room planned for other
-        reserved jobs is taken; reservations without a plan are counted by ``free``."""
+        largest first, each onto the Node the worker's scheduler scores best (``scoring``);
+        or why one cannot go anywhere. Room planned for other reserved jobs is taken;
+        reservations without a plan are counted by ``free``."""
         with self._lock:
             room = {name: self._node_room(name) for name, node in self._nodes.items()
                     if node.usable and admits(node.labels, node.taints, node_selector,
                                               tolerations)}
+            allocatable = {name: self._nodes[name].allocatable for name in room}
+        sign = -1 if self.scoring == MOST_ALLOCATED else 1
         planned: dict[str, Resources] = {}
         for pod in sorted(pods, key=lambda r: sorted(r.items()), reverse=True):
             wanted = {**pod, PODS: pod.get(PODS, Decimal(1))}
@@ -210,7 +222,9 @@ class WorkerCapacity:
                               if amount > 0 and (r != PODS or r in free))]
             if not fitting:
                 return _no_node_for(wanted, room)
-            name = min(fitting, key=lambda n: (_leftover_share(room[n], wanted), n))
+            # Highest score first; the scheduler breaks ties at random, this by name.
+            name = min(fitting, key=lambda n: (
+                -sign * _free_share(room[n], allocatable[n], wanted), n))
             _accumulate(room[name], wanted, -1)
             _accumulate(planned.setdefault(name, {}), wanted)
         return planned
@@ -275,10 +289,16 @@ class WorkerCapacity:
 
 # --- pure helpers -----------------------------------------------------------------------
 
-def _leftover_share(free: Resources, wanted: Resources) -> Decimal:
-    """Mean share of the Node's free room left after ``wanted``, over what it asks for."""
-    shares = [(free.get(r, Decimal(0)) - amount) / free[r]
-              for r, amount in wanted.items() if amount > 0 and free.get(r, Decimal(0)) > 0]
+def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:
+    """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
+    and memory of what stays free after the pod, over what the Node allocates (high:
+    LeastAllocated picks it; low: MostAllocated does)."""
+    shares = []
+    for resource, default in _SCORED.items():
+        total = allocatable.get(resource, Decimal(0))
+        if total > 0:
+            asked = wanted.get(resource) or default
+            shares.append((free.get(resource, Decimal(0)) - asked) / total)
     return sum(shares) / len(shares) if shares else Decimal(0)
 
 

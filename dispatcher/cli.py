@@ -10,6 +10,7 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
+from dispatcher.capacity import SCORING_STRATEGIES
 from dispatcher.config import ConfigError, load_config
 from trainjob import command_line, logs
 from trainjob.constants import DISPATCHER_USER_AGENT
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "otherwise make the dispatcher read any file it can)")
     run.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                      help="how to choose among workers that fit (default: best-fit)")
+    run.add_argument("--node-scoring", choices=SCORING_STRATEGIES,
+                     help="the scoring strategy of the workers' kube-scheduler "
+                     "(NodeResourcesFit): where the dispatcher expects each pod of a job when "
+                     "it checks that every pod fits on a Node (default: LeastAllocated, the "
+                     "scheduler's default; MostAllocated for bin-packing schedulers)")
     run.add_argument("--worker-lost-timeout", type=command_line.seconds, dest="worker_lost_timeout_seconds",
                      help="seconds a worker may be unreachable before its jobs are placed "
                      "again elsewhere (default: 900)")
@@ -123,6 +129,7 @@ def _main(argv: list[str] | None) -> int:
             "admission_timeout_seconds": args.admission_timeout_seconds,
             "namespace": args.namespace, "multikueue_config": args.multikueue_config,
             "origin": args.origin, "placement_policy": args.placement_policy,
+            "node_scoring": args.node_scoring,
             "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
             "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
             "gc_interval_seconds": args.gc_interval_seconds,

@@ -83,6 +83,10 @@ class DispatcherConfig(_Strict):
     client: ClientLimits = Field(default_factory=ClientLimits)
     manager_client: ManagerClientLimits = Field(default_factory=ManagerClientLimits)
     placement_policy: Literal["best-fit", "worst-fit", "first-fit"] = "best-fit"
+    node_scoring: Literal["LeastAllocated", "MostAllocated"] = Field(
+        "LeastAllocated",
+        description="the workers' kube-scheduler NodeResourcesFit scoring strategy: which "
+                    "Node each pod of a job is expected on when checking that every pod fits")
     gc_interval_seconds: float = Field(60.0, ge=0, description="0 disables the sweep")
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)
     retention_seconds: float = Field(0.0, ge=0, description="keep finished remotes this long")

@@ -415,7 +415,8 @@ class WorkerRegistry:
             current.stop()
         worker = WorkerCluster(name=name, order=registration.order, fingerprint=fingerprint,
                                from_object=registration.from_object,
-                               created=registration.created, draining=draining)
+                               created=registration.created, draining=draining,
+                               capacity=WorkerCapacity(name, self.config.node_scoring))
         self.workers[name] = worker
         reason, message = registration.reason, registration.message
         if text is not None:

@@ -6,7 +6,7 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.capacity import WorkerCapacity, admits, pod_requests, tolerates
+from dispatcher.capacity import MOST_ALLOCATED, WorkerCapacity, admits, pod_requests, tolerates
 from trainjob.constants import JOBSET_NAME_LABEL
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
@@ -466,11 +466,47 @@ def test_room_in_sum_is_not_room_on_a_node():
     assert sorted(plan) == ["a", "b"], plan  # one pod per Node: 6 + 6 do not share 8
 
 
-def test_pods_go_where_they_leave_a_node_fullest():
+def test_pods_go_where_the_default_scheduler_puts_them():
+    # LeastAllocated (kube-scheduler's default) scores cpu and memory over what each Node
+    # allocates: the emptiest Node wins, so a job's pods spread.
     capacity = WorkerCapacity()
+    add_nodes(capacity, node("small", cpu=4), node("large", cpu=32))
+    assert capacity.pack([{"cpu": D(3)}]) == {"large": {"cpu": D(3), "pods": D(1)}}
+    spread = WorkerCapacity()
+    add_nodes(spread, node("a", cpu=8), node("b", cpu=8))
+    assert spread.pack([{"cpu": D(2)}, {"cpu": D(2)}]) == {
+        "a": {"cpu": D(2), "pods": D(1)}, "b": {"cpu": D(2), "pods": D(1)}}
+
+
+def test_bin_packing_workers_are_predicted_with_most_allocated():
+    capacity = WorkerCapacity(scoring=MOST_ALLOCATED)
     add_nodes(capacity, node("small", cpu=4), node("large", cpu=32))
     assert capacity.pack([{"cpu": D(3)}]) == {"small": {"cpu": D(3), "pods": D(1)}}
     assert list(capacity.pack([{"cpu": D(6)}])) == ["large"]
+    packed = WorkerCapacity(scoring=MOST_ALLOCATED)
+    add_nodes(packed, node("a", cpu=8), node("b", cpu=8))
+    assert packed.pack([{"cpu": D(2)}, {"cpu": D(2)}]) == {"a": {"cpu": D(4), "pods": D(2)}}
+
+
+def test_a_spread_worker_refuses_what_its_scheduler_could_not_place():
+    """Two 4-cpu jobs on two 8-cpu Nodes land one per Node under the default scheduler, so
+    an 8-cpu pod after them fits nowhere, whatever the sum says. Packing them onto one Node
+    on paper let the dispatcher send that pod to be stuck unschedulable."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    for name in ("first", "second"):
+        plan = capacity.pack([{"cpu": D(4)}])
+        capacity.reserve(("team-a", name), {"cpu": D(4)}, pods=1, planned=plan)
+        # The copy's own events re-reserve its footprint: the plan stays.
+        capacity.reserve(("team-a", name), {"cpu": D(4)}, pods=1)
+    assert capacity.free()["cpu"] == 8
+    assert capacity.pack([{"cpu": D(8)}]) == (
+        "no Node has room for a pod of 8 cpu (most free on one Node: 4)")
+    # Another footprint (the job changed) drops the plan, which says nothing of the new
+    # pods: the reservation holds no room on Node a any more, only in the sum.
+    capacity.reserve(("team-a", "first"), {"cpu": D(6)}, pods=1)
+    assert list(capacity.pack([{"cpu": D(8)}])) == ["a"]
+    assert capacity.free()["cpu"] == 6
 
 
 def test_a_planned_job_keeps_its_room_on_its_nodes_until_its_pods_take_it():
