@@ -142,17 +142,25 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
 
 
 def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: str) -> None:
-    """For jobs Kueue queued: latency from Kueue's quota reservation on the manager (the
-    moment a dispatcher may act on the Workload) to the first remote copy."""
-    samples = []
+    """For jobs Kueue queued, from Kueue's quota reservation on the manager (the moment a
+    dispatcher may act on the Workload): latency to the first remote copy, and (C) to the
+    external dispatcher's nomination, which is C's dispatch decision (Kueue copies after)."""
+    copies, nominations = [], []
     for name in scenarios.job_names("job", figures["jobs"]):
         reserved = ctx.timelines.workloads.condition_seen.get(
             (namespace, name, "QuotaReserved"))
+        if reserved is None:
+            continue
         remote = ctx.timelines.remote((namespace, name))
-        if reserved is not None and remote is not None:
-            samples.append(max(0.0, remote[1] - reserved))
-    if samples:
-        figures["latency_from_quota_reserved"] = summary_ms(samples)
+        nominated = ctx.timelines.workloads.nominated.get((namespace, name))
+        if remote is not None:
+            copies.append(max(0.0, remote[1] - reserved))
+        if nominated is not None:
+            nominations.append(max(0.0, nominated - reserved))
+    if copies:
+        figures["latency_from_quota_reserved"] = summary_ms(copies)
+    if nominations:
+        figures["nomination_from_quota_reserved"] = summary_ms(nominations)
 
 
 def _drain(ctx: scenarios.BenchContext, namespace: str,

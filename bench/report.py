@@ -53,23 +53,34 @@ def _comparison_targets(results: dict) -> list[dict]:
                  "met": (span_c is not None and stuck_c == 0
                          and span_c <= 0.8 * (span_a if span_a is not None else timeout))
                  if ran_a and stuck_c is not None else None})
-    # The ceiling measured on the comparison's own clusters (creates pass Kueue's webhooks
-    # there, as D's do); a run that has none falls back to the dispatcher suite's.
-    own = (results["comparison"].get("ceiling") or {}).get("limit_creates_per_second")
-    ceiling = own or (results.get("ceiling") or {}).get("limit_creates_per_second")
-    where = "the comparison's clusters" if own else "this dispatcher's suite"
+    # Throughput against the ceiling and p99 at 50 jobs/s are D's at its own client limits:
+    # this dispatcher's scenarios of the same run (the comparison holds D to Kueue's 5 qps
+    # per worker, under 50 jobs/s whatever the dispatcher does). Without them, the
+    # comparison's D against the comparison's ceiling.
+    own_burst = (results.get("burst") or {}).get("throughput_jobs_per_second")
+    own_ceiling = (results.get("ceiling") or {}).get("limit_creates_per_second")
+    if own_burst is not None and own_ceiling:
+        d_own, ceiling, where = own_burst, own_ceiling, "this dispatcher's scenarios, its " \
+                                                        "default client limits"
+    else:
+        d_own = d
+        ceiling = (results["comparison"].get("ceiling") or {}).get("limit_creates_per_second")
+        where = "the comparison, Kueue's client limits"
     rows.append({"target": "D's burst throughput >= 60% of the create ceiling",
-                 "measured": f"D {d} jobs/s = {d / ceiling:.1%} of {ceiling} creates/s "
-                             f"(ceiling on {where})"
-                             if ceiling and d is not None else "no create ceiling measured",
-                 "met": (d >= 0.6 * ceiling) if ceiling and d is not None else None})
-    p99_d = _steady_p99(results, "D", 50)
+                 "measured": f"D {d_own} jobs/s = {d_own / ceiling:.1%} of {ceiling} "
+                             f"creates/s ({where})"
+                             if ceiling and d_own is not None else "no create ceiling measured",
+                 "met": (d_own >= 0.6 * ceiling) if ceiling and d_own is not None else None})
+    own_step = next((s for s in results.get("steady") or [] if s["rate"] == 50), None)
+    p99_d = own_step["latency"]["p99_ms"] if own_step else _steady_p99(results, "D", 50)
+    d_where = "its own scenario" if own_step else "the comparison"
     step_c = next((s for s in _figure(results, "C", "steady") or [] if s["rate"] == 50), {})
-    p99_c = (step_c.get("latency_from_quota_reserved") or {}).get("p99_ms")
+    p99_c = (step_c.get("nomination_from_quota_reserved") or {}).get("p99_ms")
+    copy_c = (step_c.get("latency_from_quota_reserved") or {}).get("p99_ms")
     rows.append({"target": "dispatch p99 <= 100 ms at 50 jobs/s for D and for C (C from "
                            "Kueue's quota reservation)",
-                 "measured": f"D {p99_d} ms; C {p99_c} ms from quota reservation "
-                             f"({_steady_p99(results, 'C', 50)} ms from create)"
+                 "measured": f"D {p99_d} ms ({d_where}); C {p99_c} ms from quota reservation "
+                             f"to nomination (to the copy, made by Kueue: {copy_c} ms)"
                              if p99_d is not None or p99_c is not None
                              else "50 jobs/s not run",
                  "met": (p99_d <= 100 and p99_c <= 100)
@@ -235,6 +246,11 @@ def _comparison_table(results: dict) -> str:
         row(f"steady {rate} jobs/s: p50 / p99 ms from Kueue's quota reservation",
             lambda m, r=rate: next(f"{s['latency_from_quota_reserved']['p50_ms']} / "
                                    f"{s['latency_from_quota_reserved']['p99_ms']}"
+                                   for s in m["steady"] if s["rate"] == r))
+    for rate in rates:
+        row(f"steady {rate} jobs/s: p50 / p99 ms from quota reservation to nomination",
+            lambda m, r=rate: next(f"{s['nomination_from_quota_reserved']['p50_ms']} / "
+                                   f"{s['nomination_from_quota_reserved']['p99_ms']}"
                                    for s in m["steady"] if s["rate"] == r))
     tight = "constrained {} jobs".format(results["settings"]["constrained_jobs"])
     row(f"{tight}: makespan s (finished/jobs)",

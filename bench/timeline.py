@@ -42,6 +42,8 @@ class TrainJobTimeline:
         self.added: dict[Key, float] = {}
         self.deleted: dict[Key, list[float]] = {}  # every deletion seen, in order
         self.condition_seen: dict[tuple[str, str, str], float] = {}
+        # Workloads: when a worker was first nominated (status.nominatedClusterNames).
+        self.nominated: dict[Key, float] = {}
         self.relists = 0
         self._changed = changed
         self._stop = threading.Event()
@@ -128,8 +130,11 @@ class TrainJobTimeline:
                 self._changed.notify_all()
                 return
             self.added.setdefault(key, now)
-            for condition in (obj.get("status") or {}).get("conditions") or []:
+            status = obj.get("status") or {}
+            for condition in status.get("conditions") or []:
                 self.condition_seen.setdefault((*key, condition.get("type", "")), now)
+            if status.get("nominatedClusterNames"):
+                self.nominated.setdefault(key, now)
             self._changed.notify_all()
 
     def forget(self, namespace: str) -> None:
@@ -141,6 +146,8 @@ class TrainJobTimeline:
                 del self.deleted[key]
             for key in [k for k in self.condition_seen if k[0] == namespace]:
                 del self.condition_seen[key]
+            for key in [k for k in self.nominated if k[0] == namespace]:
+                del self.nominated[key]
 
 
 class Timelines:

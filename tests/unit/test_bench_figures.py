@@ -77,3 +77,36 @@ def test_a_sigterm_mid_run_writes_what_was_measured_marked_incomplete(tmp_path, 
     assert status == 128 + signal.SIGTERM
     assert written == {"ceiling": {"limit_creates_per_second": 120.0},
                        "incomplete": "terminated (SIGTERM)"}, written
+
+
+def _step(rate, p99, **extra) -> dict:
+    return {"rate": rate, "latency": {"p99_ms": p99}, **extra}
+
+
+def _row(results: dict, start: str) -> dict:
+    return next(row for row in targets(results) if row["target"].startswith(start))
+
+
+def test_d_is_judged_at_its_own_client_limits_when_its_scenarios_ran():
+    """The comparison holds D to Kueue's 5 qps per worker; the ceiling and p99 targets
+    take D at its own limits from the same run's scenarios when there are any."""
+    comparison = {"ceiling": {"limit_creates_per_second": 100.0}, "contenders": {
+        "D": {"burst": {"throughput_jobs_per_second": 12.0},
+              "steady": [_step(50, 9000.0)]},
+        "C": {"steady": [_step(50, 40000.0,
+                               nomination_from_quota_reserved={"p99_ms": 80.0},
+                               latency_from_quota_reserved={"p99_ms": 30000.0})]}}}
+    alone = {"settings": {"constrained_timeout": 150.0}, "comparison": comparison}
+    assert _row(alone, "D's burst throughput >= 60%")["met"] is False
+    assert "Kueue's client limits" in _row(alone, "D's burst throughput >= 60%")["measured"]
+    assert _row(alone, "dispatch p99")["met"] is False  # D 9 s at 5 qps per worker
+
+    full = {**alone, "ceiling": {"limit_creates_per_second": 150.0},
+            "burst": {"throughput_jobs_per_second": 95.0}, "steady": [_step(50, 90.0)]}
+    ceiling = _row(full, "D's burst throughput >= 60%")
+    assert ceiling["met"] is True and "95.0 jobs/s = 63.3% of 150.0" in ceiling["measured"]
+    p99 = _row(full, "dispatch p99")
+    # C's dispatch is its nomination; Kueue's copy after it is shown beside.
+    assert p99["met"] is True, p99
+    assert "C 80.0 ms from quota reservation to nomination" in p99["measured"], p99
+    assert "30000.0 ms" in p99["measured"], p99

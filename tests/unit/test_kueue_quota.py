@@ -4,7 +4,6 @@ its Nodes and its quota have room (pure: no API calls)."""
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal as D
 
 from dispatcher import kueue_quota as kq
@@ -13,6 +12,7 @@ from dispatcher.capacity import WorkerCapacity
 from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerCluster
 from dispatcher.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from worker_fakes import Cache, Registry
 
 WHERE = "ClusterQueue cq (LocalQueue ns/q)"
 
@@ -133,25 +133,6 @@ def test_a_workload_names_its_queue():
 
 # --- one worker's queues --------------------------------------------------------------------
 
-class Cache:
-    """An informer's reading side, filled by the test."""
-
-    def __init__(self, *objs, synced=True, error=None):
-        self.store = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]): o
-                      for o in objs}
-        self.synced = threading.Event()
-        if synced:
-            self.synced.set()
-        self.last_error = error
-        self.name = "cache"
-
-    def get(self, namespace, name):
-        return self.store.get((namespace or "", name))
-
-    def stop(self, timeout=None):
-        pass
-
-
 def local_queue(name="q", namespace="ns", cq="cq"):
     return {"metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cq}}
 
@@ -203,17 +184,6 @@ def test_nominations_hold_quota_until_released_and_a_job_never_counts_against_it
 
 
 # --- the Placer: Node room and quota room ----------------------------------------------------
-
-class Registry:
-    def __init__(self, *workers):
-        self.workers = {w.name: w for w in workers}
-
-    def snapshot(self):
-        return sorted(self.workers.values(), key=lambda w: w.order)
-
-    def get(self, name):
-        return self.workers.get(name)
-
 
 def worker(name, order, node_cpu, worker_quota):
     capacity = WorkerCapacity(name)

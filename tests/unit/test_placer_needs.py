@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal as D
 
 import pytest
@@ -13,29 +12,7 @@ from dispatcher.placer import Placer
 from dispatcher.registry import WorkerCluster
 from trainjob import constants as c
 from trainjob.api import TrainJob
-
-
-class Cache:
-    def __init__(self, *objs):
-        self.store = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]): o
-                      for o in objs}
-        self.synced = threading.Event()
-        self.synced.set()
-        self.last_error = None
-
-    def get(self, namespace, name):
-        return self.store.get((namespace or "", name))
-
-
-class Registry:
-    def __init__(self, *workers):
-        self.workers = {w.name: w for w in workers}
-
-    def snapshot(self):
-        return sorted(self.workers.values(), key=lambda w: w.order)
-
-    def get(self, name):
-        return self.workers.get(name)
+from worker_fakes import Cache, Registry
 
 
 def runtime(uid: str, version: str, cpu: str) -> dict:
