@@ -146,6 +146,11 @@ class WorkerCapacity:
             self._reserved[job_key] = amounts
             self._recount(job_key)
 
+    def reserved(self, job_key: JobKey) -> bool:
+        """Whether the job has a reservation here."""
+        with self._lock:
+            return job_key in self._reserved
+
     def release(self, job_key: JobKey) -> bool:
         """Stop counting the job's reservation (job finished, deleted or moved); True when
         there was one."""

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from cachetools import LRUCache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -81,8 +82,13 @@ class WorkloadNominator:
                                functools.partial(list_of, ADMISSIONCHECKS))
         self.workloads.add_handler(self._on_workload)
         self.checks.add_handler(lambda *_: self.requeue_waiting())
-        # Where each Workload's job holds capacity now: key -> (worker, reservation key).
+        # Where each Workload's job holds capacity now: key -> (worker, reservation key),
+        # and what was last held (worker, admitted, need), so an unchanged hold is skipped.
         self._held: dict[Key, tuple[str, Key]] = {}
+        self._holding: dict[Key, tuple[str, bool, Need]] = {}
+        # Needs by (uid, generation): a Workload's podSets are read again on each of the
+        # many status writes Kueue makes while it waits; only a new spec changes them.
+        self._needs: LRUCache = LRUCache(maxsize=8192)
         # The last "nothing fits" message per Workload (amounts blanked): one Event per
         # change of reason, not per change of a number.
         self._pending_shape: dict[Key, str] = {}
@@ -107,10 +113,13 @@ class WorkloadNominator:
 
     def requeue_waiting(self) -> None:
         """Look again at every Workload that waits for a nomination (room may have
-        appeared)."""
+        appeared). Nominated ones are not: they wait for their worker's Kueue (their own
+        changes and the admission timeout bring them back), and this runs on every change
+        of room on any worker."""
         checks = self.multikueue_checks()
         for obj in self.workloads.list():
-            if wl.waiting(obj, checks) is not None:
+            waiting = wl.waiting(obj, checks)
+            if waiting is not None and not waiting.nominated:
                 self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def multikueue_checks(self) -> set[str]:
@@ -130,7 +139,7 @@ class WorkloadNominator:
             self._release(key)
             self._pending_shape.pop(key, None)
             return
-        need = wl.podset_need(obj)
+        need = self._need(obj)
         if admitted_on := wl.cluster_name(obj):
             if not isinstance(need, str):
                 # Until its pods account for it; its quota is the worker Kueue's to count.
@@ -198,14 +207,27 @@ class WorkloadNominator:
         self.recorder.event(self._event_target(obj), NORMAL, "Nominated", message)
         raise Requeue(timeout, "waiting for the nominated worker to admit")
 
+    def _need(self, obj: dict) -> Need | str:
+        meta = obj["metadata"]
+        cache_key = (meta.get("uid"), meta.get("generation"))
+        need = self._needs.get(cache_key) if all(cache_key) else None
+        if need is None:
+            need = wl.podset_need(obj)
+            if all(cache_key):
+                self._needs[cache_key] = need
+        return need
+
     # --- capacity held by a Workload's job ----------------------------------------------
 
     def _hold(self, key: Key, obj: dict, worker_name: str, need: Need,
               admitted: bool = False) -> None:
         held = self._held.get(key)
+        worker = self.registry.get(worker_name)
+        if (held is not None and worker is not None and worker.capacity.reserved(held[1])
+                and self._holding.get(key) == (worker_name, admitted, need)):
+            return  # held as it is already
         if held is not None and held[0] != worker_name:
             self._release(key)
-        worker = self.registry.get(worker_name)
         if worker is None:
             return
         job = wl.job_key(obj)
@@ -218,8 +240,10 @@ class WorkloadNominator:
             else:
                 worker.quota.hold(job, need.queue, need.requests, need.pods)
         self._held[key] = (worker_name, job)
+        self._holding[key] = (worker_name, admitted, need)
 
     def _release(self, key: Key) -> None:
+        self._holding.pop(key, None)
         held = self._held.pop(key, None)
         if held is not None and self.placer.release(self.registry.get(held[0]), held[1]):
             self.requeue_waiting()

@@ -241,9 +241,13 @@ class Placer:
         worker = self.registry.get(worker_name)
         if worker is None:
             return False
-        recorded = mirror.footprint(copy) if copy is not None else None
-        if kind == "DELETED" or copy is None or conditions.finished(copy) or recorded is None:
+        if kind == "DELETED" or copy is None or conditions.finished(copy):
             return self.release(worker, key)
+        recorded = mirror.footprint(copy)
+        if recorded is None:
+            # Not a copy this dispatcher made (Kueue's, in kueue mode): whoever placed the
+            # job holds its room; the copy appearing says nothing about it.
+            return False
         requests, pods = recorded
         worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
         return False

@@ -4,6 +4,7 @@ uses, and whether a TrainJob is finished. One module, so both sides write them a
 from __future__ import annotations
 
 import calendar
+import functools
 import time
 from typing import Any
 
@@ -20,6 +21,8 @@ def format_time(seconds: float | None = None) -> str:
     return time.strftime(TIME_FORMAT, time.gmtime(seconds))
 
 
+# Controllers read the same stamps again on every reconcile of an object; strptime is slow.
+@functools.lru_cache(maxsize=8192)
 def parse_time(stamp: str | None) -> float | None:
     """An API time as seconds since the epoch; None when absent or not in that form."""
     try:

@@ -1,4 +1,5 @@
-"""The Placer works out a job's need once per job version and runtime content (pure)."""
+"""The Placer (pure): a job's need worked out once per job version and runtime content,
+and reservations that follow the copies this dispatcher made."""
 
 from __future__ import annotations
 
@@ -90,3 +91,16 @@ def test_jobs_not_read_from_an_apiserver_are_never_confused(builds):
     placer.need_on(job("a", uid=None, version=None), one)
     placer.need_on(job("b", uid=None, version=None), one)
     assert builds == ["a", "b"]
+
+
+def test_a_copy_this_dispatcher_did_not_make_leaves_the_reservation_alone():
+    """In kueue mode Kueue makes the copy of a job this dispatcher nominated: its
+    appearing must not free the room the nomination holds; its end does."""
+    one = worker("worker-1", 0, runtime("u1", "5", "2"))
+    placer = Placer(Registry(one), "best-fit")
+    placer.place(job("a"))
+    kueues_copy = {"metadata": {"name": "a", "namespace": "ns"}, "spec": {}}
+    assert placer.follow_copy("worker-1", ("ns", "a"), "ADDED", kueues_copy) is False
+    assert one.capacity.reserved(("ns", "a"))
+    assert placer.follow_copy("worker-1", ("ns", "a"), "DELETED", kueues_copy) is True
+    assert not one.capacity.reserved(("ns", "a"))
