@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -89,6 +90,7 @@ class WorkloadNominator:
         # Needs by (uid, generation): a Workload's podSets are read again on each of the
         # many status writes Kueue makes while it waits; only a new spec changes them.
         self._needs: LRUCache = LRUCache(maxsize=8192)
+        self._needs_lock = threading.Lock()  # reconcile threads share it; LRUCache is not safe
         # The last "nothing fits" message per Workload (amounts blanked): one Event per
         # change of reason, not per change of a number.
         self._pending_shape: dict[Key, str] = {}
@@ -210,10 +212,13 @@ class WorkloadNominator:
     def _need(self, obj: dict) -> Need | str:
         meta = obj["metadata"]
         cache_key = (meta.get("uid"), meta.get("generation"))
-        need = self._needs.get(cache_key) if all(cache_key) else None
+        if not all(cache_key):
+            return wl.podset_need(obj)
+        with self._needs_lock:
+            need = self._needs.get(cache_key)
         if need is None:
             need = wl.podset_need(obj)
-            if all(cache_key):
+            with self._needs_lock:
                 self._needs[cache_key] = need
         return need
 
