@@ -136,6 +136,10 @@ class _PoolWatch:
                     for cond in (pod.status.conditions or []) if pod.status else []:
                         if cond.type == "PodScheduled" and cond.status == "False" and \
                                 cond.reason == "Unschedulable":
+                            if (worker, pod.metadata.name) not in self.unschedulable:
+                                # Which Nodes refused it and why: what a fix starts from.
+                                log.info("unschedulable on %s: %s: %s", worker,
+                                         pod.metadata.name, cond.message)
                             self.unschedulable.add((worker, pod.metadata.name))
                     if pod.status and pod.status.phase == "Running":
                         job = (pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL)

@@ -187,6 +187,9 @@ class WorkerCapacity:
             return
         per_node = {node: left for node, amounts in plan.items()
                     if (left := _outstanding(amounts, self._job_node_used.get((job, node), {})))}
+        # A pod the scheduler bound off the plan leaves its planned slot behind: keep no
+        # more planned pods than the job has left to bind.
+        _trim(per_node, counted.get(PODS, Decimal(0)))
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
@@ -211,32 +214,75 @@ class WorkerCapacity:
         """Where ``pods`` (each one's requests) would go on the Nodes that admit them,
         largest first, each onto the Node the worker's scheduler scores best (``scoring``);
         or why one cannot go anywhere. Room planned for other reserved jobs is taken;
-        reservations without a plan are counted by ``free``."""
+        reservations without a plan are counted by ``free``.
+
+        The scheduler does not always bind where the plan said (it breaks ties at random
+        and scores more than free room), so a Node can hold more planned pods than it has
+        room left: those pods will land elsewhere, and are packed first, where they will
+        go, before the new ones."""
         with self._lock:
             room = {name: self._node_room(name) for name, node in self._nodes.items()
                     if node.usable and admits(node.labels, node.taints, node_selector,
                                               tolerations)}
             allocatable = {name: self._nodes[name].allocatable for name in room}
+            displaced = self._displaced(room)
         sign = -1 if self.scoring == MOST_ALLOCATED else 1
         planned: dict[str, Resources] = {}
-        for pod in sorted(pods, key=lambda r: sorted(r.items()), reverse=True):
+        for pod, theirs in [*((p, True) for p in displaced),
+                            *((p, False) for p in sorted(pods, key=lambda r: sorted(r.items()),
+                                                         reverse=True))]:
             wanted = {**pod, PODS: pod.get(PODS, Decimal(1))}
             fitting = [name for name, free in room.items()
                        if all(free.get(r, Decimal(0)) >= amount
                               for r, amount in wanted.items()
                               if amount > 0 and (r != PODS or r in free))]
             if not fitting:
-                return _no_node_for(wanted, room)
+                reason = _no_node_for(wanted, room)
+                if theirs:
+                    return "placed jobs' pods already need all the room left: " + reason
+                if displaced:
+                    return (reason + ", once placed jobs' pods whose planned Node filled up "
+                            "go elsewhere")
+                return reason
             # Highest score first; the scheduler breaks ties at random, this by name.
             name = min(fitting, key=lambda n: (
                 -sign * _free_share(room[n], allocatable[n], wanted), n))
             _accumulate(room[name], wanted, -1)
-            _accumulate(planned.setdefault(name, {}), wanted)
+            if not theirs:
+                _accumulate(planned.setdefault(name, {}), wanted)
         return planned
+
+    def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
+        """The planned pods that no longer fit on their Node (its room is short in some
+        resource), largest first, each taken out of that Node's room. Called under the
+        lock."""
+        short = {name for name, free in room.items()
+                 if any(amount < 0 for r, amount in free.items()
+                        if r in self._nodes[name].allocatable)}
+        if not short:
+            return []
+        entries: dict[str, list[Resources]] = {}
+        for per_node in self._planned_counted.values():
+            for name, amounts in per_node.items():
+                if name in short:
+                    entries.setdefault(name, []).extend(_split(amounts))
+        moved: list[Resources] = []
+        for name, planned_pods in entries.items():
+            free = room[name]
+            # Move the largest first: the fewest pods that clear the shortfall, and the
+            # hardest to place elsewhere, so the estimate errs on the safe side.
+            for pod in sorted(planned_pods, key=lambda r: sorted(r.items()), reverse=True):
+                if all(amount >= 0 for r, amount in free.items()
+                       if r in self._nodes[name].allocatable):
+                    break
+                _accumulate(free, pod)
+                moved.append(pod)
+        return sorted(moved, key=lambda r: sorted(r.items()), reverse=True)
 
     def _node_room(self, name: str) -> Resources:
         """A Node's allocatable less its bound pods and the room planned there for reserved
-        jobs whose pods have not taken it yet. Called under the lock."""
+        jobs whose pods have not taken it yet (below zero when more is planned there than
+        the Node has left). Called under the lock."""
         room = dict(self._nodes[name].allocatable)
         _accumulate(room, self._used.get(name, {}), -1)
         _accumulate(room, self._node_planned.get(name, {}), -1)
@@ -261,16 +307,21 @@ class WorkerCapacity:
     def _free(self, node_names: list[str]) -> Resources:
         total: Resources = {}
         for name in node_names:
-            room = self._node_room(name)
-            for resource in self._nodes[name].allocatable:
-                # Clamped per node: an overcommitted node must not eat into another's room.
-                total[resource] = total.get(resource, Decimal(0)) + max(
-                    room.get(resource, Decimal(0)), Decimal(0))
+            allocatable = self._nodes[name].allocatable
+            used = self._used.get(name, {})
+            planned = self._node_planned.get(name, {})
+            for resource, amount in allocatable.items():
+                # Bound pods are clamped per node (an overcommitted node must not eat into
+                # another's room); planned room is not: what does not fit on its Node will
+                # land on another one.
+                total[resource] = (total.get(resource, Decimal(0))
+                                   + max(amount - used.get(resource, Decimal(0)), Decimal(0))
+                                   - planned.get(resource, Decimal(0)))
         # Reservations without a plan are tied to no Node: they come off every selection.
         for resource, amount in self._unplanned_total.items():
             if resource in total and amount:
-                total[resource] = max(total[resource] - amount, Decimal(0))
-        return total
+                total[resource] -= amount
+        return {resource: max(amount, Decimal(0)) for resource, amount in total.items()}
 
     def summary(self) -> dict[str, Any]:
         """Totals over usable nodes, as strings, for dashboards and logs."""
@@ -404,6 +455,28 @@ def _node_from(obj: dict[str, Any]) -> _Node:
     return _Node(allocatable=allocatable, labels=dict(meta.get("labels") or {}),
                  taints=list(spec.get("taints") or []),
                  usable=ready and not spec.get("unschedulable", False))
+
+
+def _split(amounts: Resources) -> list[Resources]:
+    """A per-Node entry of ``n`` planned pods as ``n`` equal pods (a job's pods on one Node
+    are alike but for its initializers: an even share is near enough)."""
+    count = int(amounts.get(PODS, Decimal(1))) or 1
+    share = {r: amount / count for r, amount in amounts.items() if r != PODS}
+    return [{**share, PODS: Decimal(1)} for _ in range(count)]
+
+
+def _trim(per_node: dict[str, Resources], pods_left: Decimal) -> None:
+    """Drop planned pods (one even share at a time, from the Node planned the most) until
+    no more than ``pods_left`` remain."""
+    while per_node and sum(a.get(PODS, Decimal(0)) for a in per_node.values()) > pods_left:
+        name = max(per_node, key=lambda n: (per_node[n].get(PODS, Decimal(0)), n))
+        amounts = per_node[name]
+        count = amounts.get(PODS, Decimal(0))
+        if count <= 1:
+            del per_node[name]
+            continue
+        share = {r: amount / count for r, amount in amounts.items()}
+        _accumulate(amounts, share, -1)
 
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:

@@ -539,3 +539,78 @@ def test_packing_follows_node_selectors_and_names_what_no_node_has():
     assert capacity.pack([{"cpu": D(1)}], node_selector={"pool": "none"}) == (
         "no Node admits its pods")
 
+
+
+def _placed(capacity, name, *pods):
+    """Pack and reserve a job of ``pods`` (cpu each), as the placer does; its plan."""
+    plan = capacity.pack([{"cpu": D(cpu)} for cpu in pods])
+    assert not isinstance(plan, str), plan
+    capacity.reserve(("team-a", name), {"cpu": D(sum(pods))}, pods=len(pods), planned=plan)
+    return plan
+
+
+def _bind(capacity, job, index, node_name, cpu):
+    capacity.on_pod(ADDED, None, pod(f"{job}-node-0-{index}", node_name=node_name,
+                                     cpu=str(cpu), job=job))
+
+
+def test_a_pod_bound_off_its_plan_leaves_no_room_counted_twice_or_lost():
+    """The scheduler breaks ties at random: a small job planned on Node a was bound on b,
+    beside a wide job's pod. The small job still unbound will now go to a; had the
+    room it was planned on b been clamped away, one more pod would have looked free and
+    been left unschedulable."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+    assert _placed(capacity, "wide", 3, 3) == {"a": {"cpu": D(3), "pods": D(1)},
+                                               "b": {"cpu": D(3), "pods": D(1)}}
+    assert list(_placed(capacity, "small-0", 1)) == ["a"]  # a tie: by name
+    assert list(_placed(capacity, "small-1", 1)) == ["b"]
+    _bind(capacity, "wide", 0, "a", 3)
+    _bind(capacity, "wide", 1, "b", 3)
+    _bind(capacity, "small-0", 0, "b", 1)  # not where planned
+    assert capacity.free()["cpu"] == 0
+    assert capacity.pack([{"cpu": D(1)}]) == (
+        "no Node has room for a pod of 1 cpu (most free on one Node: 0), once placed jobs' "
+        "pods whose planned Node filled up go elsewhere")
+
+
+def test_planned_pods_that_lost_their_node_are_packed_where_the_scheduler_will_put_them():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+    _placed(capacity, "wide", 3, 3)
+    _placed(capacity, "small-0", 1)
+    _placed(capacity, "small-1", 1)
+    for index, name in enumerate("ab"):
+        _bind(capacity, "wide", index, name, 3)
+    _bind(capacity, "small-0", 0, "b", 1)
+    # A 2-cpu Node joins: the scheduler will put small-1 there (it leaves more free than
+    # a), so a 2-cpu pod fits nowhere, though a and the new Node have 3 free between them.
+    add_nodes(capacity, node("c", cpu=2))
+    assert capacity.free()["cpu"] == 2
+    assert capacity.pack([{"cpu": D(2)}]).startswith("no Node has room for a pod of 2 cpu")
+    assert list(capacity.pack([{"cpu": D(1)}])) == ["a"]
+
+
+def test_a_job_bound_off_its_plan_keeps_only_its_unbound_pods_planned():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4), node("c", cpu=8))
+    capacity.reserve(("team-a", "wide"), {"cpu": D(6)}, pods=2,
+                     planned={"a": {"cpu": D(3), "pods": D(1)}, "b": {"cpu": D(3), "pods": D(1)}})
+    _bind(capacity, "wide", 0, "c", 3)
+    # One pod left to bind: 3 cpu held on one of a and b, not on both.
+    assert capacity.free()["cpu"] == 16 - 3 - 3
+    assert capacity.summary()["reserved"] == {"cpu": "3", "pods": "1"}
+
+
+def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+    _placed(capacity, "wide", 3, 3)
+    _placed(capacity, "small-0", 1)
+    _placed(capacity, "small-1", 1)
+    # Both small jobs bound on b: the wide job's second pod has no Node left.
+    _bind(capacity, "small-0", 0, "b", 1)
+    _bind(capacity, "small-1", 0, "b", 1)
+    assert capacity.pack([{"cpu": D(1)}]) == (
+        "placed jobs' pods already need all the room left: no Node has room for a pod of "
+        "3 cpu (most free on one Node: 2)")
