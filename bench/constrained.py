@@ -107,6 +107,10 @@ class _PoolWatch:
     pods_per_job: dict[str, int]  # job name -> the pods it runs
     all_running: dict[str, float] = field(default_factory=dict)  # job -> first seen so
     unschedulable: set[tuple[str, str]] = field(default_factory=set)
+    # When each of those was first seen refused, and when it was bound after all: the
+    # difference between a moment's wait for room and a pod stuck.
+    refused_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    bound_at: dict[tuple[str, str], float] = field(default_factory=dict)
     samples: list[tuple[float, dict[str, Decimal]]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -140,7 +144,12 @@ class _PoolWatch:
                                 # Which Nodes refused it and why: what a fix starts from.
                                 log.info("unschedulable on %s: %s: %s", worker,
                                          pod.metadata.name, cond.message)
+                                self.refused_at[(worker, pod.metadata.name)] = time.time()
                             self.unschedulable.add((worker, pod.metadata.name))
+                    key = (worker, pod.metadata.name)
+                    if key in self.refused_at and key not in self.bound_at and \
+                            pod.spec and pod.spec.node_name:
+                        self.bound_at[key] = time.time()
                     if pod.status and pod.status.phase == "Running":
                         job = (pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL)
                         running[job] = running.get(job, 0) + 1
@@ -155,6 +164,12 @@ class _PoolWatch:
             for job, count in running.items():
                 if job in self.pods_per_job and count >= self.pods_per_job[job]:
                     self.all_running.setdefault(job, now)
+
+    def longest_refused(self, end: float) -> float | None:
+        """Seconds the longest-refused pod waited to be bound (to ``end`` if it never
+        was); None when none was refused."""
+        waits = [self.bound_at.get(key, end) - at for key, at in self.refused_at.items()]
+        return round(max(waits), 1) if waits else None
 
     def utilisation(self, start: float, end: float) -> dict[str, float | None]:
         """Mean share of the pool's allocatable requested by running pods, per resource,
@@ -273,14 +288,17 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
                                        if job.name in pool.all_running and key in manager.added]),
         "never_all_running": sum(1 for job in jobs if job.name not in pool.all_running),
         "pods_unschedulable": len(pool.unschedulable),
+        "longest_unschedulable_seconds": pool.longest_refused(
+            max(ends.values()) if ends else time.time()),
         "copies_withdrawn": withdrawn,
         "utilisation": pool.utilisation(run.first_start,
                                         max(ends.values()) if ends else time.time()),
         "placements": _placements(ctx, keys, pool_workers),
     }
-    log.info("constrained, %d jobs: makespan %s s, %d pods unschedulable, %d copies "
-             "withdrawn, utilisation %s", count, figures["makespan_seconds"],
-             figures["pods_unschedulable"], withdrawn, figures["utilisation"])
+    log.info("constrained, %d jobs: makespan %s s, %d pods unschedulable (longest %s s), "
+             "%d copies withdrawn, utilisation %s", count, figures["makespan_seconds"],
+             figures["pods_unschedulable"], figures["longest_unschedulable_seconds"],
+             withdrawn, figures["utilisation"])
     return figures
 
 

@@ -187,9 +187,6 @@ class WorkerCapacity:
             return
         per_node = {node: left for node, amounts in plan.items()
                     if (left := _outstanding(amounts, self._job_node_used.get((job, node), {})))}
-        # A pod the scheduler bound off the plan leaves its planned slot behind: keep no
-        # more planned pods than the job has left to bind.
-        _trim(per_node, counted.get(PODS, Decimal(0)))
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
@@ -254,7 +251,9 @@ class WorkerCapacity:
 
     def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
         """The planned pods that no longer fit on their Node (its room is short in some
-        resource), largest first, each taken out of that Node's room. Called under the
+        resource), largest first, each taken out of that Node's room. A pod of a planned
+        job bound off its plan keeps the job's planned room where it was until the job's
+        last pod binds: which planned pod it stood for is not known. Called under the
         lock."""
         short = {name for name, free in room.items()
                  if any(amount < 0 for r, amount in free.items()
@@ -265,7 +264,11 @@ class WorkerCapacity:
         for per_node in self._planned_counted.values():
             for name, amounts in per_node.items():
                 if name in short:
-                    entries.setdefault(name, []).extend(_split(amounts))
+                    # One job's planned pods on a Node move as one lump: how its
+                    # amounts divide between them is not known (initializers and trainer
+                    # differ), and a lump can only be harder to place.
+                    entries.setdefault(name, []).append(
+                        {**amounts, PODS: amounts.get(PODS, Decimal(1))})
         moved: list[Resources] = []
         for name, planned_pods in entries.items():
             free = room[name]
@@ -455,28 +458,6 @@ def _node_from(obj: dict[str, Any]) -> _Node:
     return _Node(allocatable=allocatable, labels=dict(meta.get("labels") or {}),
                  taints=list(spec.get("taints") or []),
                  usable=ready and not spec.get("unschedulable", False))
-
-
-def _split(amounts: Resources) -> list[Resources]:
-    """A per-Node entry of ``n`` planned pods as ``n`` equal pods (a job's pods on one Node
-    are alike but for its initializers: an even share is near enough)."""
-    count = int(amounts.get(PODS, Decimal(1))) or 1
-    share = {r: amount / count for r, amount in amounts.items() if r != PODS}
-    return [{**share, PODS: Decimal(1)} for _ in range(count)]
-
-
-def _trim(per_node: dict[str, Resources], pods_left: Decimal) -> None:
-    """Drop planned pods (one even share at a time, from the Node planned the most) until
-    no more than ``pods_left`` remain."""
-    while per_node and sum(a.get(PODS, Decimal(0)) for a in per_node.values()) > pods_left:
-        name = max(per_node, key=lambda n: (per_node[n].get(PODS, Decimal(0)), n))
-        amounts = per_node[name]
-        count = amounts.get(PODS, Decimal(0))
-        if count <= 1:
-            del per_node[name]
-            continue
-        share = {r: amount / count for r, amount in amounts.items()}
-        _accumulate(amounts, share, -1)
 
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:

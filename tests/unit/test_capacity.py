@@ -591,15 +591,32 @@ def test_planned_pods_that_lost_their_node_are_packed_where_the_scheduler_will_p
     assert list(capacity.pack([{"cpu": D(1)}])) == ["a"]
 
 
-def test_a_job_bound_off_its_plan_keeps_only_its_unbound_pods_planned():
+def test_a_job_bound_off_its_plan_holds_its_planned_room_until_its_last_pod_binds():
     capacity = WorkerCapacity()
     add_nodes(capacity, node("a", cpu=4), node("b", cpu=4), node("c", cpu=8))
     capacity.reserve(("team-a", "wide"), {"cpu": D(6)}, pods=2,
                      planned={"a": {"cpu": D(3), "pods": D(1)}, "b": {"cpu": D(3), "pods": D(1)}})
     _bind(capacity, "wide", 0, "c", 3)
-    # One pod left to bind: 3 cpu held on one of a and b, not on both.
-    assert capacity.free()["cpu"] == 16 - 3 - 3
+    # Which planned pod that was is not known: both stay held (never less than is due).
+    assert capacity.free()["cpu"] == 16 - 3 - 6
     assert capacity.summary()["reserved"] == {"cpu": "3", "pods": "1"}
+    _bind(capacity, "wide", 1, "a", 3)
+    assert capacity.free()["cpu"] == 16 - 6
+
+
+def test_planned_pods_of_different_shapes_move_together_when_their_node_fills_up():
+    """A job's initializers and its trainer planned on one Node: when the Node fills up
+    otherwise, what its planned pods hold is not split evenly between them (the trainer
+    alone asks for the GPU)."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4, gpu=1), node("b", cpu=4, gpu=1))
+    capacity.reserve(("team-a", "trainer"), {"cpu": D(2), GPU: D(1)}, pods=2,
+                     planned={"a": {"cpu": D(2), GPU: D(1), "pods": D(2)}})
+    capacity.on_pod(ADDED, None, pod("other", node_name="a", cpu="3"))
+    assert capacity.free()[GPU] == 1
+    # The planned pods go to b, GPU and all: a's GPU is the one left, not b's.
+    assert list(capacity.pack([{"cpu": D(1), GPU: D(1)}])) == ["a"]
+    assert isinstance(capacity.pack([{"cpu": D(2), GPU: D(1)}]), str)
 
 
 def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
