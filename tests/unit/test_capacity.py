@@ -574,12 +574,18 @@ def test_a_pod_bound_off_its_plan_leaves_no_room_counted_twice_or_lost():
         "pods whose planned Node filled up go elsewhere")
 
 
-def test_planned_pods_that_lost_their_node_are_packed_where_the_scheduler_will_put_them():
+def _wide_and_two_small():
+    """Two 4-cpu Nodes, a wide job (3 + 3 cpu) and two 1-cpu jobs planned around it."""
     capacity = WorkerCapacity()
     add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
     _placed(capacity, "wide", 3, 3)
     _placed(capacity, "small-0", 1)
     _placed(capacity, "small-1", 1)
+    return capacity
+
+
+def test_planned_pods_that_lost_their_node_are_packed_where_the_scheduler_will_put_them():
+    capacity = _wide_and_two_small()
     for index, name in enumerate("ab"):
         _bind(capacity, "wide", index, name, 3)
     _bind(capacity, "small-0", 0, "b", 1)
@@ -620,11 +626,7 @@ def test_planned_pods_of_different_shapes_move_together_when_their_node_fills_up
 
 
 def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
-    capacity = WorkerCapacity()
-    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
-    _placed(capacity, "wide", 3, 3)
-    _placed(capacity, "small-0", 1)
-    _placed(capacity, "small-1", 1)
+    capacity = _wide_and_two_small()
     # Both small jobs bound on b: the wide job's second pod has no Node left.
     _bind(capacity, "small-0", 0, "b", 1)
     _bind(capacity, "small-1", 0, "b", 1)
