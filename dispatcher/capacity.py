@@ -47,6 +47,16 @@ JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
 
 
+class Plan(dict):
+    """Where a job's pods were packed: Node name -> their requests there. ``later`` is the
+    part for pods created only once others finish (a trainer after its initializers):
+    until then the worker's scheduler cannot see the room they hold."""
+
+    def __init__(self, *args, later: dict[str, Resources] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.later: dict[str, Resources] = later or {}
+
+
 @dataclass
 class _Node:
     allocatable: Resources
@@ -89,6 +99,11 @@ class WorkerCapacity:
         # every selection of Nodes).
         self._planned_counted: dict[JobKey, dict[str, Resources]] = {}
         self._node_planned: dict[str, Resources] = {}
+        # The part of those held for pods not created yet (``Plan.later``): room the
+        # scheduler sees as free, and gives to whatever pod comes first.
+        self._planned_later: dict[JobKey, dict[str, Resources]] = {}
+        self._later_counted: dict[JobKey, dict[str, Resources]] = {}
+        self._node_later: dict[str, Resources] = {}
         self._unplanned_total: Resources = {}
 
     # --- informer handlers ------------------------------------------------------------
@@ -141,8 +156,10 @@ class WorkerCapacity:
         with self._lock:
             if planned:
                 self._planned[job_key] = planned
+                self._planned_later[job_key] = getattr(planned, "later", {})
             elif self._reserved.get(job_key) != amounts:
                 self._planned.pop(job_key, None)  # another footprint: the plan is not its
+                self._planned_later.pop(job_key, None)
             self._reserved[job_key] = amounts
             self._recount(job_key)
 
@@ -156,6 +173,7 @@ class WorkerCapacity:
         there was one."""
         with self._lock:
             self._planned.pop(job_key, None)
+            self._planned_later.pop(job_key, None)
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
                 return True
@@ -172,6 +190,8 @@ class WorkerCapacity:
                 _accumulate(self._unplanned_total, previous, -1)
         for node, amounts in self._planned_counted.pop(job, {}).items():
             _accumulate(self._node_planned[node], amounts, -1)
+        for node, amounts in self._later_counted.pop(job, {}).items():
+            _accumulate(self._node_later[node], amounts, -1)
         reserved = self._reserved.get(job)
         if reserved is None:
             return
@@ -190,6 +210,14 @@ class WorkerCapacity:
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
+        # Bound pods are the ones created first: they take from the part held for later
+        # pods last.
+        later = {node: held for node, amounts in self._planned_later.get(job, {}).items()
+                 if node in per_node and (held := _smaller(per_node[node], amounts))}
+        if later:
+            self._later_counted[job] = later
+            for node, amounts in later.items():
+                _accumulate(self._node_later.setdefault(node, {}), amounts)
 
     def _counted_reservations(self) -> Resources:
         return {resource: amount for resource, amount in self._counted_total.items() if amount}
@@ -207,80 +235,100 @@ class WorkerCapacity:
             return self._free(nodes)
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
-             tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
-        """Where ``pods`` (each one's requests) would go on the Nodes that admit them,
-        largest first, each onto the Node the worker's scheduler scores best (``scoring``);
-        or why one cannot go anywhere. Room planned for other reserved jobs is taken;
-        reservations without a plan are counted by ``free``.
+             tolerations: list[dict] | None = None,
+             later: list[bool] | None = None) -> Plan | str:
+        """Where ``pods`` (each one's requests; ``later``: which of them are created only
+        once the others finish) would go on the Nodes that admit them, largest first, or
+        why they cannot all go.
 
-        The scheduler does not always bind where the plan said (it breaks ties at random
-        and scores more than free room), so a Node can hold more planned pods than it has
-        room left: those pods will land elsewhere, and are packed first, where they will
-        go, before the new ones."""
+        Each pod goes where the worker's scheduler would put it (its ``scoring``) as the
+        scheduler sees the Nodes: bound pods and the pods of placed jobs that exist or
+        are about to, but not the room held for placed jobs' pods created later (a
+        trainer waits for its initializers), which looks free to it and goes to whatever
+        comes first. Then every placed job's pods must still have room: those whose Node
+        is now short (their hold taken by this job, or by a pod the scheduler bound off
+        its plan) are packed elsewhere, and if one fits nowhere the job does not fit
+        here. Reservations without a plan are counted by ``free``."""
+        deferred = later or [False] * len(pods)
+        sign = -1 if self.scoring == MOST_ALLOCATED else 1
         with self._lock:
             room = {name: self._node_room(name) for name, node in self._nodes.items()
                     if node.usable and admits(node.labels, node.taints, node_selector,
                                               tolerations)}
             allocatable = {name: self._nodes[name].allocatable for name in room}
-            displaced = self._displaced(room)
-        sign = -1 if self.scoring == MOST_ALLOCATED else 1
-        planned: dict[str, Resources] = {}
-        for pod, theirs in [*((p, True) for p in displaced),
-                            *((p, False) for p in sorted(pods, key=lambda r: sorted(r.items()),
-                                                         reverse=True))]:
-            wanted = {**pod, PODS: pod.get(PODS, Decimal(1))}
-            fitting = [name for name, free in room.items()
-                       if all(free.get(r, Decimal(0)) >= amount
-                              for r, amount in wanted.items()
-                              if amount > 0 and (r != PODS or r in free))]
-            if not fitting:
-                reason = _no_node_for(wanted, room)
-                if theirs:
-                    return "placed jobs' pods already need all the room left: " + reason
-                if displaced:
-                    return (reason + ", once placed jobs' pods whose planned Node filled up "
-                            "go elsewhere")
-                return reason
-            # Highest score first; the scheduler breaks ties at random, this by name.
-            name = min(fitting, key=lambda n: (
-                -sign * _free_share(room[n], allocatable[n], wanted), n))
-            _accumulate(room[name], wanted, -1)
-            if not theirs:
-                _accumulate(planned.setdefault(name, {}), wanted)
-        return planned
+            # Placed jobs' pods whose Node is short already: those that exist go first
+            # (the scheduler binds them before this job's), the later ones at the end.
+            moved: set = set()
+            displaced = self._displaced(room, moved)
+            seen = {name: {**free} for name, free in room.items()}
+            for name, free in seen.items():
+                _accumulate(free, self._node_later.get(name, {}))
+            for is_later, lump, origin in displaced:
+                if is_later:  # its hold is off that Node already
+                    _accumulate(seen[origin], lump, -1)
+            views = (seen, room)
+            for lump in (lump for is_later, lump, _ in displaced if not is_later):
+                if not _take(views, allocatable, lump, sign):
+                    return _left_without_room(lump, room)
+            plan = Plan()
+            for index in sorted(range(len(pods)), key=lambda i: sorted(pods[i].items()),
+                                reverse=True):
+                wanted = {**pods[index], PODS: pods[index].get(PODS, Decimal(1))}
+                name = _take(views, allocatable, wanted, sign)
+                if name is None:
+                    return _no_node_for(wanted, room)
+                _accumulate(plan.setdefault(name, {}), wanted)
+                if deferred[index]:
+                    _accumulate(plan.later.setdefault(name, {}), wanted)
+            # Then what waits for later: the holds this job's pods took, and those short
+            # before. They need room anywhere when their pods come.
+            later_lumps = [lump for is_later, lump, _ in displaced if is_later]
+            later_lumps += [lump for _, lump, _ in self._displaced(room, moved)]
+            for lump in sorted(later_lumps, key=lambda r: sorted(r.items()), reverse=True):
+                if not _take((room,), allocatable, lump, sign):
+                    return _left_without_room(lump, room)
+        return plan
 
-    def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
+    def _displaced(self, room: dict[str, Resources],
+                   moved: set) -> list[tuple[bool, Resources, str]]:
         """The planned pods that no longer fit on their Node (its room is short in some
-        resource), largest first, each taken out of that Node's room. A pod of a planned
-        job bound off its plan keeps the job's planned room where it was until the job's
-        last pod binds: which planned pod it stood for is not known. Called under the
-        lock."""
+        resource), each taken out of that Node's room and said whether it is held for pods
+        not created yet; those go first (the ones the scheduler gives away), then the
+        largest, with the Node it was held on. ``moved`` has those moved before (by job,
+        Node and part), and gets these. One job's
+        planned pods on a Node move as one lump: how their amounts divide between them is
+        not known (initializers and trainer differ), and a lump can only be harder to
+        place. A pod of a placed job bound off its plan keeps the job's planned room
+        where it was until the job's last pod binds: which planned pod it stood for is
+        not known. Called under the lock."""
         short = {name for name, free in room.items()
                  if any(amount < 0 for r, amount in free.items()
                         if r in self._nodes[name].allocatable)}
         if not short:
             return []
-        entries: dict[str, list[Resources]] = {}
-        for per_node in self._planned_counted.values():
+        entries: dict[str, list[tuple[bool, Resources, tuple]]] = {}
+        for job, per_node in self._planned_counted.items():
             for name, amounts in per_node.items():
-                if name in short:
-                    # One job's planned pods on a Node move as one lump: how its
-                    # amounts divide between them is not known (initializers and trainer
-                    # differ), and a lump can only be harder to place.
-                    entries.setdefault(name, []).append(
-                        {**amounts, PODS: amounts.get(PODS, Decimal(1))})
-        moved: list[Resources] = []
-        for name, planned_pods in entries.items():
+                if name not in short:
+                    continue
+                held_later = self._later_counted.get(job, {}).get(name, {})
+                parts = [(True, held_later), (False, _outstanding(amounts, held_later))]
+                entries.setdefault(name, []).extend(
+                    (is_later, {**part, PODS: part.get(PODS, Decimal(1))},
+                     (job, name, is_later))
+                    for is_later, part in parts if part and (job, name, is_later) not in moved)
+        lumps: list[tuple[bool, Resources, str]] = []
+        for name, held in entries.items():
             free = room[name]
-            # Move the largest first: the fewest pods that clear the shortfall, and the
-            # hardest to place elsewhere, so the estimate errs on the safe side.
-            for pod in sorted(planned_pods, key=lambda r: sorted(r.items()), reverse=True):
+            for is_later, lump, key in sorted(held, key=lambda e: (e[0], sorted(e[1].items())),
+                                              reverse=True):
                 if all(amount >= 0 for r, amount in free.items()
                        if r in self._nodes[name].allocatable):
                     break
-                _accumulate(free, pod)
-                moved.append(pod)
-        return sorted(moved, key=lambda r: sorted(r.items()), reverse=True)
+                _accumulate(free, lump)
+                lumps.append((is_later, lump, name))
+                moved.add(key)
+        return sorted(lumps, key=lambda e: sorted(e[1].items()), reverse=True)
 
     def _node_room(self, name: str) -> Resources:
         """A Node's allocatable less its bound pods and the room planned there for reserved
@@ -347,6 +395,38 @@ class WorkerCapacity:
 
 
 # --- pure helpers -----------------------------------------------------------------------
+
+def _take(views: tuple[dict[str, Resources], ...], allocatable: dict[str, Resources],
+          wanted: Resources, sign: int) -> str | None:
+    """Put a pod where the scheduler would, as the first of ``views`` shows the Nodes,
+    and take its room in every view; the Node, or None when it fits nowhere."""
+    name = _best(views[0], allocatable, wanted, sign)
+    if name is not None:
+        for view in views:
+            _accumulate(view[name], wanted, -1)
+    return name
+
+
+def _left_without_room(lump: Resources, room: dict[str, Resources]) -> str:
+    return "the pods of placed jobs would be left without room: " + _no_node_for(lump, room)
+
+
+def _best(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
+          sign: int) -> str | None:
+    """The Node the scheduler scores best for a pod among those with room for it (highest
+    score first; the scheduler breaks ties at random, this by name), or None."""
+    fitting = [name for name, free in room.items()
+               if all(free.get(r, Decimal(0)) >= amount for r, amount in wanted.items()
+                      if amount > 0 and (r != PODS or r in free))]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
+
+
+def _smaller(a: Resources, b: Resources) -> Resources:
+    """Per resource, the smaller of two amounts (resources in both, above zero)."""
+    return {r: min(amount, b[r]) for r, amount in a.items() if r in b and min(amount, b[r]) > 0}
+
 
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:
     """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu

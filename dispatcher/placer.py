@@ -47,6 +47,9 @@ class Need:
     # Kueue mode: the (namespace, LocalQueue) the worker's Kueue admits the job through;
     # its ClusterQueue's quota is room too. None in standalone mode.
     queue: tuple[str, str] | None = None
+    # Which of each_pod are created only once others finish (JobSet dependsOn: the
+    # trainer after its initializers); none when empty.
+    later: list[bool] = field(default_factory=list)
 
 
 NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
@@ -117,7 +120,7 @@ class Placer:
             if need is not None and not shortfalls(need.requests, need.pods, free):
                 # Room in sum: each pod must also fit on one Node.
                 plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                            need.tolerations)
+                                            need.tolerations, need.later or None)
                 if isinstance(plan, str):
                     problem = plan
                 else:
@@ -266,8 +269,10 @@ def _need(job: TrainJob, runtime: dict) -> Need | str:
     pod_spec = trainers[0].pod_spec if trainers else {}
     totals = info.totals
     each_pod = [pod_set.requests for pod_set in info.pod_sets for _ in range(pod_set.count)]
+    later = [bool(pod_set.job.get("dependsOn")) for pod_set in info.pod_sets
+             for _ in range(pod_set.count)]
     return Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                pod_spec.get("tolerations"), each_pod)
+                pod_spec.get("tolerations"), each_pod, later=later)
 
 
 def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal]

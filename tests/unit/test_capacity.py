@@ -570,8 +570,7 @@ def test_a_pod_bound_off_its_plan_leaves_no_room_counted_twice_or_lost():
     _bind(capacity, "small-0", 0, "b", 1)  # not where planned
     assert capacity.free()["cpu"] == 0
     assert capacity.pack([{"cpu": D(1)}]) == (
-        "no Node has room for a pod of 1 cpu (most free on one Node: 0), once placed jobs' "
-        "pods whose planned Node filled up go elsewhere")
+        "no Node has room for a pod of 1 cpu (most free on one Node: 0)")
 
 
 def _wide_and_two_small():
@@ -631,5 +630,27 @@ def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
     _bind(capacity, "small-0", 0, "b", 1)
     _bind(capacity, "small-1", 0, "b", 1)
     assert capacity.pack([{"cpu": D(1)}]) == (
-        "placed jobs' pods already need all the room left: no Node has room for a pod of "
+        "the pods of placed jobs would be left without room: no Node has room for a pod of "
         "3 cpu (most free on one Node: 2)")
+
+
+def test_room_held_for_pods_created_later_is_what_the_scheduler_gives_away():
+    """A trainer that waits for its initializers (JobSet dependsOn) holds room its worker's
+    scheduler cannot see: jobs whose pods come first are expected in that hole, and a job
+    is refused when the trainer would then find no Node."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=16), node("b", cpu=16))
+    first = capacity.pack([{"cpu": D("0.1")}, {"cpu": D(12)}], later=[False, True])
+    assert first == {"a": {"cpu": D(12), "pods": D(1)}, "b": {"cpu": D("0.1"), "pods": D(1)}}
+    assert first.later == {"a": {"cpu": D(12), "pods": D(1)}}
+    capacity.reserve(("team-a", "first"), {"cpu": D("12.1")}, pods=2, planned=first)
+    # The scheduler sees a empty: a 6-cpu pod made now goes there, and the trainer, when
+    # it comes, to b.
+    second = capacity.pack([{"cpu": D(6)}])
+    assert list(second) == ["a"]
+    capacity.reserve(("team-a", "second"), {"cpu": D(6)}, pods=1, planned=second)
+    # Another 6 cpu would leave the trainer no Node with 12 free, wherever it goes.
+    assert capacity.pack([{"cpu": D(6)}]) == (
+        "the pods of placed jobs would be left without room: no Node has room for a pod of "
+        "12 cpu (most free on one Node: 10)")
+    assert list(capacity.pack([{"cpu": D(3)}])) == ["b"]
