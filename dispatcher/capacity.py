@@ -47,16 +47,6 @@ JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
 
 
-class Plan(dict):
-    """Where a job's pods were packed: Node name -> their requests there. ``later`` is the
-    part for pods created only once others finish (a trainer after its initializers):
-    until then the worker's scheduler cannot see the room they hold."""
-
-    def __init__(self, *args, later: dict[str, Resources] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.later: dict[str, Resources] = later or {}
-
-
 @dataclass
 class _Node:
     allocatable: Resources
@@ -99,11 +89,6 @@ class WorkerCapacity:
         # every selection of Nodes).
         self._planned_counted: dict[JobKey, dict[str, Resources]] = {}
         self._node_planned: dict[str, Resources] = {}
-        # The part of those held for pods not created yet (``Plan.later``): room the
-        # scheduler sees as free, and gives to whatever pod comes first.
-        self._planned_later: dict[JobKey, dict[str, Resources]] = {}
-        self._later_counted: dict[JobKey, dict[str, Resources]] = {}
-        self._node_later: dict[str, Resources] = {}
         self._unplanned_total: Resources = {}
 
     # --- informer handlers ------------------------------------------------------------
@@ -156,10 +141,8 @@ class WorkerCapacity:
         with self._lock:
             if planned:
                 self._planned[job_key] = planned
-                self._planned_later[job_key] = getattr(planned, "later", {})
             elif self._reserved.get(job_key) != amounts:
                 self._planned.pop(job_key, None)  # another footprint: the plan is not its
-                self._planned_later.pop(job_key, None)
             self._reserved[job_key] = amounts
             self._recount(job_key)
 
@@ -173,7 +156,6 @@ class WorkerCapacity:
         there was one."""
         with self._lock:
             self._planned.pop(job_key, None)
-            self._planned_later.pop(job_key, None)
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
                 return True
@@ -190,8 +172,6 @@ class WorkerCapacity:
                 _accumulate(self._unplanned_total, previous, -1)
         for node, amounts in self._planned_counted.pop(job, {}).items():
             _accumulate(self._node_planned[node], amounts, -1)
-        for node, amounts in self._later_counted.pop(job, {}).items():
-            _accumulate(self._node_later[node], amounts, -1)
         reserved = self._reserved.get(job)
         if reserved is None:
             return
@@ -210,14 +190,7 @@ class WorkerCapacity:
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
-        # Bound pods are the ones created first: they take from the part held for later
-        # pods last.
-        later = {node: held for node, amounts in self._planned_later.get(job, {}).items()
-                 if node in per_node and (held := _smaller(per_node[node], amounts))}
-        if later:
-            self._later_counted[job] = later
-            for node, amounts in later.items():
-                _accumulate(self._node_later.setdefault(node, {}), amounts)
+
 
     def _counted_reservations(self) -> Resources:
         return {resource: amount for resource, amount in self._counted_total.items() if amount}
@@ -235,100 +208,80 @@ class WorkerCapacity:
             return self._free(nodes)
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
-             tolerations: list[dict] | None = None,
-             later: list[bool] | None = None) -> Plan | str:
-        """Where ``pods`` (each one's requests; ``later``: which of them are created only
-        once the others finish) would go on the Nodes that admit them, largest first, or
-        why they cannot all go.
+             tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
+        """Where ``pods`` (each one's requests) would go on the Nodes that admit them,
+        largest first, each where the worker's scheduler would put it (its ``scoring``);
+        or why they cannot all go.
 
-        Each pod goes where the worker's scheduler would put it (its ``scoring``) as the
-        scheduler sees the Nodes: bound pods and the pods of placed jobs that exist or
-        are about to, but not the room held for placed jobs' pods created later (a
-        trainer waits for its initializers), which looks free to it and goes to whatever
-        comes first. Then every placed job's pods must still have room: those whose Node
-        is now short (their hold taken by this job, or by a pod the scheduler bound off
-        its plan) are packed elsewhere, and if one fits nowhere the job does not fit
-        here. Reservations without a plan are counted by ``free``."""
-        deferred = later or [False] * len(pods)
+        The pods of placed jobs that are not bound yet hold room on the Nodes they were
+        planned on, but the scheduler does not see those holds, and the pods come in no
+        order this dispatcher knows (a trainer after its initializers, a copy that Kueue
+        makes when its clients get to it). So both ends are checked: the held pods first,
+        then this job's (the plan returned); and this job's first, placed as the scheduler
+        sees the Nodes (bound pods only), then the held pods wherever room is left. Held
+        pods whose Node is short (taken by this job, or by a pod the scheduler bound off
+        its plan) go to the other Nodes; if one fits nowhere, the job does not fit here.
+        Reservations without a plan are counted by ``free``."""
         sign = -1 if self.scoring == MOST_ALLOCATED else 1
+        largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
+        wanted = [{**pod, PODS: pod.get(PODS, Decimal(1))} for pod in largest_first]
         with self._lock:
-            room = {name: self._node_room(name) for name, node in self._nodes.items()
-                    if node.usable and admits(node.labels, node.taints, node_selector,
-                                              tolerations)}
-            allocatable = {name: self._nodes[name].allocatable for name in room}
-            # Placed jobs' pods whose Node is short already: those that exist go first
-            # (the scheduler binds them before this job's), the later ones at the end.
-            moved: set = set()
-            displaced = self._displaced(room, moved)
-            seen = {name: {**free} for name, free in room.items()}
-            for name, free in seen.items():
-                _accumulate(free, self._node_later.get(name, {}))
-            for is_later, lump, origin in displaced:
-                if is_later:  # its hold is off that Node already
-                    _accumulate(seen[origin], lump, -1)
-            views = (seen, room)
-            for lump in (lump for is_later, lump, _ in displaced if not is_later):
-                if not _take(views, allocatable, lump, sign):
+            names = [name for name, node in self._nodes.items()
+                     if node.usable and admits(node.labels, node.taints, node_selector,
+                                               tolerations)]
+            allocatable = {name: self._nodes[name].allocatable for name in names}
+            # The held pods first.
+            room = {name: self._node_room(name) for name in names}
+            for lump in self._displaced(room):
+                if _best(room, allocatable, lump, sign, take=True) is None:
                     return _left_without_room(lump, room)
-            plan = Plan()
-            for index in sorted(range(len(pods)), key=lambda i: sorted(pods[i].items()),
-                                reverse=True):
-                wanted = {**pods[index], PODS: pods[index].get(PODS, Decimal(1))}
-                name = _take(views, allocatable, wanted, sign)
+            plan: dict[str, Resources] = {}
+            for pod in wanted:
+                name = _best(room, allocatable, pod, sign, take=True)
                 if name is None:
-                    return _no_node_for(wanted, room)
-                _accumulate(plan.setdefault(name, {}), wanted)
-                if deferred[index]:
-                    _accumulate(plan.later.setdefault(name, {}), wanted)
-            # Then what waits for later: the holds this job's pods took, and those short
-            # before. They need room anywhere when their pods come.
-            later_lumps = [lump for is_later, lump, _ in displaced if is_later]
-            later_lumps += [lump for _, lump, _ in self._displaced(room, moved)]
-            for lump in sorted(later_lumps, key=lambda r: sorted(r.items()), reverse=True):
-                if not _take((room,), allocatable, lump, sign):
+                    return _no_node_for(pod, room)
+                _accumulate(plan.setdefault(name, {}), pod)
+            # This job's pods first, where the scheduler would put them.
+            room = {name: self._node_room(name) for name in names}
+            seen = {name: {**allocatable[name]} for name in names}
+            for name in names:
+                _accumulate(seen[name], self._used.get(name, {}), -1)
+            for pod in wanted:
+                name = _best(seen, allocatable, pod, sign, take=True)
+                if name is None:
+                    return _no_node_for(pod, room)
+                _accumulate(room[name], pod, -1)
+            for lump in self._displaced(room):
+                if _best(room, allocatable, lump, sign, take=True) is None:
                     return _left_without_room(lump, room)
         return plan
 
-    def _displaced(self, room: dict[str, Resources],
-                   moved: set) -> list[tuple[bool, Resources, str]]:
-        """The planned pods that no longer fit on their Node (its room is short in some
-        resource), each taken out of that Node's room and said whether it is held for pods
-        not created yet; those go first (the ones the scheduler gives away), then the
-        largest, with the Node it was held on. ``moved`` has those moved before (by job,
-        Node and part), and gets these. One job's
-        planned pods on a Node move as one lump: how their amounts divide between them is
-        not known (initializers and trainer differ), and a lump can only be harder to
-        place. A pod of a placed job bound off its plan keeps the job's planned room
-        where it was until the job's last pod binds: which planned pod it stood for is
-        not known. Called under the lock."""
+    def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
+        """The held pods on Nodes whose room is short in some resource, largest first,
+        all taken out of those Nodes' room, to be packed again over every Node (which
+        ones the scheduler will put elsewhere depends on the order they come in). One
+        job's held pods on a Node move as one lump: how their amounts divide between them
+        is not known (initializers and trainer differ), and a lump can only be harder to
+        place. A pod of a placed job bound off its plan keeps the job's held room where it
+        was until the job's last pod binds: which held pod it stood for is not known.
+        Called under the lock."""
         short = {name for name, free in room.items()
                  if any(amount < 0 for r, amount in free.items()
                         if r in self._nodes[name].allocatable)}
         if not short:
             return []
-        entries: dict[str, list[tuple[bool, Resources, tuple]]] = {}
-        for job, per_node in self._planned_counted.items():
+        held: dict[str, list[Resources]] = {}
+        for per_node in self._planned_counted.values():
             for name, amounts in per_node.items():
-                if name not in short:
-                    continue
-                held_later = self._later_counted.get(job, {}).get(name, {})
-                parts = [(True, held_later), (False, _outstanding(amounts, held_later))]
-                entries.setdefault(name, []).extend(
-                    (is_later, {**part, PODS: part.get(PODS, Decimal(1))},
-                     (job, name, is_later))
-                    for is_later, part in parts if part and (job, name, is_later) not in moved)
-        lumps: list[tuple[bool, Resources, str]] = []
-        for name, held in entries.items():
-            free = room[name]
-            for is_later, lump, key in sorted(held, key=lambda e: (e[0], sorted(e[1].items())),
-                                              reverse=True):
-                if all(amount >= 0 for r, amount in free.items()
-                       if r in self._nodes[name].allocatable):
-                    break
-                _accumulate(free, lump)
-                lumps.append((is_later, lump, name))
-                moved.add(key)
-        return sorted(lumps, key=lambda e: sorted(e[1].items()), reverse=True)
+                if name in short:
+                    held.setdefault(name, []).append(
+                        {**amounts, PODS: amounts.get(PODS, Decimal(1))})
+        lumps: list[Resources] = []
+        for name, theirs in held.items():
+            for lump in theirs:
+                _accumulate(room[name], lump)
+                lumps.append(lump)
+        return sorted(lumps, key=lambda r: sorted(r.items()), reverse=True)
 
     def _node_room(self, name: str) -> Resources:
         """A Node's allocatable less its bound pods and the room planned there for reserved
@@ -396,36 +349,24 @@ class WorkerCapacity:
 
 # --- pure helpers -----------------------------------------------------------------------
 
-def _take(views: tuple[dict[str, Resources], ...], allocatable: dict[str, Resources],
-          wanted: Resources, sign: int) -> str | None:
-    """Put a pod where the scheduler would, as the first of ``views`` shows the Nodes,
-    and take its room in every view; the Node, or None when it fits nowhere."""
-    name = _best(views[0], allocatable, wanted, sign)
-    if name is not None:
-        for view in views:
-            _accumulate(view[name], wanted, -1)
-    return name
-
-
-def _left_without_room(lump: Resources, room: dict[str, Resources]) -> str:
-    return "the pods of placed jobs would be left without room: " + _no_node_for(lump, room)
-
-
 def _best(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
-          sign: int) -> str | None:
+          sign: int, take: bool = False) -> str | None:
     """The Node the scheduler scores best for a pod among those with room for it (highest
-    score first; the scheduler breaks ties at random, this by name), or None."""
+    score first; the scheduler breaks ties at random, this by name), or None; ``take``:
+    the pod takes its room there."""
     fitting = [name for name, free in room.items()
                if all(free.get(r, Decimal(0)) >= amount for r, amount in wanted.items()
                       if amount > 0 and (r != PODS or r in free))]
     if not fitting:
         return None
-    return min(fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
+    best = min(fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
+    if take:
+        _accumulate(room[best], wanted, -1)
+    return best
 
 
-def _smaller(a: Resources, b: Resources) -> Resources:
-    """Per resource, the smaller of two amounts (resources in both, above zero)."""
-    return {r: min(amount, b[r]) for r, amount in a.items() if r in b and min(amount, b[r]) > 0}
+def _left_without_room(lump: Resources, room: dict[str, Resources]) -> str:
+    return "the pods of placed jobs would be left without room: " + _no_node_for(lump, room)
 
 
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:

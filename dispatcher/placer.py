@@ -47,9 +47,6 @@ class Need:
     # Kueue mode: the (namespace, LocalQueue) the worker's Kueue admits the job through;
     # its ClusterQueue's quota is room too. None in standalone mode.
     queue: tuple[str, str] | None = None
-    # Which of each_pod are created only once others finish (JobSet dependsOn: the
-    # trainer after its initializers); none when empty.
-    later: list[bool] = field(default_factory=list)
 
 
 NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
@@ -102,6 +99,10 @@ class Placer:
                 return decision
             worker, need, plan = decision
             worker.capacity.reserve(key, need.requests, need.pods, plan)
+            if plan:
+                log.debug("%s/%s pods expected on %s: %s", *key, worker.name,
+                          {node: {r: str(a) for r, a in amounts.items()}
+                           for node, amounts in plan.items()})
             if need.queue is not None and worker.quota is not None:
                 worker.quota.hold(key, need.queue, need.requests, need.pods)
         return worker, need
@@ -120,7 +121,7 @@ class Placer:
             if need is not None and not shortfalls(need.requests, need.pods, free):
                 # Room in sum: each pod must also fit on one Node.
                 plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                            need.tolerations, need.later or None)
+                                            need.tolerations)
                 if isinstance(plan, str):
                     problem = plan
                 else:
@@ -269,10 +270,8 @@ def _need(job: TrainJob, runtime: dict) -> Need | str:
     pod_spec = trainers[0].pod_spec if trainers else {}
     totals = info.totals
     each_pod = [pod_set.requests for pod_set in info.pod_sets for _ in range(pod_set.count)]
-    later = [bool(pod_set.job.get("dependsOn")) for pod_set in info.pod_sets
-             for _ in range(pod_set.count)]
     return Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                pod_spec.get("tolerations"), each_pod, later=later)
+                pod_spec.get("tolerations"), each_pod)
 
 
 def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal]

@@ -610,18 +610,21 @@ def test_a_job_bound_off_its_plan_holds_its_planned_room_until_its_last_pod_bind
 
 
 def test_planned_pods_of_different_shapes_move_together_when_their_node_fills_up():
-    """A job's initializers and its trainer planned on one Node: when the Node fills up
-    otherwise, what its planned pods hold is not split evenly between them (the trainer
-    alone asks for the GPU)."""
+    """A job's pods held on one Node, its trainer alone asking for the GPU: when the Node
+    fills up otherwise, they move as one lump, GPU and all (an even split between them
+    would count less GPU than the trainer needs)."""
     capacity = WorkerCapacity()
     add_nodes(capacity, node("a", cpu=4, gpu=1), node("b", cpu=4, gpu=1))
     capacity.reserve(("team-a", "trainer"), {"cpu": D(2), GPU: D(1)}, pods=2,
                      planned={"a": {"cpu": D(2), GPU: D(1), "pods": D(2)}})
     capacity.on_pod(ADDED, None, pod("other", node_name="a", cpu="3"))
     assert capacity.free()[GPU] == 1
-    # The planned pods go to b, GPU and all: a's GPU is the one left, not b's.
-    assert list(capacity.pack([{"cpu": D(1), GPU: D(1)}])) == ["a"]
-    assert isinstance(capacity.pack([{"cpu": D(2), GPU: D(1)}]), str)
+    # The held pods now need b's GPU. A GPU pod made before them would go to b (the
+    # scheduler sees it emptier) and leave them none: refused.
+    assert capacity.pack([{"cpu": D(1), GPU: D(1)}]) == (
+        "the pods of placed jobs would be left without room: no Node has room for a pod "
+        "of 2 cpu and 1 nvidia.com/gpu together")
+    assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]  # beside them: more left there
 
 
 def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
@@ -634,23 +637,20 @@ def test_no_pod_is_placed_when_placed_jobs_pods_already_lack_room():
         "3 cpu (most free on one Node: 2)")
 
 
-def test_room_held_for_pods_created_later_is_what_the_scheduler_gives_away():
-    """A trainer that waits for its initializers (JobSet dependsOn) holds room its worker's
-    scheduler cannot see: jobs whose pods come first are expected in that hole, and a job
-    is refused when the trainer would then find no Node."""
+def test_a_job_whose_pods_could_come_first_must_leave_the_held_pods_room():
+    """Two jobs placed a moment apart on two 8-cpu Nodes: 8 cpu for the first, 4 for the
+    second. Planned in that order they fit; but the scheduler does not see the first's
+    hold, and if the second's pod comes first it goes to the emptier-looking Node, the
+    first's, and its initializer beside it on the other: the 8-cpu pod then fits nowhere.
+    The second job waits until the first's pods are bound."""
     capacity = WorkerCapacity()
-    add_nodes(capacity, node("a", cpu=16), node("b", cpu=16))
-    first = capacity.pack([{"cpu": D("0.1")}, {"cpu": D(12)}], later=[False, True])
-    assert first == {"a": {"cpu": D(12), "pods": D(1)}, "b": {"cpu": D("0.1"), "pods": D(1)}}
-    assert first.later == {"a": {"cpu": D(12), "pods": D(1)}}
-    capacity.reserve(("team-a", "first"), {"cpu": D("12.1")}, pods=2, planned=first)
-    # The scheduler sees a empty: a 6-cpu pod made now goes there, and the trainer, when
-    # it comes, to b.
-    second = capacity.pack([{"cpu": D(6)}])
-    assert list(second) == ["a"]
-    capacity.reserve(("team-a", "second"), {"cpu": D(6)}, pods=1, planned=second)
-    # Another 6 cpu would leave the trainer no Node with 12 free, wherever it goes.
-    assert capacity.pack([{"cpu": D(6)}]) == (
-        "the pods of placed jobs would be left without room: no Node has room for a pod of "
-        "12 cpu (most free on one Node: 10)")
-    assert list(capacity.pack([{"cpu": D(3)}])) == ["b"]
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    initializer = {"cpu": D("0.1")}
+    first = capacity.pack([{"cpu": D(8)}, initializer])
+    assert first == {"a": {"cpu": D(8), "pods": D(1)}, "b": {"cpu": D("0.1"), "pods": D(1)}}
+    capacity.reserve(("team-a", "first"), {"cpu": D("8.1")}, pods=2, planned=first)
+    assert capacity.pack([{"cpu": D(4)}, initializer]) == (
+        "the pods of placed jobs would be left without room: no Node has room for a pod "
+        "of 8 cpu (most free on one Node: 7.8)")
+    _bind(capacity, "first", 0, "a", 8)
+    assert list(capacity.pack([{"cpu": D(4)}, initializer])) == ["b"]

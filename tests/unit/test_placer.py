@@ -105,26 +105,3 @@ def test_a_copy_this_dispatcher_did_not_make_leaves_the_reservation_alone():
     assert placer.follow_copy("worker-1", ("ns", "a"), "DELETED", kueues_copy) is True
     assert not one.capacity.reserved(("ns", "a"))
 
-
-def test_pods_that_wait_for_others_are_marked_as_created_later():
-    """A replicated job with JobSet dependsOn (a trainer after its initializer) makes its
-    pods only once the other finishes: its planned room is marked as such."""
-    with_initializer = runtime("u1", "5", "2")
-    trainer = with_initializer["spec"]["template"]["spec"]["replicatedJobs"][0]
-    trainer["dependsOn"] = [{"name": c.DATASET_INITIALIZER, "status": "Complete"}]
-    initializer = {"name": c.DATASET_INITIALIZER, "template": {
-        "metadata": {"labels": {c.ANCESTOR_LABEL: c.ROLE_DATASET_INITIALIZER}},
-        "spec": {"template": {"spec": {"containers": [{
-            "name": c.DATASET_INITIALIZER, "image": "init",
-            "resources": {"requests": {"cpu": "1"}}}]}}}}}
-    with_initializer["spec"]["template"]["spec"]["replicatedJobs"].insert(0, initializer)
-    placer = Placer(Registry(worker("worker-1", 0, with_initializer)), "best-fit")
-    chosen, need = placer.place(job("a"))
-    assert [(pod["cpu"], later) for pod, later in zip(need.each_pod, need.later)] == [
-        (D(1), False), (D(2), True), (D(2), True)]
-    # The scheduler sees the trainers' 4 cpu as free until they come; what would leave
-    # them without room is refused.
-    assert chosen.capacity.pack([{"cpu": D(60)}]) == (
-        "the pods of placed jobs would be left without room: no Node has room for a pod of "
-        "4 cpu (most free on one Node: 3)")
-    assert list(chosen.capacity.pack([{"cpu": D(59)}])) == ["worker-1-node"]
