@@ -137,16 +137,15 @@ class _PoolWatch:
                     log.warning("pool watch on %s: %s", worker, err.reason)
                     continue
                 for pod in pods:
+                    key = (worker, pod.metadata.name)
                     for cond in (pod.status.conditions or []) if pod.status else []:
                         if cond.type == "PodScheduled" and cond.status == "False" and \
-                                cond.reason == "Unschedulable":
-                            if (worker, pod.metadata.name) not in self.unschedulable:
-                                # Which Nodes refused it and why: what a fix starts from.
-                                log.info("unschedulable on %s: %s: %s", worker,
-                                         pod.metadata.name, cond.message)
-                                self.refused_at[(worker, pod.metadata.name)] = time.time()
-                            self.unschedulable.add((worker, pod.metadata.name))
-                    key = (worker, pod.metadata.name)
+                                cond.reason == "Unschedulable" and key not in self.unschedulable:
+                            # Which Nodes refused it and why: what a fix starts from.
+                            log.info("unschedulable on %s: %s: %s", worker,
+                                     pod.metadata.name, cond.message)
+                            self.refused_at[key] = time.time()
+                            self.unschedulable.add(key)
                     if key in self.refused_at and key not in self.bound_at and \
                             pod.spec and pod.spec.node_name:
                         self.bound_at[key] = time.time()
@@ -275,6 +274,7 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
                 seen.condition_seen[(*key, t)] for t in finished
                 if (*key, t) in seen.condition_seen])
             withdrawn += sum(1 for at in seen.deleted.get(key, []) if at < done_at)
+    last_end = max(ends.values()) if ends else time.time()
     figures = {
         "jobs": count, "workers": len(pool_workers),
         "pool": {resource: str(amount) for resource, amount in pool.allocatable.items()},
@@ -288,11 +288,9 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
                                        if job.name in pool.all_running and key in manager.added]),
         "never_all_running": sum(1 for job in jobs if job.name not in pool.all_running),
         "pods_unschedulable": len(pool.unschedulable),
-        "longest_unschedulable_seconds": pool.longest_refused(
-            max(ends.values()) if ends else time.time()),
+        "longest_unschedulable_seconds": pool.longest_refused(last_end),
         "copies_withdrawn": withdrawn,
-        "utilisation": pool.utilisation(run.first_start,
-                                        max(ends.values()) if ends else time.time()),
+        "utilisation": pool.utilisation(run.first_start, last_end),
         "placements": _placements(ctx, keys, pool_workers),
     }
     log.info("constrained, %d jobs: makespan %s s, %d pods unschedulable (longest %s s), "

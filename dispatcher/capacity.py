@@ -191,7 +191,6 @@ class WorkerCapacity:
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
 
-
     def _counted_reservations(self) -> Resources:
         return {resource: amount for resource, amount in self._counted_total.items() if amount}
 
@@ -230,31 +229,37 @@ class WorkerCapacity:
                      if node.usable and admits(node.labels, node.taints, node_selector,
                                                tolerations)]
             allocatable = {name: self._nodes[name].allocatable for name in names}
-            # The held pods first.
-            room = {name: self._node_room(name) for name in names}
-            for lump in self._displaced(room):
-                if _best(room, allocatable, lump, sign, take=True) is None:
-                    return _left_without_room(lump, room)
+            held_room = {name: self._node_room(name) for name in names}
+            # The held pods first, then this job's.
+            room = {name: dict(free) for name, free in held_room.items()}
+            problem = self._rehome_held(room, allocatable, sign)
+            if problem:
+                return problem
             plan: dict[str, Resources] = {}
             for pod in wanted:
-                name = _best(room, allocatable, pod, sign, take=True)
+                name = _take(room, allocatable, pod, sign)
                 if name is None:
                     return _no_node_for(pod, room)
                 _accumulate(plan.setdefault(name, {}), pod)
-            # This job's pods first, where the scheduler would put them.
-            room = {name: self._node_room(name) for name in names}
-            seen = {name: {**allocatable[name]} for name in names}
-            for name in names:
-                _accumulate(seen[name], self._used.get(name, {}), -1)
+            # This job's first, where the scheduler would put them, then the held ones.
+            room = held_room
+            seen = {name: self._node_room(name, held=False) for name in names}
             for pod in wanted:
-                name = _best(seen, allocatable, pod, sign, take=True)
+                name = _take(seen, allocatable, pod, sign)
                 if name is None:
                     return _no_node_for(pod, room)
                 _accumulate(room[name], pod, -1)
-            for lump in self._displaced(room):
-                if _best(room, allocatable, lump, sign, take=True) is None:
-                    return _left_without_room(lump, room)
-        return plan
+            return self._rehome_held(room, allocatable, sign) or plan
+
+    def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
+                     sign: int) -> str | None:
+        """Pack the held pods of Nodes that are short onto whichever Nodes have room (in
+        ``room``, which they take); why one fits nowhere, or None. Called under the lock."""
+        for lump in self._displaced(room):
+            if _take(room, allocatable, lump, sign) is None:
+                return ("the pods of placed jobs would be left without room: "
+                        + _no_node_for(lump, room))
+        return None
 
     def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
         """The held pods on Nodes whose room is short in some resource, largest first,
@@ -283,13 +288,14 @@ class WorkerCapacity:
                 lumps.append(lump)
         return sorted(lumps, key=lambda r: sorted(r.items()), reverse=True)
 
-    def _node_room(self, name: str) -> Resources:
-        """A Node's allocatable less its bound pods and the room planned there for reserved
-        jobs whose pods have not taken it yet (below zero when more is planned there than
-        the Node has left). Called under the lock."""
+    def _node_room(self, name: str, held: bool = True) -> Resources:
+        """A Node's allocatable less its bound pods and (``held``) the room planned there
+        for reserved jobs whose pods have not taken it yet (below zero when more is
+        planned there than the Node has left). Called under the lock."""
         room = dict(self._nodes[name].allocatable)
         _accumulate(room, self._used.get(name, {}), -1)
-        _accumulate(room, self._node_planned.get(name, {}), -1)
+        if held:
+            _accumulate(room, self._node_planned.get(name, {}), -1)
         return room
 
     def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
@@ -311,15 +317,14 @@ class WorkerCapacity:
     def _free(self, node_names: list[str]) -> Resources:
         total: Resources = {}
         for name in node_names:
-            allocatable = self._nodes[name].allocatable
-            used = self._used.get(name, {})
+            unbound = self._node_room(name, held=False)
             planned = self._node_planned.get(name, {})
-            for resource, amount in allocatable.items():
+            for resource in self._nodes[name].allocatable:
                 # Bound pods are clamped per node (an overcommitted node must not eat into
                 # another's room); planned room is not: what does not fit on its Node will
                 # land on another one.
                 total[resource] = (total.get(resource, Decimal(0))
-                                   + max(amount - used.get(resource, Decimal(0)), Decimal(0))
+                                   + max(unbound.get(resource, Decimal(0)), Decimal(0))
                                    - planned.get(resource, Decimal(0)))
         # Reservations without a plan are tied to no Node: they come off every selection.
         for resource, amount in self._unplanned_total.items():
@@ -349,24 +354,19 @@ class WorkerCapacity:
 
 # --- pure helpers -----------------------------------------------------------------------
 
-def _best(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
-          sign: int, take: bool = False) -> str | None:
+def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
+          sign: int) -> str | None:
     """The Node the scheduler scores best for a pod among those with room for it (highest
-    score first; the scheduler breaks ties at random, this by name), or None; ``take``:
-    the pod takes its room there."""
+    score first; the scheduler breaks ties at random, this by name), where the pod then
+    takes its room; None when it fits nowhere."""
     fitting = [name for name, free in room.items()
                if all(free.get(r, Decimal(0)) >= amount for r, amount in wanted.items()
                       if amount > 0 and (r != PODS or r in free))]
     if not fitting:
         return None
     best = min(fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
-    if take:
-        _accumulate(room[best], wanted, -1)
+    _accumulate(room[best], wanted, -1)
     return best
-
-
-def _left_without_room(lump: Resources, room: dict[str, Resources]) -> str:
-    return "the pods of placed jobs would be left without room: " + _no_node_for(lump, room)
 
 
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:

@@ -99,7 +99,7 @@ class Placer:
                 return decision
             worker, need, plan = decision
             worker.capacity.reserve(key, need.requests, need.pods, plan)
-            if plan:
+            if plan and log.isEnabledFor(logging.DEBUG):
                 log.debug("%s/%s pods expected on %s: %s", *key, worker.name,
                           {node: {r: str(a) for r, a in amounts.items()}
                            for node, amounts in plan.items()})
