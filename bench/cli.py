@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--compare-rate-seconds", type=float,
                          help="seconds each of those rates lasts (full "
                          f"{FULL.compare_rate_seconds:g})")
+    compare.add_argument("--drain-timeout", type=float,
+                         help="seconds a step's jobs may take to go after they are deleted, "
+                         "as a user would, before what is left is deleted directly and "
+                         "every Kueue restarted, so the next step starts with no backlog "
+                         f"(default {FULL.drain_timeout:g})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
-        "compare_jobs", "compare_rates", "compare_rate_seconds", "dispatcher_args")})
+        "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
+        "dispatcher_args")})
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
     results: dict = {}

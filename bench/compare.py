@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from bench import constrained, scenarios
 from bench.contenders import CONTENDERS, engage
@@ -32,10 +33,10 @@ from trainjob import constants as c
 
 log = logging.getLogger(__name__)
 
-# How long a step's jobs may take to go after they are deleted, copies included. Kueue's
-# own dispatchers delete remote copies through 5-qps clients: a thousand-job backlog takes
-# minutes, and what is left is recorded.
-DRAIN_TIMEOUT = 180.0
+# How long clearing it by force may take before the run stops.
+FORCE_TIMEOUT = 180.0
+# What a step leaves behind: its TrainJobs (copies on the workers) and Kueue's Workloads.
+DRAINED = ((c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)
 
 
 # Kueue 0.19 builds its clients to the workers from the MultiKueueCluster's kubeconfig
@@ -163,26 +164,86 @@ def _from_quota_reserved(ctx: scenarios.BenchContext, figures: dict, namespace: 
         figures["nomination_from_quota_reserved"] = summary_ms(nominations)
 
 
-def _drain(ctx: scenarios.BenchContext, namespace: str,
-           timeout: float = DRAIN_TIMEOUT) -> dict:
+def _drain(ctx: scenarios.BenchContext, namespace: str) -> dict:
     """Delete the step's TrainJobs on the manager, as a user would, with every controller
     still running, and wait until neither they, their Workloads nor their copies on the
-    workers are left (a dispatcher still deleting copies would slow the next step)."""
+    workers are left (a dispatcher still deleting copies would slow the next step). What
+    is still there after the settings' drain timeout (Kueue's own dispatchers delete
+    remote copies through 5-qps clients: a thousand-job backlog takes many minutes) is
+    recorded and cleared by force."""
+    timeout = ctx.settings.drain_timeout
     apis = {name: client.CustomObjectsApi(ctx.env.apis[name]) for name in ctx.env.names}
     apis["manager"].delete_collection_namespaced_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS)
-    kinds = ((c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)
     started = time.monotonic()
-    left: dict[str, int] = {}
-    while time.monotonic() - started < timeout:
+    left = _wait_gone(apis, namespace, timeout)
+    figures = {"seconds": round(time.monotonic() - started, 1), "complete": not left}
+    if left:
+        log.warning("%s: after %.0f s, still there: %s; clearing it by force", namespace,
+                    timeout, left)
+        figures["left"] = left
+        figures["forced_seconds"] = _force_clear(ctx, apis, namespace)
+    return figures
+
+
+def _wait_gone(apis: dict[str, client.CustomObjectsApi], namespace: str, timeout: float,
+               each=None) -> dict[str, int]:
+    """Poll until no TrainJob or Workload of ``namespace`` is left on any cluster, calling
+    ``each`` first every round; returns what is left at ``timeout`` (empty: all gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if each is not None:
+            each()
         left = {f"{name} {plural}": count for name, api in apis.items()
-                for group, version, plural in kinds
+                for group, version, plural in DRAINED
                 if (count := _count(api, group, version, namespace, plural))}
-        if not left:
-            return {"seconds": round(time.monotonic() - started, 1), "complete": True}
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(1)  # polling the apiserver's count, not synchronising with a thread
-    log.warning("%s: after %.0f s, still there: %s", namespace, timeout, left)
-    return {"seconds": round(time.monotonic() - started, 1), "complete": False, "left": left}
+
+
+def _force_clear(ctx: scenarios.BenchContext, apis: dict[str, client.CustomObjectsApi],
+                 namespace: str) -> float:
+    """Take out what a user's deletion left: delete it on every cluster and remove its
+    finalizers (Kueue's webhooks still answer), then restart every Kueue, so the next step
+    starts with neither the objects nor the calls a controller still had queued for them
+    (Kueue reads each remote object through its 5-qps clients before it deletes it, gone
+    or not). Returns the seconds it took."""
+    started = time.monotonic()
+
+    def sweep() -> None:
+        for name, api in apis.items():
+            kubeconfig = ctx.kubeconfig(name)
+            for group, version, plural in DRAINED:
+                api.delete_collection_namespaced_custom_object(group, version, namespace,
+                                                               plural)
+                listed = api.list_namespaced_custom_object(group, version, namespace, plural)
+                held = [item["metadata"]["name"] for item in listed["items"]
+                        if item["metadata"].get("finalizers")]
+                ctx.runner.run([(kubeconfig, _release((group, version, plural), namespace, n))
+                                for n in held])
+
+    left = _wait_gone(apis, namespace, FORCE_TIMEOUT, sweep)
+    if left:
+        raise RuntimeError(f"namespace {namespace}: still there {FORCE_TIMEOUT:.0f} s after "
+                           f"being deleted without finalizers: {left}")
+    ctx.env.restart_kueues()
+    return round(time.monotonic() - started, 1)
+
+
+def _release(resource: tuple[str, str, str], namespace: str, name: str):
+    """A call that removes every finalizer of one object (gone already is fine)."""
+    def call(custom: client.CustomObjectsApi) -> object:
+        group, version, plural = resource
+        try:
+            return custom.patch_namespaced_custom_object(
+                group, version, namespace, plural, name, {"metadata": {"finalizers": None}},
+                _content_type="application/merge-patch+json", _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            return None
+    return call
 
 
 def _count(api: client.CustomObjectsApi, group: str, version: str, namespace: str,

@@ -250,6 +250,17 @@ class BenchClusters:
             raise ControllerStartError(f"Kueue on the manager ({dispatcher})", log_file,
                                        err) from err
 
+    def restart_kueues(self) -> None:
+        """Every cluster's Kueue restarted with its settings: none of the work it had
+        queued in memory is left (Kueue calls the workers through 5-qps clients, so a
+        backlog of deletions outlasts the objects themselves)."""
+        for name in self.names:
+            log_file = self.control_plane(name).log_file(kueue.COMPONENT)
+            try:
+                self.harness.restart_kueue(name, timeout=120)
+            except Exception as err:  # noqa: BLE001 - reported as the controller that failed
+                raise ControllerStartError(f"Kueue on {name}", log_file, err) from err
+
     def stop_dispatcher(self) -> None:
         if self.dispatcher is not None:
             self.dispatcher.stop()

@@ -190,6 +190,17 @@ def _ceiling_note(ceiling: dict | None) -> str:
             f"{ceiling['worker-1']['creates_per_second']} creates/s")
 
 
+def _drained(drain: dict) -> str:
+    """How a step's deletion went: its seconds, or what was still there then and how long
+    clearing it by force took."""
+    if drain["complete"]:
+        return f"{drain['seconds']}"
+    left = sum((drain.get("left") or {}).values())
+    forced = drain.get("forced_seconds")
+    return (f"not within {drain['seconds']} ({left} objects left"
+            + (f"; cleared by force in {forced} s" if forced is not None else "") + ")")
+
+
 def _comparison_table(results: dict) -> str:
     comparison = results["comparison"]
     contenders = comparison["contenders"]
@@ -234,14 +245,15 @@ def _comparison_table(results: dict) -> str:
         row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
     row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
     row("burst: seconds until its jobs were gone after deletion",
-        lambda m: f"{m['burst']['drain']['seconds']}"
-                  + ("" if m["burst"]["drain"]["complete"] else " (some left)"))
+        lambda m: _drained(m["burst"]["drain"]))
     rates = sorted({s["rate"] for m in contenders.values() for s in m.get("steady", [])})
     for rate in rates:
         row(f"steady {rate} jobs/s: latency p50 / p99 ms (dispatched/jobs)",
             lambda m, r=rate: next(f"{s['latency']['p50_ms']} / {s['latency']['p99_ms']} "
                                    f"({s['dispatched']}/{s['jobs']})"
                                    for s in m["steady"] if s["rate"] == r))
+    row("steady: seconds until each step's jobs were gone after deletion",
+        lambda m: "; ".join(f"{s['rate']}/s {_drained(s['drain'])}" for s in m["steady"]))
     for rate in rates:
         row(f"steady {rate} jobs/s: p50 / p99 ms from Kueue's quota reservation",
             lambda m, r=rate: next(f"{s['latency_from_quota_reserved']['p50_ms']} / "
@@ -259,7 +271,7 @@ def _comparison_table(results: dict) -> str:
     row(f"{tight}: pods unschedulable (longest wait s) / copies withdrawn",
         lambda m: f"{m['constrained']['pods_unschedulable']}"
                   f"{_longest(m['constrained'])} / {m['constrained']['copies_withdrawn']}")
-    row(f"{tight}: create to all pods Running p50 / p99 ms",
+    row(f"{tight}: create to all trainer pods Running p50 / p99 ms",
         lambda m: f"{m['constrained']['running_latency']['p50_ms']} / "
                   f"{m['constrained']['running_latency']['p99_ms']}")
     row(f"{tight}: mean Node utilisation",

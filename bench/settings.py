@@ -25,6 +25,10 @@ class BenchSettings:
     compare_jobs: int = 1000          # jobs in each contender's burst
     compare_rates: tuple[int, ...] = (10, 50, 100)  # each contender's steady arrival rates
     compare_rate_seconds: float = 20.0
+    # How long a step's deleted jobs may take to go, copies and Workloads included, before
+    # what is left is cleared by force and every Kueue restarted (so that no contender's
+    # backlog of deletions queues ahead of its next step's jobs).
+    drain_timeout: float = 90.0
     contenders: tuple[str, ...] = ("A", "B", "C", "D")
     # Which parts run: "dispatcher" (the scenarios of this dispatcher alone), "compare"
     # (the comparison) or "all".

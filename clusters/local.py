@@ -346,13 +346,23 @@ class LocalClusters:
     def use_kueue_dispatcher(self, name: str, dispatcher: str, timeout: float = 60) -> str:
         """Restart cluster ``name``'s Kueue with MultiKueue ``dispatcherName``
         ``dispatcher`` (Kueue reads it only at start); returns the one it had."""
+        return self._restart_kueue(name, dispatcher, timeout)
+
+    def restart_kueue(self, name: str, timeout: float = 60) -> None:
+        """Restart cluster ``name``'s Kueue with its settings unchanged: it starts from what
+        is stored, with none of the work it had queued in memory (its rate-limited calls
+        to the workers included)."""
+        self._restart_kueue(name, None, timeout)
+
+    def _restart_kueue(self, name: str, dispatcher: str | None, timeout: float) -> str:
         with self._locked():
             state = self.load()
             record = self._record(state, name)
             if record.kueue_dispatcher is None:
                 raise ControlPlaneError(f"{name} runs no Kueue; start it with "
                                         f"`python -m clusters up --kueue {name}`")
-            previous, record.kueue_dispatcher = record.kueue_dispatcher, dispatcher
+            previous = record.kueue_dispatcher
+            record.kueue_dispatcher = dispatcher or previous
             pid = record.pids.pop(kueue.COMPONENT, None)
             if pid:
                 processes.terminate(pid, self.state_dir)

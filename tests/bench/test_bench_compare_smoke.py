@@ -1,6 +1,8 @@
 """The comparison with Kueue MultiKueue at a tiny scale: Kueue's AllAtOnce (A) and this
 dispatcher standalone (D) on clusters that all run Kueue, a few jobs each; the run ends,
-prints the side-by-side table and writes every contender's figures and its plot."""
+prints the side-by-side table and writes every contender's figures and its plot. No wait
+is allowed for a step's deleted jobs, so every step is cleared by force and every Kueue
+restarted before the next one, which must then dispatch as before."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ pytestmark = pytest.mark.bench_compare
 
 TINY = ["--quick", "--suite", "compare", "--contenders", "A,D", "--burst-workers", "2",
         "--concurrency", "2", "--compare-jobs", "2", "--compare-rates", "2",
-        "--compare-rate-seconds", "1", "--constrained-jobs", "4", "--constrained-timeout", "40"]
+        "--compare-rate-seconds", "1", "--constrained-jobs", "4", "--constrained-timeout", "40",
+        "--drain-timeout", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,11 @@ def test_each_contender_dispatches_every_job(compare_run):
         assert burst["api"]["per_job"]["worker_writes_all"] > 0, (key, burst["api"])
         assert burst["cpu"]["cpu_seconds"]["kueue manager"] > 0, (key, burst["cpu"])
         assert [s["rate"] for s in mine["steady"]] == [2], (key, mine["steady"])
+        # The steady step came after the burst's forced clearing and Kueue's restart.
+        assert [(s["dispatched"], s["missing"]) for s in mine["steady"]] == [(2, 0)], (
+            key, mine["steady"])
+        for drain in (burst["drain"], *(s["drain"] for s in mine["steady"])):
+            assert not drain["complete"] and drain["forced_seconds"] > 0, (key, drain)
         assert mine["constrained"]["jobs"] == 4, (key, mine["constrained"])
         # Kueue's webhooks see every TrainJob the manager stores, whoever dispatches it.
         hooks = burst["api"]["webhooks"]["manager"]

@@ -110,3 +110,18 @@ def test_d_is_judged_at_its_own_client_limits_when_its_scenarios_ran():
     assert p99["met"] is True, p99
     assert "C 80.0 ms from quota reservation to nomination" in p99["measured"], p99
     assert "30000.0 ms" in p99["measured"], p99
+
+
+@pytest.mark.parametrize("drain, shown", [
+    ({"seconds": 12.5, "complete": True}, "12.5"),
+    ({"seconds": 90.0, "complete": False,
+      "left": {"manager workloads": 700, "worker-1 trainjobs": 20}, "forced_seconds": 14.2},
+     "not within 90.0 (720 objects left; cleared by force in 14.2 s)"),
+    # A run stopped while clearing: what was left, without a forced time.
+    ({"seconds": 90.0, "complete": False, "left": {"manager trainjobs": 3}},
+     "not within 90.0 (3 objects left)"),
+])
+def test_a_step_drain_says_what_was_left_and_whether_it_was_cleared_by_force(drain, shown):
+    from bench.report import _drained
+
+    assert _drained(drain) == shown
