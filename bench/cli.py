@@ -28,7 +28,8 @@ Scenarios, in this order:
             share of the lower of the two
   constrained  60 jobs of mixed sizes (a quarter with GPUs) on workers of different
             sizes that hold them in aggregate but not each: they run to Complete (training
-            operators, JobSet, scheduler, kwok); pods stuck unschedulable, copies
+            operators, JobSet, scheduler, kwok; each trainer after its initializers, as
+            upstream Trainer's runtimes order them); pods stuck unschedulable, copies
             withdrawn, makespan and mean Node utilisation
   scaling   burst throughput with 1, 2, 4 and 8 workers (a fresh dispatcher each)
   burst     1,000 jobs created on the manager at once, 3 workers: throughput (first create

@@ -1,7 +1,8 @@
 """Constrained placement: workers of different sizes and jobs of mixed sizes, some with
 GPUs, that fit in aggregate but not everywhere. The jobs really run (the training operator
 on each worker, the JobSet controller, kube-scheduler, kwok pods that end after a few
-seconds), so the figures say how well placement used the Nodes:
+seconds; each job's trainer after its dataset and model initializers, as upstream Trainer's
+runtimes order them), so the figures say how well placement used the Nodes:
 
 * pods stuck Pending as unschedulable (the scheduler's PodScheduled=False, Unschedulable);
 * remote copies created and then withdrawn before their job finished;
@@ -42,6 +43,8 @@ POOL = "constrained"
 GPU = "nvidia.com/gpu"
 # Two run times, so jobs finish out of order and room opens up while others wait.
 RUN_TIMES = {"bench-constrained-short": "4s", "bench-constrained-long": "9s"}
+# The initializers that come before each trainer: a moment, so the trainers' run times rule.
+INITIALIZER_RUN_FOR = "1s"
 # Node sizes per worker, in worker order: small cpu-only, mid with GPUs, one large Node.
 # 80 cpu and 8 GPUs in all; no single worker can take every job.
 POOL_NODES = [
@@ -104,7 +107,7 @@ class _PoolWatch:
     apis: dict[str, client.ApiClient]
     namespace: str
     allocatable: dict[str, Decimal]  # the pool's total, per resource
-    pods_per_job: dict[str, int]  # job name -> the pods it runs
+    pods_per_job: dict[str, int]  # job name -> its trainer pods
     all_running: dict[str, float] = field(default_factory=dict)  # job -> first seen so
     unschedulable: set[tuple[str, str]] = field(default_factory=set)
     # When each of those was first seen refused, and when it was bound after all: the
@@ -150,8 +153,11 @@ class _PoolWatch:
                             pod.spec and pod.spec.node_name:
                         self.bound_at[key] = time.time()
                     if pod.status and pod.status.phase == "Running":
-                        job = (pod.metadata.labels or {}).get(c.JOBSET_NAME_LABEL)
-                        running[job] = running.get(job, 0) + 1
+                        labels = pod.metadata.labels or {}
+                        # A job runs when its trainer pods do (its initializers come first).
+                        if labels.get(c.JOBSET_REPLICATED_JOB_LABEL) == c.NODE:
+                            job = labels.get(c.JOBSET_NAME_LABEL)
+                            running[job] = running.get(job, 0) + 1
                         for container in pod.spec.containers:
                             for resource, value in ((container.resources.requests or {})
                                                     if container.resources else {}).items():
@@ -214,9 +220,13 @@ def prepare(env, workers: list[str], namespace: str | None = None) -> list[Servi
 
 def _install_runtimes(api) -> None:
     for runtime, run_for in RUN_TIMES.items():
+        # Initializers first, as in upstream Trainer's runtimes that have them: a trainer
+        # created beside its initializers can find them on the one Node it fits on.
         fixtures.install_runtime(api, fixtures.torch_runtime(
             runtime, cpu="100m", memory="64Mi", node_selector={POOL_LABEL: POOL},
-            pod_annotations={worker_stack.RUN_FOR_ANNOTATION: run_for}))
+            pod_annotations={worker_stack.RUN_FOR_ANNOTATION: run_for},
+            initializers_first=True,
+            initializer_annotations={worker_stack.RUN_FOR_ANNOTATION: INITIALIZER_RUN_FOR}))
 
 
 def tear_down(env, workers: list[str], operators: list[ServiceProcess]) -> None:

@@ -104,16 +104,25 @@ def remove_node(api: client.ApiClient, name: str) -> None:
 def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "1Gi",
                   namespace: str | None = None,
                   pod_annotations: dict[str, str] | None = None,
-                  node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+                  node_selector: dict[str, str] | None = None,
+                  initializers_first: bool = False,
+                  initializer_annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A ClusterTrainingRuntime (or TrainingRuntime with ``namespace``) for torch with
     dataset and model initializers and a trainer job, each pod requesting cpu/memory.
+    ``initializers_first``: the trainer job waits for both initializers to complete
+    (JobSet ``dependsOn``), as upstream Trainer's runtimes with initializers have it;
+    without it all three start at once. ``initializer_annotations`` go on the initializers'
+    pods instead of ``pod_annotations`` (e.g. a shorter run time).
     ``pod_annotations`` go on every pod (e.g. ``worker_stack.OUTCOME_ANNOTATION``, to tell
     kwok how the pods end), and so does ``node_selector``. The pods have no termination
     grace period: kwok's have nothing to stop, and the namespace controller waits out the
     longest grace period of a namespace's pods before it looks again, so a namespace holding
     them would take 30 s to go."""
     def job(job_name: str, role: str, image: str) -> dict[str, Any]:
-        pod_metadata = {"annotations": dict(pod_annotations)} if pod_annotations else {}
+        annotations = pod_annotations
+        if initializer_annotations is not None and role in c.INITIALIZER_ROLES:
+            annotations = initializer_annotations
+        pod_metadata = {"annotations": dict(annotations)} if annotations else {}
         pod_spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
                                     "containers": [{
             "name": job_name, "image": image,
@@ -124,6 +133,10 @@ def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "
             "metadata": {"labels": {c.ANCESTOR_LABEL: role}},
             "spec": {"template": {"metadata": pod_metadata, "spec": pod_spec}}}}
 
+    trainer = job(c.NODE, c.ROLE_TRAINER, "pytorch/pytorch:2.5.0")
+    if initializers_first:
+        trainer["dependsOn"] = [{"name": c.DATASET_INITIALIZER, "status": "Complete"},
+                                {"name": c.MODEL_INITIALIZER, "status": "Complete"}]
     metadata: dict[str, Any] = {"name": name}
     if namespace:
         metadata["namespace"] = namespace
@@ -136,7 +149,7 @@ def torch_runtime(name: str, num_nodes: int = 1, cpu: str = "1", memory: str = "
             "template": {"spec": {"replicatedJobs": [
                 job(c.DATASET_INITIALIZER, c.ROLE_DATASET_INITIALIZER, "dataset-initializer:v1"),
                 job(c.MODEL_INITIALIZER, c.ROLE_MODEL_INITIALIZER, "model-initializer:v1"),
-                job(c.NODE, c.ROLE_TRAINER, "pytorch/pytorch:2.5.0"),
+                trainer,
             ]}},
         },
     }

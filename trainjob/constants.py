@@ -16,6 +16,8 @@ JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 JOBSETS = "jobsets"
 # The label the JobSet controller puts on every pod of a JobSet.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# ... and the name of the replicated job the pod belongs to.
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_KIND = "JobSet"
 
 KUEUE_GROUP = "kueue.x-k8s.io"

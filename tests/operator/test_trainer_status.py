@@ -156,7 +156,7 @@ def trainer_pod(worker, namespace: str, job: str) -> client.V1Pod:
     return eventually(
         lambda: worker.core.list_namespaced_pod(
             namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={job},"
-                                      f"jobset.sigs.k8s.io/replicatedjob-name={c.NODE}").items,
+                                      f"{c.JOBSET_REPLICATED_JOB_LABEL}={c.NODE}").items,
         lambda pods: bool(pods), expected=f"a trainer pod of {job}")[0]
 
 
