@@ -2,9 +2,10 @@
 dispatcher as its external dispatcher, and this dispatcher standalone, on one set of
 clusters that all run Kueue, with the same jobs and load.
 
-Bursts and steady arrival run first for every contender with no training operator (a job
-counts as dispatched when a copy exists on a worker); then the operators start and the
-constrained-placement workload runs to the end under each contender. After each burst and
+Bursts and steady arrival run first for every contender, with a training operator on each
+worker that runs the copies (a job counts as dispatched when a copy exists on a worker, and
+as running when all its pods have run on kwok); then the constrained-placement workload
+runs to the end under each contender. After each burst and
 each steady step its jobs are deleted and waited for, so a contender's backlog never
 queues ahead of its next step's jobs; everything a contender made is removed before the
 next one starts. Figures land in ``results`` as they
@@ -25,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import constrained, scenarios
 from bench.contenders import CONTENDERS, engage
 from bench.environment import BenchClusters, describe
-from bench.load import LoadRunner
+from bench.load import PODS_PER_JOB, LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
 from bench.timeline import WORKLOAD_RESOURCE, Timelines
@@ -82,12 +83,14 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         config_args = ("--config", str(dispatcher_config_file(limits, log_dir)))
         results.setdefault("environment", describe(env, settings))
         timelines = Timelines({name: env.kubeconfig(name) for name in env.names},
-                              workloads=True).start()
+                              workloads=True, pods_per_job=PODS_PER_JOB).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
         # The ceiling on these clusters: every create passes Kueue's webhooks here.
         figures["ceiling"] = scenarios.create_ceiling(ctx, settings.compare_jobs)
         workers = env.worker_names
+        # The copies run: a burst's latency goes on to all of a job's pods Running on kwok.
+        env.start_operators(workers, log_name="operator-burst")
         chosen = [CONTENDERS[key] for key in settings.contenders]
         for contender in chosen:
             mine = figures["contenders"].setdefault(
@@ -102,7 +105,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                        if settings.profile and contender.mode is not None else None)
             mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs, workers,
                                             api_cost=True, submit=contender.submit,
-                                            profile=profile)
+                                            profile=profile, wait=scenarios.short_wait)
             _from_quota_reserved(ctx, mine["burst"], namespace)
             mine["burst"]["drain"] = _drain(ctx, namespace)
             for rate in settings.compare_rates:
@@ -110,7 +113,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 namespaces.append(namespace)
                 step = scenarios.steady(ctx, rate, workers,
                                         seconds=settings.compare_rate_seconds,
-                                        namespace=namespace, submit=contender.submit)
+                                        namespace=namespace, submit=contender.submit,
+                                        wait=scenarios.short_wait)
                 _from_quota_reserved(ctx, step, namespace)
                 step["drain"] = _drain(ctx, namespace)
                 mine["steady"].append(step)
@@ -119,7 +123,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
             figures["seconds"][f"{contender.key} burst+steady"] = round(
                 time.monotonic() - started, 1)
 
-        operators = constrained.prepare(env, workers)
+        env.stop_operators()
+        constrained.prepare(env, workers)
         try:
             for contender in chosen:
                 started = time.monotonic()
@@ -133,7 +138,7 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 figures["seconds"][f"{contender.key} constrained"] = round(
                     time.monotonic() - started, 1)
         finally:
-            constrained.tear_down(env, workers, operators)
+            constrained.tear_down(env, workers)
     finally:
         if runner is not None:
             runner.close()

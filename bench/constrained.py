@@ -203,19 +203,13 @@ def prepare(env, workers: list[str], namespace: str | None = None) -> list[Servi
     run, would otherwise all start at once and bury the workload)."""
     if getattr(env, "kueue", False):
         _install_runtimes(env.apis["manager"])
-    operators = []
     for worker, sizes in zip(workers, POOL_NODES):
         api = env.apis[worker]
         for index, size in enumerate(sizes):
             fixtures.add_node(api, f"{worker}-pool-{index}", {**NODE_BASE, **size},
                               labels={POOL_LABEL: POOL})
         _install_runtimes(api)
-        operators.append(ServiceProcess(
-            "training_operator", env.kubeconfig(worker),
-            env.log_dir / f"operator-{worker}.log",
-            ("--cluster-name", worker, *(("--namespace", namespace) if namespace else ()))
-        ).start())
-    return operators
+    return env.start_operators(workers[:len(POOL_NODES)], namespace)
 
 
 def _install_runtimes(api) -> None:
@@ -229,9 +223,9 @@ def _install_runtimes(api) -> None:
             initializer_annotations={worker_stack.RUN_FOR_ANNOTATION: INITIALIZER_RUN_FOR}))
 
 
-def tear_down(env, workers: list[str], operators: list[ServiceProcess]) -> None:
-    for operator in operators:
-        operator.stop()
+def tear_down(env, workers: list[str]) -> None:
+    """The operators stopped; the pool's Nodes and runtimes removed."""
+    env.stop_operators()
     for worker, sizes in zip(workers, POOL_NODES):
         core = client.CoreV1Api(env.apis[worker])
         custom = client.CustomObjectsApi(env.apis[worker])

@@ -62,6 +62,7 @@ class BenchClusters:
         self.extra_dispatcher_args = tuple(dispatcher_args)
         self.apis: dict[str, client.ApiClient] = {}
         self.dispatcher: ServiceProcess | None = None
+        self.operators: list[ServiceProcess] = []
         self.namespaces: list[str] = []
         self._dispatcher_runs = 0
 
@@ -145,6 +146,9 @@ class BenchClusters:
                 elif record.name in workers:
                     groups["workers apiserver+etcd"].append(pid)
         groups["dispatcher"] = [self.dispatcher.proc.pid] if self.dispatcher else []
+        if self.operators:
+            groups["training operators"] = [p.proc.pid for p in self.operators
+                                            if p.proc is not None]
         groups["benchmark"] = [os.getpid()]
         return groups
 
@@ -250,6 +254,37 @@ class BenchClusters:
             raise ControllerStartError(f"Kueue on the manager ({dispatcher})", log_file,
                                        err) from err
 
+    def start_operators(self, workers: list[str], namespace: str | None = None,
+                        log_name: str = "operator") -> list[ServiceProcess]:
+        """A training operator on each of ``workers``, ready (reconciling only
+        ``namespace`` when given); a ``ControllerStartError`` names one that does not come
+        up (the others are stopped)."""
+        started: list[ServiceProcess] = []
+        try:
+            for worker in workers:
+                log_file = self.log_dir / f"{log_name}-{worker}.log"
+                process = ServiceProcess(
+                    "training_operator", self.kubeconfig(worker), log_file,
+                    ("--cluster-name", worker, *(("--namespace", namespace) if namespace
+                                                 else ())))
+                try:
+                    started.append(process.start())
+                except (AssertionError, OSError) as err:
+                    process.stop(kill=True)
+                    raise ControllerStartError(f"training operator on {worker}", log_file,
+                                               err) from err
+        except BaseException:
+            for process in started:
+                process.stop()
+            raise
+        self.operators.extend(started)
+        return started
+
+    def stop_operators(self) -> None:
+        for process in self.operators:
+            process.stop()
+        self.operators = []
+
     def restart_kueues(self) -> None:
         """Every cluster's Kueue restarted with its settings: none of the work it had
         queued in memory is left (Kueue calls the workers through 5-qps clients, so a
@@ -295,9 +330,10 @@ class BenchClusters:
     # --- the end -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the dispatcher; remove the clusters, or (reused clusters) what the run
-        put into them."""
+        """Stop the dispatcher and operators; remove the clusters, or (reused clusters)
+        what the run put into them."""
         self.stop_dispatcher()
+        self.stop_operators()
         try:
             if self.reuse and self.apis:
                 self.remove_namespaces(list(self.namespaces))

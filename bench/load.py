@@ -17,6 +17,8 @@ from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
 RUNTIME = "bench-torch"
+# The pods of one job on that runtime: a dataset and a model initializer and one trainer.
+PODS_PER_JOB = 3
 RETRIES = 5
 
 Call = Callable[[client.CustomObjectsApi], object]

@@ -231,17 +231,25 @@ def _comparison_table(results: dict) -> str:
         lambda m: f"{m['burst']['throughput_jobs_per_second']} "
                   f"({m['burst']['dispatched']}/{m['burst']['jobs']})")
     row("burst latency p50 / p90 / p99 / max ms", lambda m: _lat(m["burst"]["latency"]))
-    row("API writes per job: manager / workers (all resources)",
+    row("burst: create to all of a job's pods Running on kwok p50 / p99 ms (jobs)",
+        lambda m: f"{m['burst']['running_latency']['p50_ms']} / "
+                  f"{m['burst']['running_latency']['p99_ms']} "
+                  f"({m['burst']['running_latency']['count']})")
+    row("API writes per job: manager / workers, all resources (workers' JobSets, Jobs and "
+        "pods of running the copies)",
         lambda m: f"{m['burst']['api']['per_job']['manager_writes_all']} / "
-                  f"{m['burst']['api']['per_job']['worker_writes_all']}")
+                  f"{m['burst']['api']['per_job']['worker_writes_all']}"
+                  + (f" ({m['burst']['api']['per_job']['worker_writes_running']})"
+                     if "worker_writes_running" in m["burst"]["api"]["per_job"] else ""))
     row("API reads per job (GET+LIST): manager / workers",
         lambda m: f"{m['burst']['api']['per_job']['manager_reads']} / "
                   f"{m['burst']['api']['per_job']['worker_reads']}")
     row("admission webhook ms waited per job: manager / workers",
         lambda m: f"{m['burst']['api']['webhooks']['manager']['ms_per_job']} / "
                   f"{m['burst']['api']['webhooks']['workers']['ms_per_job']}")
-    for group in ("kueue manager", "kueue workers", "dispatcher",
-                  "manager apiserver+etcd", "workers apiserver+etcd"):
+    for group in ("kueue manager", "kueue workers", "dispatcher", "training operators",
+                  "worker scheduler+jobset+kwok", "manager apiserver+etcd",
+                  "workers apiserver+etcd"):
         row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
     row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
     row("burst: seconds until its jobs were gone after deletion",

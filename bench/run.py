@@ -28,13 +28,13 @@ def _now() -> str:
 def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:
     """The constrained-placement workload under the standalone dispatcher."""
     namespace = "bench-constrained"
-    operators = constrained.prepare(ctx.env, workers, namespace)
+    constrained.prepare(ctx.env, workers, namespace)
     try:
         return constrained.constrained(ctx, namespace, workers,
                                        ctx.settings.constrained_jobs,
                                        timeout=ctx.settings.constrained_timeout)
     finally:
-        constrained.tear_down(ctx.env, workers, operators)
+        constrained.tear_down(ctx.env, workers)
 
 
 def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None = None,

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 TRAINJOBS = f"{c.TRAINJOBS}.{c.TRAINER_GROUP}"
 EVENTS = "events"
+# What running a copy writes on its worker: the operator's JobSet, JobSet's Jobs, the Job
+# controller's pods, the scheduler's bindings and kwok's pod status (subresources included).
+RUNNING_RESOURCES = (f"{c.JOBSETS}.{c.JOBSET_GROUP}", "jobs.batch", "pods")
 
 
 @dataclass
@@ -60,7 +63,14 @@ def job_names(prefix: str, count: int) -> list[str]:
 
 
 def _wait_timeout(count: int) -> float:
+    """How long a step waits for its ``count`` jobs' copies after the last create."""
     return 120 + count / 5
+
+
+def short_wait(count: int) -> float:
+    """The comparison's shorter wait: Kueue's own dispatchers copy about a job a second,
+    so a longer wait only adds jobs at the same rate (and the run's length)."""
+    return 60 + count / 8
 
 
 def _snapshot(env: BenchClusters, clusters: list[str]) -> dict[str, Counter]:
@@ -174,11 +184,13 @@ def create_ceiling(ctx: BenchContext, count: int | None = None) -> dict:
 # --- bursts ----------------------------------------------------------------------------------
 
 def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
-          api_cost: bool = False, profile: Path | None = None, submit=None) -> dict:
+          api_cost: bool = False, profile: Path | None = None, submit=None,
+          wait=_wait_timeout) -> dict:
     """``count`` jobs created on the manager as fast as the load pool goes; throughput from
     the first create to the last remote seen, latency per job, the dispatching process's
     footprint and (``api_cost``) the apiservers' request deltas. ``submit`` shapes each job
-    for the dispatcher under test (default: this one's ``managedBy``)."""
+    for the dispatcher under test (default: this one's ``managedBy``); ``wait(count)`` is
+    how long copies are waited for after the last create."""
     env = ctx.env
     env.create_namespace(namespace, ["manager", *workers])
     names = job_names("job", count)
@@ -191,7 +203,9 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
             FootprintWindow(ctx.controller_pid) as window:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
                                      submit=submit))
-        missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
+        missing = ctx.timelines.wait_remotes(set(keys), wait(count))
+        # Where operators run the copies: until each copy's pods have all run.
+        not_running = _wait_running(ctx, keys)
     seen = _dispatched(ctx, keys)
     span = (seen["last_remote"] - run.first_start) if seen["last_remote"] else None
     figures = {
@@ -208,6 +222,12 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
         # Where the machine's CPU went meanwhile: every process here shares it.
         "cpu": cpu.figures(),
     }
+    if ctx.timelines.pods:
+        figures["running_latency"] = summary_ms(
+            [running - ctx.timelines.manager.added[key] for key in keys
+             if (running := ctx.timelines.running(key)) is not None
+             and key in ctx.timelines.manager.added])
+        figures["dispatched_never_running"] = len(not_running)
     if profile is not None:
         figures["profile"] = profile.name
     if api_cost:
@@ -217,6 +237,17 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
     log.info("burst of %d on %d workers: %.1f jobs/s, p99 %s ms", count, len(workers),
              figures["throughput_jobs_per_second"], figures["latency"]["p99_ms"])
     return figures
+
+
+def _wait_running(ctx: BenchContext, keys: list[Key]) -> set[Key]:
+    """When pods are watched (operators run the copies): wait until every dispatched job's
+    pods have all run; the jobs whose pods did not, after a timeout that grows with them."""
+    if not ctx.timelines.pods:
+        return set()
+    placed = {key for key in keys if ctx.timelines.remote(key) is not None}
+    return ctx.timelines.wait(
+        lambda: {key for key in placed if ctx.timelines.running(key) is None},
+        60 + len(placed) / 10)
 
 
 def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
@@ -254,6 +285,10 @@ def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
                                          - count) / count, 3),
             "worker_writes_all": round(sum(apicost.total(deltas[w], verbs=apicost.WRITE_VERBS)
                                            for w in workers) / count, 3),
+            # Of those, what running a copy costs, whoever dispatched it (operators run it).
+            "worker_writes_running": round(sum(
+                apicost.total(deltas[w], resource=resource, verbs=apicost.WRITE_VERBS)
+                for w in workers for resource in RUNNING_RESOURCES) / count, 3),
         },
         "note": "manager TrainJob writes exclude the benchmark's own creates; reads are GET "
                 "and LIST of every resource (watches excluded) over the whole burst",
@@ -271,9 +306,9 @@ def idle(ctx: BenchContext, mirrored: int) -> dict:
 # --- steady arrival --------------------------------------------------------------------------
 
 def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float | None = None,
-           namespace: str | None = None, submit=None) -> dict:
+           namespace: str | None = None, submit=None, wait=_wait_timeout) -> dict:
     """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'):
-    latency percentiles."""
+    latency percentiles (copies waited for ``wait(count)`` after the last create)."""
     seconds = seconds or ctx.settings.rate_seconds
     namespace = namespace or f"bench-rate-{rate}"
     ctx.env.create_namespace(namespace, ["manager", *workers])
@@ -283,7 +318,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     with FootprintWindow(ctx.controller_pid) as window:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
                                      submit=submit), rate=rate)
-        missing = ctx.timelines.wait_remotes(set(keys), _wait_timeout(count))
+        missing = ctx.timelines.wait_remotes(set(keys), wait(count))
     seen = _dispatched(ctx, keys)
     arrival_span = max(run.starts) - run.first_start
     figures = {

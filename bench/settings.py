@@ -28,7 +28,7 @@ class BenchSettings:
     # How long a step's deleted jobs may take to go, copies and Workloads included, before
     # what is left is cleared by force and every Kueue restarted (so that no contender's
     # backlog of deletions queues ahead of its next step's jobs).
-    drain_timeout: float = 90.0
+    drain_timeout: float = 30.0
     contenders: tuple[str, ...] = ("A", "B", "C", "D")
     # Which parts run: "dispatcher" (the scenarios of this dispatcher alone), "compare"
     # (the comparison) or "all".

@@ -3,6 +3,7 @@ start and end points of every per-job figure (ms precision, one clock)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -67,13 +68,21 @@ class TrainJobTimeline:
 
     # --- the watch ---------------------------------------------------------------------
 
+    def _list(self) -> dict:
+        """Every object watched, as one list (a dict)."""
+        return client.CustomObjectsApi(self.api).list_cluster_custom_object(*self.resource)
+
+    def _stream(self, resource_version: str, **kwargs):
+        """The watch's events from ``resource_version`` (objects as dicts)."""
+        return self._watch.stream(client.CustomObjectsApi(self.api).list_cluster_custom_object,
+                                  *self.resource, resource_version=resource_version, **kwargs)
+
     def _run(self) -> None:
-        custom = client.CustomObjectsApi(self.api)
         resource_version = None
         while not self._stop.is_set():
             try:
                 if resource_version is None:
-                    listed = custom.list_cluster_custom_object(*self.resource)
+                    listed = self._list()
                     now = time.time()
                     # Objects first seen in a (re)list get the list time: only after a
                     # watch expired, and counted as relists in the results.
@@ -82,10 +91,8 @@ class TrainJobTimeline:
                     resource_version = listed["metadata"]["resourceVersion"]
                     self._ready.set()
                 self._watch = watch.Watch()
-                for event in self._watch.stream(
-                        custom.list_cluster_custom_object, *self.resource,
-                        resource_version=resource_version,
-                        allow_watch_bookmarks=True, timeout_seconds=120,
+                for event in self._stream(
+                        resource_version, allow_watch_bookmarks=True, timeout_seconds=120,
                         # A read timeout longer than the server-side one: a quiet cluster
                         # must not drop the watch (events would arrive late, after it).
                         _request_timeout=(10, 180)):
@@ -150,10 +157,60 @@ class TrainJobTimeline:
                 del self.nominated[key]
 
 
+class PodTimeline(TrainJobTimeline):
+    """Watches the pods of TrainJobs (JobSet pods) on one worker and records, per
+    (namespace, TrainJob), when every one of its ``pods_per_job`` pods had been seen
+    running: each pod counts from the first event that shows it Running or ended (a pod
+    of kwok's ends seconds after it starts, so the last of a job's pods may start after
+    the first ended)."""
+
+    def __init__(self, cluster: str, kubeconfig, changed: threading.Condition,
+                 pods_per_job: int):
+        super().__init__(cluster, kubeconfig, changed, ("", "v1", "pods"),
+                         key_of=lambda pod: (pod["metadata"].get("labels") or {}).get(
+                             c.JOBSET_NAME_LABEL))
+        self.pods_per_job = pods_per_job
+        self.pods_run: dict[Key, set[str]] = {}
+        self.all_running: dict[Key, float] = {}
+
+    def _list(self) -> dict:
+        response = client.CoreV1Api(self.api).list_pod_for_all_namespaces(
+            label_selector=c.JOBSET_NAME_LABEL, _preload_content=False)
+        return json.loads(response.data)
+
+    def _stream(self, resource_version: str, **kwargs):
+        # deserialize=False: the events' pods stay dicts (model objects cost a lot more).
+        return self._watch.stream(client.CoreV1Api(self.api).list_pod_for_all_namespaces,
+                                  label_selector=c.JOBSET_NAME_LABEL,
+                                  resource_version=resource_version, deserialize=False,
+                                  **kwargs)
+
+    def _record(self, kind: str, obj: dict, now: float) -> None:
+        job = self.key_of(obj)
+        if job is None or kind == "DELETED":
+            return
+        if (obj.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed"):
+            return
+        key = (obj["metadata"]["namespace"], job)
+        with self._changed:
+            pods = self.pods_run.setdefault(key, set())
+            pods.add(obj["metadata"]["name"])
+            if len(pods) >= self.pods_per_job and key not in self.all_running:
+                self.all_running[key] = now
+                self._changed.notify_all()
+
+    def forget(self, namespace: str) -> None:
+        with self._changed:
+            for table in (self.pods_run, self.all_running):
+                for key in [k for k in table if k[0] == namespace]:
+                    del table[key]
+
+
 class Timelines:
     """One timeline per cluster, sharing one condition so a wait can span them all."""
 
-    def __init__(self, kubeconfigs: dict[str, object], *, workloads: bool = False):
+    def __init__(self, kubeconfigs: dict[str, object], *, workloads: bool = False,
+                 pods_per_job: int | None = None):
         self.changed = threading.Condition()
         self.clusters = {name: TrainJobTimeline(name, path, self.changed)
                          for name, path in kubeconfigs.items()}
@@ -161,9 +218,14 @@ class Timelines:
         self.workloads = TrainJobTimeline(
             "manager", kubeconfigs["manager"], self.changed, WORKLOAD_RESOURCE,
             workload_job) if workloads else None
+        # With ``pods_per_job`` (training operators run the copies): each worker's pods.
+        self.pods = {name: PodTimeline(name, path, self.changed, pods_per_job)
+                     for name, path in kubeconfigs.items()
+                     if name != "manager"} if pods_per_job else {}
 
     def _all(self) -> list[TrainJobTimeline]:
-        return [*self.clusters.values(), *([self.workloads] if self.workloads else [])]
+        return [*self.clusters.values(), *([self.workloads] if self.workloads else []),
+                *self.pods.values()]
 
     def start(self) -> Timelines:
         for timeline in self._all():
@@ -184,6 +246,13 @@ class Timelines:
         seen = [(timeline.added[key], name) for name, timeline in self.clusters.items()
                 if name != "manager" and key in timeline.added]
         return (min(seen)[1], min(seen)[0]) if seen else None
+
+    def running(self, key: Key) -> float | None:
+        """When every pod of ``key`` had been seen running on one worker (the earliest
+        worker, if several ran a copy); None if not (yet), or pods are not watched."""
+        seen = [timeline.all_running[key] for timeline in self.pods.values()
+                if key in timeline.all_running]
+        return min(seen) if seen else None
 
     def wait(self, missing, timeout: float) -> set:
         """Block until ``missing()`` is empty or ``timeout``; returns what is still missing."""

@@ -30,6 +30,11 @@ def test_each_contender_dispatches_every_job(compare_run):
         burst = mine["burst"]
         assert (burst["dispatched"], burst["missing"]) == (2, 0), (key, burst)
         assert burst["api"]["per_job"]["worker_writes_all"] > 0, (key, burst["api"])
+        # Operators ran the copies: every job's pods were seen running on kwok, and what
+        # that wrote on the workers (JobSets, Jobs, pods) is counted apart.
+        assert burst["running_latency"]["count"] == 2, (key, burst["running_latency"])
+        assert burst["dispatched_never_running"] == 0, (key, burst)
+        assert burst["api"]["per_job"]["worker_writes_running"] > 0, (key, burst["api"])
         assert burst["cpu"]["cpu_seconds"]["kueue manager"] > 0, (key, burst["cpu"])
         assert [s["rate"] for s in mine["steady"]] == [2], (key, mine["steady"])
         # The steady step came after the burst's forced clearing and Kueue's restart.

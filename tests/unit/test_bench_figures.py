@@ -125,3 +125,39 @@ def test_a_step_drain_says_what_was_left_and_whether_it_was_cleared_by_force(dra
     from bench.report import _drained
 
     assert _drained(drain) == shown
+
+
+def _pod(name: str, job: str, phase: str, namespace: str = "ns") -> dict:
+    return {"metadata": {"name": name, "namespace": namespace,
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": job}},
+            "status": {"phase": phase}}
+
+
+def test_a_job_runs_when_each_of_its_pods_has_run_on_one_worker():
+    """Pods of kwok's end seconds after they start: a pod counts from the first event that
+    shows it running or ended; pending pods and deletions count for nothing; the earliest
+    worker where all of a job's pods ran gives its time."""
+    from bench.timeline import Timelines
+
+    kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+                  "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                  "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                  "users": [{"name": "u", "user": {"token": "t"}}]}
+    timelines = Timelines({"manager": kubeconfig, "w1": kubeconfig, "w2": kubeconfig},
+                          pods_per_job=3)
+    w1, w2 = timelines.pods["w1"], timelines.pods["w2"]
+    w1._record("ADDED", _pod("a-init-1", "a", "Pending"), 1.0)
+    w1._record("MODIFIED", _pod("a-init-1", "a", "Running"), 2.0)
+    w1._record("MODIFIED", _pod("a-init-1", "a", "Succeeded"), 5.0)  # the same pod again
+    w1._record("MODIFIED", _pod("a-init-2", "a", "Running"), 3.0)
+    w1._record("DELETED", _pod("a-node-0", "a", "Running"), 4.0)
+    assert timelines.running(("ns", "a")) is None
+    w1._record("MODIFIED", _pod("a-node-0", "a", "Succeeded"), 6.0)  # seen only ended
+    w2._record("MODIFIED", _pod("a-node-0", "a", "Running"), 1.5)  # another copy, 1 of 3
+    assert timelines.running(("ns", "a")) == 6.0
+    w2._record("MODIFIED", _pod("a-init-1", "a", "Running"), 1.6)
+    w2._record("MODIFIED", _pod("a-init-2", "a", "Running"), 1.7)
+    assert timelines.running(("ns", "a")) == 1.7
+    timelines.forget("ns")
+    assert timelines.running(("ns", "a")) is None
+    timelines.stop()
