@@ -43,8 +43,10 @@ Scenarios, in this order:
   compare   on clusters of their own where the manager and every worker run Kueue, the
             same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,
             C Kueue with this dispatcher as its external dispatcher (--mode kueue) and
-            D this dispatcher standalone: a burst (throughput, latency, API cost, CPU of
-            every controller, Kueue's included), steady arrival and constrained placement
+            D this dispatcher standalone: a burst (throughput, latency to the copy and to
+            all of a job's pods Running on kwok, API cost, CPU of every controller,
+            Kueue's included), steady arrival and constrained placement; a step's jobs
+            are deleted before the next (--drain-timeout)
 Every target is printed with the measured value and whether it was met. A run that stops
 early (a controller that does not start, Ctrl-C) still writes results.json, marked
 incomplete; a controller that does not start is named with its log file.

@@ -6,8 +6,9 @@ Bursts and steady arrival run first for every contender, with a training operato
 worker that runs the copies (a job counts as dispatched when a copy exists on a worker, and
 as running when all its pods have run on kwok); then the constrained-placement workload
 runs to the end under each contender. After each burst and
-each steady step its jobs are deleted and waited for, so a contender's backlog never
-queues ahead of its next step's jobs; everything a contender made is removed before the
+each steady step its jobs are deleted and waited for (what a contender has not removed
+after ``drain_timeout`` is cleared by force and every Kueue restarted), so a contender's
+backlog never queues ahead of its next step's jobs; everything a contender made is removed before the
 next one starts. Figures land in ``results`` as they
 are measured, so a run that stops half-way still has them.
 """
@@ -34,7 +35,7 @@ from trainjob import constants as c
 
 log = logging.getLogger(__name__)
 
-# How long clearing it by force may take before the run stops.
+# How long clearing a step's leftovers by force may take before the run stops.
 FORCE_TIMEOUT = 180.0
 # What a step leaves behind: its TrainJobs (copies on the workers) and Kueue's Workloads.
 DRAINED = ((c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)
