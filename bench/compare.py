@@ -22,15 +22,14 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from bench import constrained, scenarios
 from bench.contenders import CONTENDERS, engage
-from bench.environment import BenchClusters, describe
+from bench.environment import BenchClusters, describe, release_finalizers
 from bench.load import PODS_PER_JOB, LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
-from bench.timeline import WORKLOAD_RESOURCE, Timelines
+from bench.timeline import TRAINJOB_RESOURCE, WORKLOAD_RESOURCE, Timelines
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 # How long clearing a step's leftovers by force may take before the run stops.
 FORCE_TIMEOUT = 180.0
 # What a step leaves behind: its TrainJobs (copies on the workers) and Kueue's Workloads.
-DRAINED = ((c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS), WORKLOAD_RESOURCE)
+DRAINED = (TRAINJOB_RESOURCE, WORKLOAD_RESOURCE)
 
 
 # Kueue 0.19 builds its clients to the workers from the MultiKueueCluster's kubeconfig
@@ -219,15 +218,11 @@ def _force_clear(ctx: scenarios.BenchContext, apis: dict[str, client.CustomObjec
 
     def sweep() -> None:
         for name, api in apis.items():
-            kubeconfig = ctx.kubeconfig(name)
-            for group, version, plural in DRAINED:
+            for resource in DRAINED:
+                group, version, plural = resource
                 api.delete_collection_namespaced_custom_object(group, version, namespace,
                                                                plural)
-                listed = api.list_namespaced_custom_object(group, version, namespace, plural)
-                held = [item["metadata"]["name"] for item in listed["items"]
-                        if item["metadata"].get("finalizers")]
-                ctx.runner.run([(kubeconfig, _release((group, version, plural), namespace, n))
-                                for n in held])
+                release_finalizers(ctx.env.apis[name], resource, namespace)
 
     left = _wait_gone(apis, namespace, FORCE_TIMEOUT, sweep)
     if left:
@@ -235,21 +230,6 @@ def _force_clear(ctx: scenarios.BenchContext, apis: dict[str, client.CustomObjec
                            f"being deleted without finalizers: {left}")
     ctx.env.restart_kueues()
     return round(time.monotonic() - started, 1)
-
-
-def _release(resource: tuple[str, str, str], namespace: str, name: str):
-    """A call that removes every finalizer of one object (gone already is fine)."""
-    def call(custom: client.CustomObjectsApi) -> object:
-        group, version, plural = resource
-        try:
-            return custom.patch_namespaced_custom_object(
-                group, version, namespace, plural, name, {"metadata": {"finalizers": None}},
-                _content_type="application/merge-patch+json", _preload_content=False)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            return None
-    return call
 
 
 def _count(api: client.CustomObjectsApi, group: str, version: str, namespace: str,

@@ -33,7 +33,6 @@ from kubernetes.utils.quantity import parse_quantity
 from bench.load import create_call
 from bench.stats import summary_ms
 from clusters import fixtures, worker_stack
-from clusters.testing import ServiceProcess
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -196,7 +195,7 @@ def _pool_allocatable(workers: list[str]) -> dict[str, Decimal]:
     return total
 
 
-def prepare(env, workers: list[str], namespace: str | None = None) -> list[ServiceProcess]:
+def prepare(env, workers: list[str], namespace: str | None = None) -> None:
     """The pool's Nodes and runtimes on each worker, and a training operator on each (and
     the runtimes on a manager that runs Kueue, which reads them to size a job).
     ``namespace``: the operators reconcile only there (the earlier scenarios' copies, never
@@ -209,7 +208,7 @@ def prepare(env, workers: list[str], namespace: str | None = None) -> list[Servi
             fixtures.add_node(api, f"{worker}-pool-{index}", {**NODE_BASE, **size},
                               labels={POOL_LABEL: POOL})
         _install_runtimes(api)
-    return env.start_operators(workers[:len(POOL_NODES)], namespace)
+    env.start_operators(workers[:len(POOL_NODES)], namespace)
 
 
 def _install_runtimes(api) -> None:

@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from bench.load import RUNTIME
+from bench.timeline import TRAINJOB_RESOURCE
 from clusters import fixtures, kueue, kueue_queues, worker_stack
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
@@ -36,6 +37,29 @@ NODE_CAPACITY = {"cpu": "100000", "memory": "1000Ti", "pods": "10000000"}
 KUEUE_QUOTA = {"cpu": "1000000", "memory": "10000Ti", "nvidia.com/gpu": "100000"}
 # Standalone beside Kueue must label its copies with another origin than Kueue's.
 STANDALONE_ORIGIN = "bench-standalone"
+
+
+def release_finalizers(api: client.ApiClient, resource: tuple[str, str, str],
+                       namespace: str) -> None:
+    """Remove every finalizer of the ``resource`` objects in ``namespace`` that have any,
+    16 at a time (an object gone meanwhile is fine)."""
+    custom = client.CustomObjectsApi(api)
+    group, version, plural = resource
+    listed = custom.list_namespaced_custom_object(group, version, namespace, plural)
+    held = [item["metadata"]["name"] for item in listed.get("items", [])
+            if item["metadata"].get("finalizers")]
+
+    def release(name: str) -> None:
+        try:
+            custom.patch_namespaced_custom_object(
+                group, version, namespace, plural, name, {"metadata": {"finalizers": None}},
+                _content_type="application/merge-patch+json", _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(release, held))
 
 
 class ControllerStartError(RuntimeError):
@@ -165,25 +189,8 @@ class BenchClusters:
     def remove_namespaces(self, namespaces: list[str], timeout: float = 300) -> None:
         """Delete the namespaces everywhere. Run with the dispatcher stopped: its
         finalizers are taken off here, so its remote copies go with the worker namespaces."""
-        custom = client.CustomObjectsApi(self.apis["manager"])
-
-        def release(namespace: str, name: str) -> None:
-            try:
-                custom.patch_namespaced_custom_object(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, name,
-                    {"metadata": {"finalizers": None}},
-                    _content_type="application/merge-patch+json")
-            except ApiException as err:
-                if err.status != 404:
-                    raise
-
-        with ThreadPoolExecutor(16) as pool:
-            for namespace in namespaces:
-                listed = custom.list_namespaced_custom_object(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS)
-                held = [i["metadata"]["name"] for i in listed.get("items", [])
-                        if i["metadata"].get("finalizers")]
-                list(pool.map(lambda n, ns=namespace: release(ns, n), held))
+        for namespace in namespaces:
+            release_finalizers(self.apis["manager"], TRAINJOB_RESOURCE, namespace)
         for namespace in namespaces:
             for name in self.names:
                 try:
@@ -255,30 +262,23 @@ class BenchClusters:
                                        err) from err
 
     def start_operators(self, workers: list[str], namespace: str | None = None,
-                        log_name: str = "operator") -> list[ServiceProcess]:
+                        log_name: str = "operator") -> None:
         """A training operator on each of ``workers``, ready (reconciling only
         ``namespace`` when given); a ``ControllerStartError`` names one that does not come
-        up (the others are stopped)."""
-        started: list[ServiceProcess] = []
-        try:
-            for worker in workers:
-                log_file = self.log_dir / f"{log_name}-{worker}.log"
-                process = ServiceProcess(
-                    "training_operator", self.kubeconfig(worker), log_file,
-                    ("--cluster-name", worker, *(("--namespace", namespace) if namespace
-                                                 else ())))
-                try:
-                    started.append(process.start())
-                except (AssertionError, OSError) as err:
-                    process.stop(kill=True)
-                    raise ControllerStartError(f"training operator on {worker}", log_file,
-                                               err) from err
-        except BaseException:
-            for process in started:
-                process.stop()
-            raise
-        self.operators.extend(started)
-        return started
+        up (those already started are stopped by ``stop_operators`` or ``close``)."""
+        for worker in workers:
+            log_file = self.log_dir / f"{log_name}-{worker}.log"
+            process = ServiceProcess(
+                "training_operator", self.kubeconfig(worker), log_file,
+                ("--cluster-name", worker, *(("--namespace", namespace) if namespace
+                                             else ())))
+            try:
+                process.start()
+            except (AssertionError, OSError) as err:
+                process.stop(kill=True)
+                raise ControllerStartError(f"training operator on {worker}", log_file,
+                                           err) from err
+            self.operators.append(process)
 
     def stop_operators(self) -> None:
         for process in self.operators:
