@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries browser test conformance demo demo-down clusters-up clusters-down clusters-status clean
+.PHONY: help venv binaries browser test conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
 
 help:
 	@echo "make test           run the test suite against real local control planes"
@@ -17,6 +17,10 @@ help:
 	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue)"
 	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
+	@echo "make engine         find a Docker engine, or install (Debian's docker.io) and start the project's own"
+	@echo "make images         build every container image here, from sources (bases, project, control plane, workload)"
+	@echo "make compose-up     the whole product on Docker (docker compose up --build); compose-down removes it"
+	@echo "make engine-stop    stop the project's own Docker engine (never another)"
 	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
 	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
@@ -46,6 +50,23 @@ browser:
 
 test: binaries browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+engine: venv
+	$(PY) -m clusters engine start
+
+engine-stop: venv
+	$(PY) -m clusters engine stop
+
+images: binaries engine
+	$(PY) -m clusters images
+
+# DOCKER_HOST names the engine `make engine` found or started.
+compose-up: images
+	DOCKER_HOST=$$($(PY) -m clusters engine env | sed 's/^export DOCKER_HOST=//') docker compose up --build --detach
+	@echo "manager kubeconfig: docker compose cp certs:/pki/manager/admin-host.kubeconfig manager.kubeconfig"
+
+compose-down: venv
+	DOCKER_HOST=$$($(PY) -m clusters engine env | sed 's/^export DOCKER_HOST=//') docker compose down --volumes
 
 clusters-up: binaries
 	$(PY) -m clusters up --workers $(WORKERS)

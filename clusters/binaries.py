@@ -111,6 +111,14 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
               module="sigs.k8s.io/kueue", package="sigs.k8s.io/kueue/cmd/kueue",
               version_variable="sigs.k8s.io/kueue/pkg/version.GitVersion",
               extra_env={"GONOSUMDB": "sigs.k8s.io/scheduler-library"}),
+    # Docker CLI plugins, for a docker client that lacks them (clusters/engine.py): BuildKit
+    # builds with secrets, and docker compose.
+    Component("docker-buildx", "module", "v0.38.2", "TEST_ASSET_DOCKER_BUILDX",
+              module="github.com/docker/buildx", package="github.com/docker/buildx/cmd/buildx",
+              version_variable="github.com/docker/buildx/version.Version"),
+    Component("docker-compose", "module", "v2.40.3", "TEST_ASSET_DOCKER_COMPOSE",
+              module="github.com/docker/compose/v2", package="github.com/docker/compose/v2/cmd",
+              version_variable="github.com/docker/compose/v2/internal.Version"),
 )}
 
 KUBE_COMMANDS = tuple(n for n, c in COMPONENTS.items() if c.kind == "kubernetes")
@@ -118,6 +126,9 @@ KUBE_COMMANDS = tuple(n for n, c in COMPONENTS.items() if c.kind == "kubernetes"
 # and tools that need them.
 HARNESS_BINARIES = ("etcd", *KUBE_COMMANDS, "jobset-controller", "kwok")
 ENV_OVERRIDES = {name: c.env_var for name, c in COMPONENTS.items()}
+# Built only where the docker client lacks them (clusters/engine.py), not by a plain provision.
+DOCKER_PLUGINS = ("docker-buildx", "docker-compose")
+PROVISIONED = tuple(n for n in COMPONENTS if n not in DOCKER_PLUGINS)
 
 Progress = Callable[[str], None]
 
@@ -263,6 +274,10 @@ def module_dir(name: str) -> Path:
     component = COMPONENTS[name]
     if component.kind != "module":
         raise ValueError(f"{name} is not built from a published module")
+    # A copy of the module's files where no Go module cache is (docker-compose's set-up reads
+    # JobSet's CRD from the JobSet image): TEST_ASSET_JOBSET_MODULE_DIR and the like.
+    if explicit := os.environ.get(f"{component.env_var}_MODULE_DIR"):
+        return Path(explicit)
     return _download(component, component.module, component.version)
 
 

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 from clusters import binaries, crds, nodes
+from clusters.images import IMAGE_NAMES
 from trainjob import command_line
 from clusters.controlplane import ControlPlaneError
+from clusters.engine import EngineError
 from clusters.local import ClusterInfo, LocalClusters, cluster_names
 
 DESCRIPTION = """\
@@ -161,7 +163,39 @@ def build_parser() -> argparse.ArgumentParser:
                       help="provision only this binary (repeatable; default: all)")
     prov.add_argument("--json", action="store_true", help="print JSON")
     prov.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+
+    engine = sub.add_parser(
+        "engine", help="find, start or stop the Docker engine the images, compose and kind use",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_doc_summary("clusters.engine"))
+    engine.add_argument("action", choices=("start", "status", "stop", "env"),
+                        help="start: use the engine that answers, else install (Debian's "
+                        "docker.io) and start the project's own; status: say which answers; "
+                        "stop: stop the project's own engine if it runs (never another); env: "
+                        "print the DOCKER_HOST line to export")
+    engine.add_argument("--json", action="store_true", help="print JSON")
+
+    images = sub.add_parser(
+        "images", help="build every container image the project runs, here, from sources",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_doc_summary("clusters.images"))
+    images.add_argument("--only", action="append", metavar="NAME", default=[],
+                        choices=list(IMAGE_NAMES),
+                        help="build only this image (repeatable; default: all). Names: "
+                        + ", ".join(IMAGE_NAMES))
+    images.add_argument("--pull", action="store_true",
+                        help="first try to pull each upstream image (bases, control plane, "
+                        "JobSet, kwok) from its registry; build what cannot be pulled")
+    images.add_argument("--rebuild", action="store_true",
+                        help="rebuild the bases and binary images even when present")
+    images.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _doc_summary(module: str) -> str:
+    import importlib
+
+    return importlib.import_module(module).__doc__
 
 
 def _print_clusters(infos: list[ClusterInfo], as_json: bool, extra: dict | None = None) -> None:
@@ -190,7 +224,7 @@ def _provider(args):
 
 
 def _provision(args) -> int:
-    names = args.only or list(binaries.COMPONENTS)
+    names = args.only or list(binaries.PROVISIONED)
     if not args.json:
         print(f"provisioning {len(names)} binaries (missing ones are built into "
               f"{binaries.cache_root()})", file=sys.stderr, flush=True)
@@ -207,6 +241,48 @@ def _provision(args) -> int:
     return 0
 
 
+def _engine(args) -> int:
+    from clusters import engine
+
+    if args.action == "stop":
+        stopped = engine.stop_engine()
+        print("stopped the project's dockerd" if stopped else "the project's dockerd is not "
+              "running (an engine started elsewhere is never stopped here)")
+        return 0
+    found = engine.ensure_engine() if args.action == "start" else engine.find_engine()
+    if found is None:
+        print("no Docker engine answers (`python -m clusters engine start` starts one)",
+              file=sys.stderr)
+        return 1
+    if args.action == "env":
+        print(f"export DOCKER_HOST={found.host}")
+        return 0
+    description = engine.describe(found)
+    if args.json:
+        print(json.dumps(description, indent=2))
+    else:
+        for key, value in description.items():
+            print(f"{key:<16} {value}")
+    return 0
+
+
+def _images(args) -> int:
+    from clusters import engine, images
+
+    found = engine.ensure_engine()
+    started = time.monotonic()
+    done = images.build_images(found, tuple(args.only), pull=args.pull, rebuild=args.rebuild)
+    sizes = {name: images.image_size(found, name) for name in done}
+    if args.json:
+        print(json.dumps({name: {"result": result, "bytes": sizes[name]}
+                          for name, result in done.items()}, indent=2))
+    else:
+        for name, result in done.items():
+            print(f"{name:<48} {sizes[name] / 1e6:>6.0f} MB  {result}")
+        print(f"({time.monotonic() - started:.0f} s; engine {found.host})", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     return command_line.exit_quietly_on_broken_pipe(lambda: _main(argv))
 
@@ -214,12 +290,16 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
     try:
         if args.command == "provision":
             return _provision(args)
+        if args.command == "engine":
+            return _engine(args)
+        if args.command == "images":
+            return _images(args)
         if args.command == "conformance":
             from clusters.conformance import command
 
@@ -262,7 +342,8 @@ def _main(argv: list[str] | None) -> int:
         elif args.command == "start":
             _print_clusters([provider.start(args.name, timeout=args.timeout)], args.json)
         return 0
-    except (ControlPlaneError, binaries.ProvisioningError, TimeoutError, ValueError) as err:
+    except (ControlPlaneError, binaries.ProvisioningError, EngineError, TimeoutError,
+            ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

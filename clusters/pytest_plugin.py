@@ -17,6 +17,11 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   MultiKueue ones. Started only when a test asks for it, so the other tests do not pay for
   it. Its manager's Kueue waits for an external dispatcher named ``KUEUE_TEST_DISPATCHER``;
   ``harness.use_kueue_dispatcher`` restarts it with another.
+* ``docker_engine`` (session): a Docker engine that answers (``clusters.engine``): the one
+  found, or the project's own, installed and started, and stopped at the end of the session
+  only if this session started it.
+* ``project_images`` (session): every image ``python -m clusters images`` builds, built on
+  that engine (the project's own from the working tree); a mapping of name to what was done.
 """
 
 from __future__ import annotations
@@ -127,6 +132,23 @@ def kueue_multicluster(tmp_path_factory) -> MultiCluster:
     yield from _session_clusters(tmp_path_factory.mktemp("kueue-clusters"), workers=2,
                                  kueue_clusters=names,
                                  kueue_dispatcher=KUEUE_TEST_DISPATCHER, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    from clusters import engine
+
+    found = engine.ensure_engine()
+    yield found
+    if found.started_here:
+        engine.stop_engine()
+
+
+@pytest.fixture(scope="session")
+def project_images(docker_engine) -> dict[str, str]:
+    from clusters import images
+
+    return images.build_images(docker_engine)
 
 
 def _session_clusters(state_dir: Path, timeout: float = 180, **up_args):

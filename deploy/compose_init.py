@@ -6,9 +6,13 @@ image with the project's own code:
   one for the host, and kubeconfigs for the shipped ServiceAccounts (client certificates
   whose CN is ``system:serviceaccount:<ns>:<name>``): the dispatcher on the manager, the
   operator and the dispatcher's worker-access identity on each worker.
+  On each worker also the configurations of kube-scheduler, kwok (its Stages read from the
+  kwok image's copy of its module) and the JobSet controller, with a serving certificate for
+  JobSet's webhooks at its container name.
 * ``setup``: once the apiservers answer, install the CRDs, the shipped identities (the
   Namespace, ServiceAccount and RBAC objects of manifests/dispatcher, operator and
-  worker-access), the sample runtime and a Node with capacity per worker, and register
+  worker-access), the sample runtime and a Node with capacity per worker, JobSet's CRD and
+  webhooks on each worker (read from the JobSet image's copy of its module), and register
   the workers on the manager (Secret + MultiKueueCluster).
 """
 
@@ -21,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from clusters import crds, fixtures
+from clusters import crds, fixtures, worker_stack
 from clusters.controlplane import wait_until
-from clusters.pki import ClusterPKI, client_kubeconfig, service_account_user
+from clusters.pki import ClusterPKI, cert_pem, client_kubeconfig, key_pem, service_account_user
 from trainjob.kubeclient import api_client
 
 # The identities as the manifests ship them (namespace, ServiceAccount name).
@@ -35,10 +39,33 @@ IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBind
 # The images' user: identity kubeconfigs must be readable by it, and by nobody else.
 IMAGE_UID = 65532
 APISERVER_PORT = 6443
+JOBSET_WEBHOOK_PORT = 9443
+JOBSET_HEALTH_PORT = 8081
 
 
 def apiserver_host(cluster: str) -> str:
     return f"apiserver-{cluster}"
+
+
+def jobset_host(cluster: str) -> str:
+    return f"jobset-{cluster}"
+
+
+def write_worker_files(pki: ClusterPKI, cluster: str) -> None:
+    """What a worker's scheduler, kwok and JobSet read: their configurations, and a webhook
+    serving certificate for JobSet's container name."""
+    worker_stack.write_scheduler_config(pki.directory, pki.directory / "admin.kubeconfig")
+    worker_stack.write_kwok_config(pki.directory)
+    directory = pki.directory / "jobset"
+    directory.mkdir(exist_ok=True)
+    key, cert = pki.certificate_authority().issue(
+        "jobset-webhook", dns_names=(jobset_host(cluster),), server=True)
+    (directory / "serving.crt").write_bytes(cert_pem(cert))
+    (directory / "serving.key").write_bytes(key_pem(key))
+    (directory / "serving.key").chmod(0o600)
+    worker_stack.write_jobset_config(directory, directory / "serving.crt",
+                                     directory / "serving.key", JOBSET_WEBHOOK_PORT,
+                                     JOBSET_HEALTH_PORT, "0.0.0.0")
 
 
 def _write_kubeconfig(path: Path, config: dict, owner: int | None = None) -> None:
@@ -66,6 +93,8 @@ def write_certs(directory: Path, clusters: dict[str, int]) -> None:
             user, groups = service_account_user(*account)
             _write_kubeconfig(pki.directory / f"{name}.kubeconfig",
                               ca.user_kubeconfig(cluster, internal, user, groups), IMAGE_UID)
+        if cluster != "manager":
+            write_worker_files(pki, cluster)
     print(f"certificates and kubeconfigs for {', '.join(clusters)} in {directory}")
 
 
@@ -114,6 +143,11 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
         bases = ["dispatcher"] if role == "manager" else ["operator", "worker-access"]
         _apply(api, [obj for base in bases for obj in identity_objects(base)])
         if role == "worker":
+            crds.install_crds(api, worker_stack.jobset_crds(), timeout)
+            worker_stack.install_webhook_configurations(
+                api, worker_stack.jobset_webhook_configurations(
+                    f"https://{jobset_host(cluster)}:{JOBSET_WEBHOOK_PORT}",
+                    ClusterPKI(directory / cluster).ca_cert.read_bytes()))
             fixtures.install_runtime(api, runtime)
             fixtures.add_node(api, f"{cluster}-node", {"cpu": "64", "memory": "256Gi",
                                                        "pods": "110"})

@@ -1,0 +1,3 @@
+module trainjob.local/workload
+
+go 1.24.0
