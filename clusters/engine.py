@@ -112,15 +112,20 @@ def ensure_engine(progress=binaries.stderr_progress, install: bool = True,
 
 def install_engine(progress=binaries.stderr_progress) -> None:
     """Debian's Docker engine (docker.io: dockerd, containerd, runc)."""
+    install_debian_packages(("docker.io",), "no Docker engine answers here: install one "
+                            "(Debian/Ubuntu: apt-get install docker.io) or start yours and "
+                            "set DOCKER_HOST", progress)
+
+
+def install_debian_packages(packages: tuple[str, ...], otherwise: str,
+                            progress=binaries.stderr_progress) -> None:
+    """``apt-get install`` as root; where that cannot be, an error that says ``otherwise``."""
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        raise EngineError(
-            "no Docker engine answers here: install one (Debian/Ubuntu as root: "
-            "apt-get install docker.io) or start yours and set DOCKER_HOST")
-    progress("installing Debian's Docker engine (docker.io) with apt-get")
+        raise EngineError(otherwise)
+    progress(f"installing Debian's {', '.join(packages)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for command in (["apt-get", "update", "-q"],
-                    ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                     "docker.io", "debootstrap"]):
+                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]):
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise EngineError(f"`{' '.join(command)}` failed: {result.stderr.strip()[-1500:]}")

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clusters import binaries
-from clusters.engine import Engine, EngineError, ensure_cli_plugins
+from clusters.engine import Engine, EngineError, ensure_cli_plugins, install_debian_packages
 
 Progress = Callable[[str], None]
 
@@ -147,11 +147,12 @@ def _pull(engine: Engine, name: str, progress: Progress) -> bool:
 def build_debian_base(engine: Engine, progress: Progress) -> None:
     """debian:bookworm-slim from Debian's packages: debootstrap, trimmed as the official
     slim image is, imported as a single layer."""
+    if shutil.which("debootstrap") is None:
+        install_debian_packages(("debootstrap",), "debootstrap is needed to build the Debian "
+                                "base image (apt-get install debootstrap), or pull "
+                                "debian:bookworm-slim with --pull where a registry is "
+                                "reachable", progress)
     debootstrap = shutil.which("debootstrap")
-    if debootstrap is None:
-        raise EngineError("debootstrap is needed to build the Debian base image "
-                          "(apt-get install debootstrap), or pull debian:bookworm-slim "
-                          "with --pull where a registry is reachable")
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=binaries.cache_root()) as tmp:
         root = Path(tmp) / "rootfs"
         result = subprocess.run([debootstrap, "--variant=minbase", DEBIAN_SUITE, str(root)],
