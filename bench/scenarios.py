@@ -24,6 +24,7 @@ from bench.load import LoadRunner, creates
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
 from bench.timeline import Key, Timelines
+from trainjob.conditions import format_time
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ SYNC_CONDITION = "Created"
 
 
 def _status_flip(namespace: str, name: str):
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = format_time()
     body = {"status": {
         "conditions": [{"type": SYNC_CONDITION, "status": "True", "reason": "JobSetCreated",
                         "message": "JobSet created (status written by the benchmark)",

@@ -8,7 +8,6 @@ from elsewhere) and ``/api/state`` (the JSON the page polls)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Callable, Iterable
 from decimal import Decimal
@@ -20,6 +19,7 @@ from kubernetes.utils.quantity import parse_quantity
 from dispatcher.registry import WorkerCluster
 from dispatcher.job_state import job_summary, workloads_by_job
 from trainjob import constants as c
+from trainjob.conditions import format_time
 from trainjob.observability import Response, Route
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
         "active": worker.active,
         "reason": worker.reason,
         "message": worker.message,
-        "since": _timestamp(worker.since),
+        "since": format_time(worker.since),
         "source": "MultiKueueCluster" if worker.from_object else "configuration file",
         "nodes": summary["nodes"],
         "usableNodes": summary["usableNodes"],
@@ -150,7 +150,7 @@ def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
             placed[job["worker"]] = placed.get(job["worker"], 0) + 1
         states[job["state"]] = states.get(job["state"], 0) + 1
     return {
-        "generatedAt": _timestamp(datetime.datetime.now(datetime.timezone.utc).timestamp()),
+        "generatedAt": format_time(),
         "origin": origin,
         "ready": ready[0],
         "role": ready[1],
@@ -158,11 +158,6 @@ def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
         "trainJobs": jobs,
         "counts": dict(sorted(states.items())),
     }
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
 
 
 def routes(controller: DispatcherController) -> dict[str, Route]:

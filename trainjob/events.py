@@ -6,7 +6,6 @@ through a bounded queue to one writer thread, which retries a failed write a few
 
 from __future__ import annotations
 
-import datetime
 import logging
 import queue
 import threading
@@ -14,6 +13,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from trainjob.conditions import format_time
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class EventRecorder:
     def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Queue an Event about ``obj`` (a dict with apiVersion, kind, metadata)."""
         meta = obj.get("metadata") or {}
-        timestamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        timestamp = format_time()
         body = {
             "apiVersion": "v1",
             "kind": "Event",

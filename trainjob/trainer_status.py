@@ -16,6 +16,7 @@ import datetime
 import re
 from typing import Any
 
+from trainjob import conditions
 from trainjob import constants as c
 
 # Upstream's names: a training library written for upstream finds the same ones here.
@@ -123,7 +124,7 @@ def _time(value: Any, field: str, problems: list[tuple[str, str]]) -> str | None
                                 f"2025-01-31T12:00:00Z, not {value[:40]!r}"))
         return None
     # Stored as Kubernetes stores a metav1.Time: UTC, whole seconds.
-    return parsed.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return conditions.format_time(parsed.timestamp())
 
 
 def _json_type(value: Any) -> str:

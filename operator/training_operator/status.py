@@ -7,12 +7,12 @@ changes, so recomputing from the same inputs yields the same status and no write
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import Any
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
+from trainjob.conditions import format_time
 
 CONDITION_CREATED = "Created"
 REASON_JOBSET_CREATED = "JobSetCreated"
@@ -21,7 +21,7 @@ REASON_BUILD_FAILED = "JobSetBuildFailed"
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 @dataclass(frozen=True)
