@@ -34,6 +34,7 @@ from dispatcher.placer import Placer
 from dispatcher.reconciler import DispatchReconciler
 from dispatcher.registry import WorkerCluster, WorkerRegistry
 from trainjob import constants as c
+from trainjob import managed_by
 from trainjob import required_apis
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
@@ -112,7 +113,7 @@ class DispatcherController:
 
     @staticmethod
     def _ours(obj: dict | None) -> bool:
-        return bool(obj) and (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE
+        return managed_by.dispatched(obj)
 
     def _on_manager_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old

@@ -19,6 +19,7 @@ from kubernetes.utils.quantity import parse_quantity
 from dispatcher.registry import WorkerCluster
 from dispatcher.job_state import job_summary, workloads_by_job
 from trainjob import constants as c
+from trainjob import managed_by
 from trainjob.conditions import format_time
 from trainjob.observability import Response, Route
 
@@ -141,7 +142,7 @@ def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
     jobs = sorted((job_view(job, sync_lag, by_job.get((job["metadata"].get("namespace", ""),
                                                        job["metadata"]["name"])))
                    for job in trainjobs
-                   if (job.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE),
+                   if managed_by.dispatched(job)),
                   key=lambda j: (j["namespace"], j["name"]))
     placed: dict[str, int] = {}
     states: dict[str, int] = {}

@@ -19,6 +19,7 @@ from typing import Any
 from dispatcher import mirror
 from trainjob import conditions
 from trainjob import constants as c
+from trainjob import managed_by
 from trainjob.conditions import find, format_time, parse_time
 
 CONDITION_PLACED = c.CONDITION_PLACED
@@ -169,9 +170,9 @@ def decide(manager: Obj | None, worker: WorkerState | None, now: float,
     manages the job (None: it does not)."""
     if manager is None:
         return Forget()
-    spec = manager.get("spec") or {}
-    if spec.get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
+    if not managed_by.dispatched(manager):
         return Ignore(why="not managed by MultiKueue: never ours")
+    spec = manager.get("spec") or {}
     placed = placement(manager)
     # A job placed before Kueue came is ours to finish; an unplaced one Kueue takes is not.
     if not placed and kueue_claim:

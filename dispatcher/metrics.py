@@ -7,6 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from dispatcher.job_state import job_state
 from trainjob import constants as c
+from trainjob import managed_by
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -68,7 +69,7 @@ class _JobsCollector:
                                    labels=["state", "cluster"])
         counts: dict[tuple[str, str], int] = {}
         for job in self._jobs():
-            if (job.get("spec") or {}).get("managedBy") != c.MANAGED_BY_MULTIKUEUE:
+            if not managed_by.dispatched(job):
                 continue
             state = job_state(job).split(" ")[0]
             cluster = (job["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, "")

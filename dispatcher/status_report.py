@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dispatcher.job_state import age, condition, job_summary, workloads_by_job
 from trainjob import constants as c
+from trainjob import managed_by
 from trainjob import required_apis
 
 
@@ -52,7 +53,7 @@ def collect(api: client.ApiClient) -> dict[str, Any]:
                                             obj["metadata"]["name"])))
             for obj in custom.list_cluster_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
-            if (obj.get("spec") or {}).get("managedBy") == c.MANAGED_BY_MULTIKUEUE]
+            if managed_by.dispatched(obj)]
     return {"clusters": clusters, "trainJobs": jobs}
 
 

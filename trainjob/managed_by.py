@@ -35,6 +35,11 @@ def dispatcher_manages(value: Any) -> bool:
     return value == c.MANAGED_BY_MULTIKUEUE
 
 
+def dispatched(trainjob: Any) -> bool:
+    """True when a TrainJob object (a dict as the API returns it) is the dispatcher's."""
+    return bool(trainjob) and dispatcher_manages(managed_by(trainjob.get("spec")))
+
+
 def allowed(value: Any) -> bool:
     """True for the values admission accepts: unset/empty or one of ``ALLOWED_VALUES``."""
     return value in (None, "") or value in ALLOWED_VALUES

@@ -13,7 +13,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from clusters import images
 from clusters.controlplane import free_port
 from clusters.testing import eventually
 from trainjob import constants as c

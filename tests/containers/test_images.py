@@ -13,7 +13,6 @@ import base64
 import json
 import secrets
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
