@@ -24,7 +24,6 @@ read from the same downloaded module in the Go module cache (``module_dir``), ne
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import functools
 import json
@@ -39,6 +38,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from trainjob.conditions import format_time
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,48 @@ KUBE_COMMANDS = tuple(n for n, c in COMPONENTS.items() if c.kind == "kubernetes"
 # What a local harness runs; the Trainer controller and Kueue are started only by the tests
 # and tools that need them.
 HARNESS_BINARIES = ("etcd", *KUBE_COMMANDS, "jobset-controller", "kwok")
+
+# The kind node image's own binaries (clusters/kind_node.py): the node's Kubernetes commands,
+# kind itself, the node's containerd and crictl, and the add-ons the node preloads. Added after
+# KUBE_COMMANDS so the local harness neither needs nor builds them.
+KIND_NODE_COMPONENTS = (
+    _kube("kubelet"),
+    _kube("kubeadm"),
+    _kube("kube-proxy"),
+    # v0.30.0 is the last kind that still tests cgroup v1 (DESIGN 3.2).
+    Component("kind", "module", "v0.30.0", "TEST_ASSET_KIND",
+              module="sigs.k8s.io/kind", package="sigs.k8s.io/kind"),
+    # The node's container runtime, the release kind v0.30.0's images/base builds (Debian's
+    # containerd 1.6 lacks the `ctr info` and `ctr images import --label` kind calls), with
+    # kind's build tags; CGO is not needed with them.
+    *(Component(name, "module", "v2.1.4", "TEST_ASSET_" + name.upper().replace("-", "_"),
+                module="github.com/containerd/containerd/v2",
+                package=f"github.com/containerd/containerd/v2/cmd/{name}",
+                version_variable="github.com/containerd/containerd/v2/version.Version",
+                extra_env={"GOFLAGS": "-mod=mod -tags=no_btrfs,no_devmapper,no_zfs"})
+      for name in ("containerd", "ctr", "containerd-shim-runc-v2")),
+    # The crictl release of the node's Kubernetes minor.
+    Component("crictl", "module", "v1.34.0", "TEST_ASSET_CRICTL",
+              module="sigs.k8s.io/cri-tools", package="sigs.k8s.io/cri-tools/cmd/crictl",
+              version_variable="sigs.k8s.io/cri-tools/pkg/version.Version"),
+    # The CoreDNS that kubeadm v1.34 deploys (its CoreDNSVersion constant).
+    Component("coredns", "module", "v1.12.1", "TEST_ASSET_COREDNS",
+              module="github.com/coredns/coredns", package="github.com/coredns/coredns"),
+    # The release kind v0.30.0's images/local-path-provisioner builds.
+    Component("local-path-provisioner", "module", "v0.0.30", "TEST_ASSET_LOCAL_PATH_PROVISIONER",
+              module="github.com/rancher/local-path-provisioner",
+              package="github.com/rancher/local-path-provisioner",
+              version_variable="main.VERSION"),
+)
+COMPONENTS.update({c.name: c for c in KIND_NODE_COMPONENTS})
+KIND_NODE_BINARIES = tuple(c.name for c in KIND_NODE_COMPONENTS)
 ENV_OVERRIDES = {name: c.env_var for name, c in COMPONENTS.items()}
 # Built only where the docker client lacks them (clusters/engine.py), not by a plain provision.
 DOCKER_PLUGINS = ("docker-buildx", "docker-compose")
-PROVISIONED = tuple(n for n in COMPONENTS if n not in DOCKER_PLUGINS)
+# What `python -m clusters provision` (and so `make binaries`) builds: the harness, Trainer,
+# Kueue and controller-gen. The Docker plugins and the kind node's binaries are built by
+# what needs them (the engine, `python -m clusters.kind_node`).
+PROVISIONED = tuple(n for n in COMPONENTS if n not in DOCKER_PLUGINS + KIND_NODE_BINARIES)
 
 Progress = Callable[[str], None]
 
@@ -435,7 +474,7 @@ def _version_ldflags(version: str) -> str:
     if not match:
         raise ProvisioningError(f"cannot parse Kubernetes version {version!r}")
     major, minor, _ = match.groups()
-    build_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    build_date = format_time()
     values = {
         "gitVersion": version, "gitMajor": major, "gitMinor": minor,
         "gitTreeState": "clean", "buildDate": build_date,

@@ -110,10 +110,11 @@ def test_a_failed_build_names_module_version_step_and_retry(empty_environment):
 
 def test_cached_binaries_report_the_pinned_versions():
     # The real binaries the rest of the suite runs on (make test provisions them first).
-    found = binaries.find_binaries(build=False, names=binaries.COMPONENTS)
+    found = binaries.find_binaries(build=False, names=binaries.PROVISIONED)
     for name in binaries.KUBE_COMMANDS[:-1]:
         assert binaries.KUBERNETES_VERSION in binaries.binary_version(found.paths[name])
-    for name, component in binaries.COMPONENTS.items():
+    for name in binaries.PROVISIONED:
+        component = binaries.COMPONENTS[name]
         if component.kind == "module" and not os.environ.get(component.env_var):
             assert binaries.binary_version(found.paths[name]) == component.source
     assert binaries.binary_version(found.kubectl) == f"Client Version: {binaries.KUBERNETES_VERSION}"

@@ -1,0 +1,3 @@
+module trainjob.local/kind/kindnetd
+
+go 1.24.0

@@ -1,0 +1,3 @@
+module trainjob.local/kind/pause
+
+go 1.24.0
