@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "kueue.x-k8s.io/multikueue-dispatcher-all-at-once; another name makes "
                     "Kueue wait for an external dispatcher such as `python -m dispatcher run "
                     "--mode kueue`)")
+    up.add_argument("--kueue-integration", action="append", default=[], metavar="FRAMEWORK",
+                    dest="kueue_integrations",
+                    help="a Kueue integration to enable on those clusters (repeatable; "
+                    "default: trainer.kubeflow.org/trainjob only; `--kueue-integration "
+                    "batch/job --kueue-integration jobset.x-k8s.io/jobset "
+                    "--kueue-integration trainer.kubeflow.org/trainjob` is what a MultiKueue "
+                    "team typically enables)")
     nodes_group = up.add_argument_group("worker Nodes (kwok)")
     nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
                              help="Nodes per worker (default: %(default)s)")
@@ -325,6 +332,10 @@ def _main(argv: list[str] | None) -> int:
                 kueue_args = {"kueue_clusters": tuple(args.kueue)}
                 if args.kueue_dispatcher:
                     kueue_args["kueue_dispatcher"] = args.kueue_dispatcher
+                if args.kueue_integrations:
+                    kueue_args["kueue_integrations"] = tuple(args.kueue_integrations)
+            elif args.kueue_integrations or args.kueue_dispatcher:
+                raise ValueError("--kueue-integration and --kueue-dispatcher need --kueue")
             infos = provider.up(workers=args.workers, timeout=args.timeout, node_layout=layout,
                                 max_workers=args.max_workers,
                                 upstream_crds=tuple(args.upstream_crds), **kueue_args)

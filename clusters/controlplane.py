@@ -120,6 +120,8 @@ class ControlPlane:
     ports: dict[str, int] | None = None
     # Kueue's MultiKueue dispatcherName when the cluster runs Kueue; None: no Kueue.
     kueue_dispatcher: str | None = None
+    # The job kinds its Kueue manages (Kueue's integration names, ``kueue.INTEGRATIONS``).
+    kueue_integrations: tuple[str, ...] = kueue.INTEGRATIONS
 
     def port(self, name: str) -> int:
         return (self.ports or {})[name]
@@ -309,7 +311,8 @@ class ControlPlane:
 
     def kueue_configuration(self) -> dict:
         return kueue.configuration(self.kueue_dir, self.ports or {}, self.bind_address,
-                                   self.kueue_dispatcher or kueue.DISPATCHER_ALL_AT_ONCE)
+                                   self.kueue_dispatcher or kueue.DISPATCHER_ALL_AT_ONCE,
+                                   tuple(self.kueue_integrations))
 
     @property
     def kueue_dir(self) -> Path:

@@ -4,9 +4,14 @@ cache when the cluster starts. Nothing of Kueue's is copied into this repository
 
 What the harness decides itself:
 
-* **Integrations.** Only TrainJobs (``trainer.kubeflow.org/trainjob``); so only the webhooks
-  of Kueue's own kinds and of TrainJobs are installed. A webhook for a kind whose
-  integration is off would have no handler and refuse every request for that kind.
+* **Integrations.** Chosen per cluster (``integrations``), among those the harness can
+  serve (``SUPPORTED_INTEGRATIONS``): TrainJobs alone by default (``INTEGRATIONS``), or
+  what a MultiKueue team typically enables, batch Jobs, JobSets and TrainJobs
+  (``MULTIKUEUE_TEAM_INTEGRATIONS``). Only the webhooks of Kueue's own kinds and of the
+  enabled kinds are installed (by API group and resource): Kueue answers the others with
+  a no-op, but a webhook is one more call on every create of that kind, and Kueue's pod
+  webhook would see every pod of the cluster. The kinds' APIs must be served: batch Jobs
+  are built in, and every cluster running Kueue serves the JobSet CRD (``clusters.local``).
 * **Webhooks and CRD conversion** are called on the controller's loopback port. Kueue
   serves its CRDs' v1beta1 <-> v1beta2 conversion itself, so the CRDs that convert point
   at it too.
@@ -56,9 +61,21 @@ DISPATCHER_ALL_AT_ONCE = "kueue.x-k8s.io/multikueue-dispatcher-all-at-once"
 DISPATCHER_INCREMENTAL = "kueue.x-k8s.io/multikueue-dispatcher-incremental"
 # The AdmissionCheck controller name of Kueue's MultiKueue.
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+# Kueue's integration names (Configuration integrations.frameworks) the harness can
+# serve, and the (API group, resource) of each: its webhooks are installed.
+SUPPORTED_INTEGRATIONS = {
+    "batch/job": ("batch", "jobs"),
+    "jobset.x-k8s.io/jobset": ("jobset.x-k8s.io", "jobsets"),
+    "trainer.kubeflow.org/trainjob": ("trainer.kubeflow.org", "trainjobs"),
+}
+# The default: TrainJobs only.
 INTEGRATIONS = ("trainer.kubeflow.org/trainjob",)
-# The kinds whose webhooks are installed: Kueue's own, and those of INTEGRATIONS.
-WEBHOOK_GROUPS = frozenset({"kueue.x-k8s.io", "trainer.kubeflow.org"})
+# What a MultiKueue team typically enables: once its manager's multiKueue.dispatcherName
+# names an external dispatcher, every one of these kinds waits for that dispatcher.
+MULTIKUEUE_TEAM_INTEGRATIONS = ("batch/job", "jobset.x-k8s.io/jobset",
+                                "trainer.kubeflow.org/trainjob")
+# Kueue's own kinds: their webhooks are always installed.
+KUEUE_API_GROUP = "kueue.x-k8s.io"
 FEATURE_GATES = {"VisibilityOnDemand": False, "WorkloadRequestUseMergePatch": True}
 
 # Paths inside the Kueue module.
@@ -78,6 +95,19 @@ CONFIG_KEY = "controller_manager_config.yaml"
 CA_NAME = "kueue-ca"
 # Kueue renews a certificate that expires within 90 days: give it more.
 CERT_VALIDITY = datetime.timedelta(days=365)
+
+
+def check_integrations(integrations: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``integrations`` as a tuple, refused (ValueError naming each) when empty or when one
+    is not among ``SUPPORTED_INTEGRATIONS``."""
+    names = tuple(dict.fromkeys(integrations))
+    unknown = [name for name in names if name not in SUPPORTED_INTEGRATIONS]
+    if unknown or not names:
+        raise ValueError(
+            f"Kueue integrations {', '.join(unknown) or '(none)'}: "
+            f"{'not served by this harness' if unknown else 'at least one is needed'}; "
+            f"choose among {', '.join(SUPPORTED_INTEGRATIONS)}")
+    return names
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,17 +155,23 @@ def crds(url_base: str, ca_bundle: bytes) -> list[dict]:
     return found
 
 
-def webhook_configurations(url_base: str, ca_bundle: bytes) -> list[dict]:
-    """Kueue's webhook configurations for its own kinds and TrainJobs, pointed at the
-    controller's loopback address instead of a Service."""
+def webhook_configurations(url_base: str, ca_bundle: bytes,
+                           integrations: tuple[str, ...] = INTEGRATIONS) -> list[dict]:
+    """Kueue's webhook configurations for its own kinds and those of ``integrations``,
+    pointed at the controller's loopback address instead of a Service."""
+    wanted = {SUPPORTED_INTEGRATIONS[name] for name in check_integrations(integrations)}
     configured = []
     for document in _documents(module_dir() / WEBHOOKS):
         document = copy.deepcopy(document)
         document["metadata"]["name"] = NAME_PREFIX + document["metadata"]["name"]
         kept = []
         for webhook in document.get("webhooks", []):
-            groups = {g for rule in webhook.get("rules", []) for g in rule.get("apiGroups", [])}
-            if not groups or not groups <= WEBHOOK_GROUPS:
+            kinds = {(group, resource.split("/")[0])
+                     for rule in webhook.get("rules", [])
+                     for group in rule.get("apiGroups", [])
+                     for resource in rule.get("resources", [])}
+            if not kinds or not all(group == KUEUE_API_GROUP or (group, resource) in wanted
+                                    for group, resource in kinds):
                 continue
             path = webhook["clientConfig"]["service"].get("path", "")
             webhook["clientConfig"] = {"url": url_base + path,
@@ -148,10 +184,10 @@ def webhook_configurations(url_base: str, ca_bundle: bytes) -> list[dict]:
 
 def install(api: client.ApiClient, url_base: str, certs: KueueCertificates,
             config: dict) -> list[dict]:
-    """The namespace, the webhook Secret, the webhook configurations and the ConfigMap
-    holding ``config`` (where Kueue's release keeps its Configuration, so what reads it
-    there finds what this Kueue runs with); returns the CRDs for the caller to install
-    with the rest."""
+    """The namespace, the webhook Secret, the webhook configurations (for the
+    integrations ``config`` enables) and the ConfigMap holding ``config`` (where Kueue's
+    release keeps its Configuration, so what reads it there finds what this Kueue runs
+    with); returns the CRDs for the caller to install with the rest."""
     core = client.CoreV1Api(api)
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
@@ -169,7 +205,8 @@ def install(api: client.ApiClient, url_base: str, certs: KueueCertificates,
         core.replace_namespaced_secret(WEBHOOK_SECRET, NAMESPACE, secret)
     publish_configuration(api, config)
     admission = client.AdmissionregistrationV1Api(api)
-    for document in webhook_configurations(url_base, certs.ca_cert):
+    integrations = tuple(config["integrations"]["frameworks"])
+    for document in webhook_configurations(url_base, certs.ca_cert, integrations):
         name = document["metadata"]["name"]
         patch = (admission.patch_mutating_webhook_configuration
                  if document["kind"] == "MutatingWebhookConfiguration"
@@ -277,9 +314,11 @@ def _rsa_pem(key: rsa.RSAPrivateKey) -> bytes:
 
 
 def configuration(directory: Path, ports: dict[str, int], bind_address: str,
-                  dispatcher: str) -> dict:
+                  dispatcher: str, integrations: tuple[str, ...] = INTEGRATIONS) -> dict:
     """Kueue's Configuration for one cluster (certificates under ``directory``);
-    ``dispatcher`` is its MultiKueue ``dispatcherName`` (only the manager's matters)."""
+    ``dispatcher`` is its MultiKueue ``dispatcherName`` (only the manager's matters) and
+    ``integrations`` the job kinds it manages (``SUPPORTED_INTEGRATIONS``)."""
+    integrations = check_integrations(integrations)
     certs = KueueCertificates(directory / "pki").ensure()
     serving = certs.serving_dir(directory / "serving-certs")
     return {
@@ -295,7 +334,7 @@ def configuration(directory: Path, ports: dict[str, int], bind_address: str,
         "internalCertManagement": {"enable": True, "webhookServiceName": WEBHOOK_SERVICE,
                                    "webhookSecretName": WEBHOOK_SECRET},
         "clientConnection": {"qps": 300, "burst": 500},
-        "integrations": {"frameworks": list(INTEGRATIONS)},
+        "integrations": {"frameworks": list(integrations)},
         "multiKueue": {"dispatcherName": dispatcher, "gcInterval": "30s"},
         "featureGates": dict(FEATURE_GATES),
     }

@@ -65,6 +65,8 @@ class ClusterRecord(BaseModel):
     # no Kueue. A manager with Kueue serves Kueue's CRDs instead of the project's
     # MultiKueue ones.
     kueue_dispatcher: str | None = None
+    # The job kinds that Kueue manages (Kueue's integration names; ``up --kueue``).
+    kueue_integrations: list[str] = Field(default_factory=lambda: list(kueue.INTEGRATIONS))
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -189,6 +191,7 @@ class LocalClusters:
             role=record.role,
             ports=record.ports,
             kueue_dispatcher=record.kueue_dispatcher,
+            kueue_integrations=tuple(record.kueue_integrations),
         )
 
     def issue_serving_certificate(self, name: str, directory: Path,
@@ -246,14 +249,18 @@ class LocalClusters:
            node_layout: nodes.NodeLayout | None = None,
            max_workers: int | None = None,
            upstream_crds: tuple[str, ...] = (), kueue_clusters: tuple[str, ...] = (),
-           kueue_dispatcher: str = kueue.DISPATCHER_ALL_AT_ONCE) -> list[ClusterInfo]:
+           kueue_dispatcher: str = kueue.DISPATCHER_ALL_AT_ONCE,
+           kueue_integrations: tuple[str, ...] = kueue.INTEGRATIONS) -> list[ClusterInfo]:
         """Bring up the manager and ``workers`` workers, each worker with the kwok Nodes of
         ``node_layout`` (default: two Nodes of 8 cpu and 32Gi); a no-op for what is up.
         More workers than ``max_workers`` (default: what this machine holds) are refused.
         The clusters named in ``upstream_crds`` serve upstream Trainer's CRDs; those in
-        ``kueue_clusters`` run Kueue (MultiKueue dispatcher ``kueue_dispatcher``)."""
+        ``kueue_clusters`` run Kueue (MultiKueue dispatcher ``kueue_dispatcher``), managing
+        the job kinds of ``kueue_integrations`` (Kueue's integration names, among
+        ``kueue.SUPPORTED_INTEGRATIONS``; e.g. ``kueue.MULTIKUEUE_TEAM_INTEGRATIONS``)."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
+        kueue_integrations = kueue.check_integrations(kueue_integrations)
         for flag, names in (("--upstream-crds", upstream_crds), ("--kueue", kueue_clusters)):
             unknown = sorted(set(names) - set(cluster_names(workers)))
             if unknown:
@@ -284,6 +291,7 @@ class LocalClusters:
                     record.trainer_crds = crds.UPSTREAM
                 if record.name in kueue_clusters:
                     record.kueue_dispatcher = kueue_dispatcher
+                    record.kueue_integrations = list(kueue_integrations)
                     for port in kueue.PORTS:
                         record.ports.setdefault(port, free_port(BIND_ADDRESS))
             self._save(state)
@@ -510,7 +518,8 @@ class LocalClusters:
     def _install_crds(self, record: ClusterRecord, plane: ControlPlane, timeout: float) -> None:
         with_kueue = record.kueue_dispatcher is not None
         documents = crds.cluster_crds(record.role, record.trainer_crds, with_kueue=with_kueue)
-        # Kueue's TrainJob integration owns JobSets, so a manager running Kueue serves them.
+        # Kueue's TrainJob integration owns JobSets, and its JobSet integration manages them:
+        # a manager running Kueue serves them too.
         if record.role == "worker" or with_kueue:
             documents += worker_stack.jobset_crds()
         with api_client(self.kubeconfig(record.name)) as client:

@@ -16,7 +16,9 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   Kueue (``clusters.kueue``); the manager serves Kueue's CRDs instead of the project's
   MultiKueue ones. Started only when a test asks for it, so the other tests do not pay for
   it. Its manager's Kueue waits for an external dispatcher named ``KUEUE_TEST_DISPATCHER``;
-  ``harness.use_kueue_dispatcher`` restarts it with another.
+  ``harness.use_kueue_dispatcher`` restarts it with another. Every one of them runs Kueue
+  with the integrations a MultiKueue team typically enables (``KUEUE_TEST_INTEGRATIONS``:
+  batch Jobs, JobSets and TrainJobs), since the dispatcherName holds for every kind.
 * ``docker_engine`` (session): a Docker engine that answers (``clusters.engine``): the one
   found, or the project's own, installed and started, and stopped at the end of the session
   only if this session started it.
@@ -35,7 +37,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from clusters import crds
+from clusters import crds, kueue
 from clusters.controlplane import ControlPlane
 from clusters.local import ClusterInfo, LocalClusters
 from clusters.nodes import NodeLayout
@@ -126,12 +128,18 @@ def multicluster(tmp_path_factory) -> MultiCluster:
 KUEUE_TEST_DISPATCHER = "trainjob-dispatcher.io/capacity"
 
 
+# The job kinds their Kueue manages: Kueue's dispatcherName is cluster-wide, so the tests
+# run with what a MultiKueue team enables, not TrainJobs alone.
+KUEUE_TEST_INTEGRATIONS = kueue.MULTIKUEUE_TEAM_INTEGRATIONS
+
+
 @pytest.fixture(scope="session")
 def kueue_multicluster(tmp_path_factory) -> MultiCluster:
     names = ("manager", "worker-1", "worker-2")
     yield from _session_clusters(tmp_path_factory.mktemp("kueue-clusters"), workers=2,
                                  kueue_clusters=names,
-                                 kueue_dispatcher=KUEUE_TEST_DISPATCHER, timeout=300)
+                                 kueue_dispatcher=KUEUE_TEST_DISPATCHER,
+                                 kueue_integrations=KUEUE_TEST_INTEGRATIONS, timeout=300)
 
 
 @pytest.fixture(scope="session")

@@ -440,6 +440,10 @@ def admits(labels: dict[str, str], taints: list[dict[str, Any]],
     return exclusion(labels, taints, node_selector, tolerations) is None
 
 
+# The label the job controller puts on a batch Job's pods (Kubernetes 1.27+).
+BATCH_JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
 def pod_requests(pod: dict[str, Any]) -> Resources:
     """What the scheduler reserves for a pod: PodSet's per-pod rule, plus overhead and one
     pod slot."""
@@ -460,8 +464,11 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     if not node or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
         return None
     meta = pod.get("metadata") or {}
-    jobset = (meta.get("labels") or {}).get(c.JOBSET_NAME_LABEL)
-    job = (meta.get("namespace") or "", jobset) if jobset else None
+    labels = meta.get("labels") or {}
+    # The job a reservation is keyed by: the JobSet (a TrainJob's is named after it), or,
+    # for a batch Job Kueue dispatched, the Job (a Workload's owner, kueue_workloads.job_key).
+    owner = labels.get(c.JOBSET_NAME_LABEL) or labels.get(BATCH_JOB_NAME_LABEL)
+    job = (meta.get("namespace") or "", owner) if owner else None
     return _PodUse(node=node, job=job, requests=pod_requests(pod))
 
 

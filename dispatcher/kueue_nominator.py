@@ -19,6 +19,16 @@ Level-triggered, all state in API objects:
   nominated; when every worker has been tried, the list starts over;
 * the capacity a nominated or admitted job holds on its worker is reserved again from the
   Workload on every reconcile, and released once it finishes, is evicted or goes.
+* a Workload that allows partial admission (a podSet's ``minCount``) is sized by its
+  ``count`` first: the worker that runs it whole wins; only when none has room for that
+  is it sized by ``minCount`` (Kueue admits it with fewer pods rather than let it wait).
+  Its worker holds the whole size either way, so other jobs are not packed into room its
+  Kueue may still give it;
+* a Workload that cannot be sized (``kueue_workloads.podset_need`` says why) is
+  nominated to every worker, as Kueue's all-at-once dispatcher would, so it never waits
+  for a nomination that cannot come; why is said in an ``Unsizable`` Event and in the
+  Workload's ``trainjob-dispatcher.io/Sized=False`` condition, written with the
+  nomination. It has no admission timeout (there is no next worker to try).
 
 Kueue clears ``nominatedClusterNames`` when a worker admits. It can clear a value another
 field manager wrote only with merge patches (its ``WorkloadRequestUseMergePatch`` feature
@@ -45,6 +55,7 @@ from dispatcher.placement import message_shape
 from dispatcher.placer import Need, Placer
 from dispatcher.registry import WorkerRegistry
 from trainjob import constants as c
+from trainjob.conditions import format_time, upsert
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.service import Requeue
@@ -121,7 +132,9 @@ class WorkloadNominator:
         checks = self.multikueue_checks()
         for obj in self.workloads.list():
             waiting = wl.waiting(obj, checks)
-            if waiting is not None and not waiting.nominated:
+            # Nominated to every worker because it could not be sized: the set of workers
+            # may have changed.
+            if waiting is not None and (not waiting.nominated or wl.sized_condition(obj)):
                 self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def multikueue_checks(self) -> set[str]:
@@ -152,7 +165,7 @@ class WorkloadNominator:
             self._release(key)  # evicted, or its quota reservation went
             return
         if isinstance(need, str):
-            self._say_pending(obj, key, "InvalidWorkload", f"cannot nominate a worker: {need}")
+            self._nominate_every_worker(key, obj, waiting, need)
             return
         tried = wl.tried(obj)
         if waiting.nominated:
@@ -178,6 +191,20 @@ class WorkloadNominator:
         timeout = self.config.admission_timeout_seconds
         skip = {n: f"nominated before and did not admit within {timeout:.0f}s" for n in tried}
         decision = self.placer.place_need(wl.job_key(obj), need, skip)
+        least = None
+        if isinstance(decision, str) and wl.partially_admissible(obj):
+            # No room for all its pods: the least Kueue's partial admission runs.
+            least = self._need(obj, at_min_count=True)
+            if isinstance(least, str):
+                least = None
+            else:
+                partial = self.placer.place_need(wl.job_key(obj), least, skip)
+                if isinstance(partial, str):
+                    decision = (f"{decision}; nor with partial admission ({least.pods} of its "
+                                f"{need.pods} pods): {partial}")
+                    least = None
+                else:
+                    decision = partial
         if isinstance(decision, str):
             registered = {w.name for w in self.registry.snapshot()}
             if tried and registered and registered <= set(tried):
@@ -205,19 +232,72 @@ class WorkloadNominator:
         self._pending_shape.pop(key, None)
         self.metrics.nominations.labels(cluster=worker.name).inc()
         message = f"nominated worker cluster {worker.name}"
+        if least is not None:
+            message += (f" (room for {least.pods} of its {need.pods} pods only: the podSets' "
+                        "minCount, as Kueue's partial admission allows)")
         log.info("Workload %s/%s: %s", *key, message)
         self.recorder.event(self._event_target(obj), NORMAL, "Nominated", message)
         raise Requeue(timeout, "waiting for the nominated worker to admit")
 
-    def _need(self, obj: dict) -> Need | str:
+    def _nominate_every_worker(self, key: Key, obj: dict, waiting: wl.Waiting,
+                               why: str) -> None:
+        """A Workload that cannot be sized: every worker nominated (as Kueue's all-at-once
+        dispatcher would; the first whose Kueue admits it runs it), with why in an Event and
+        in its ``SIZED_CONDITION``, both in one status write."""
+        if waiting.nominated and wl.nominated_at(obj, FIELD_MANAGER) is None:
+            return  # nominated by someone else: theirs to follow up
+        workers = [worker.name for worker in self.registry.snapshot()]
+        if not workers:
+            self._say_pending(obj, key, wl.UNSIZABLE_REASON,
+                              f"cannot size the Workload: {why}; no worker cluster is "
+                              "registered to nominate")
+            return
+        names, left_out = workers[:wl.MAX_NOMINATED], workers[wl.MAX_NOMINATED:]
+        message = (f"cannot size the Workload, so no worker is chosen by room: {why}; "
+                   f"nominated every worker cluster ({', '.join(names)}), as Kueue's "
+                   "all-at-once dispatcher would: the first whose Kueue admits it runs it")
+        if left_out:
+            message += (f" (Kueue takes at most {wl.MAX_NOMINATED} names: "
+                        f"{', '.join(left_out)} left out)")
+        said = wl.sized_condition(obj) or {}
+        if sorted(waiting.nominated) == sorted(names) and said.get("message") == message:
+            return  # done already (before a restart, too)
         meta = obj["metadata"]
-        cache_key = (meta.get("uid"), meta.get("generation"))
-        if not all(cache_key):
-            return wl.podset_need(obj)
+        condition = {"type": wl.SIZED_CONDITION, "status": "False",
+                     "reason": wl.UNSIZABLE_REASON, "message": message,
+                     "lastTransitionTime": format_time(),
+                     "observedGeneration": meta.get("generation") or 0}
+        conditions = upsert(list((obj.get("status") or {}).get("conditions") or []), condition)
+        try:
+            # Conditions are a list: a merge patch replaces it whole, so the resourceVersion
+            # guards Kueue's own conditions against a write made meanwhile.
+            written = self.custom.patch_namespaced_custom_object_status(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, meta["namespace"], WORKLOADS, meta["name"],
+                {"metadata": {"resourceVersion": meta["resourceVersion"]},
+                 "status": {"nominatedClusterNames": names, "conditions": conditions}},
+                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+        except ApiException as err:
+            if err.status == 409:
+                raise Requeue(0.05, "the Workload changed meanwhile") from None
+            raise
+        self.workloads.observe(written)
+        self._release(key)
+        self._pending_shape.pop(key, None)
+        for name in names:
+            if name not in waiting.nominated:
+                self.metrics.nominations.labels(cluster=name).inc()
+        log.info("Workload %s/%s: %s", *key, message)
+        self.recorder.event(self._event_target(obj), WARNING, wl.UNSIZABLE_REASON, message)
+
+    def _need(self, obj: dict, at_min_count: bool = False) -> Need | str:
+        meta = obj["metadata"]
+        cache_key = (meta.get("uid"), meta.get("generation"), at_min_count)
+        if not all(cache_key[:2]):
+            return wl.podset_need(obj, at_min_count)
         with self._needs_lock:
             need = self._needs.get(cache_key)
         if need is None:
-            need = wl.podset_need(obj)
+            need = wl.podset_need(obj, at_min_count)
             with self._needs_lock:
                 self._needs[cache_key] = need
         return need

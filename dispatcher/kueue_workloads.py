@@ -4,6 +4,10 @@ A Workload waits for this dispatcher when Kueue has reserved quota for it
 (``QuotaReserved=True``), its MultiKueue admission check is ``Pending``, and no worker is
 assigned (``.status.clusterName``). Kueue creates the remote copy only on the workers named
 in ``.status.nominatedClusterNames`` and clears that list once one of them admits.
+
+What a job needs is read from its Workload's podSets only, never from the job itself, so
+every kind Kueue makes Workloads for (batch Jobs, JobSets, TrainJobs, ...) is sized alike.
+A Workload whose podSets cannot be sized (``podset_need`` says why) is not guessed at.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ Obj = dict[str, Any]
 # On the Workload: the workers nominated so far that did not admit it in time, in order.
 TRIED_ANNOTATION = "trainjob-dispatcher.io/tried-clusters"
 PENDING = "Pending"
+# On a Workload this dispatcher could not size: condition False, with why and what it did.
+SIZED_CONDITION = "trainjob-dispatcher.io/Sized"
+UNSIZABLE_REASON = "Unsizable"
+# Kueue's limit on .status.nominatedClusterNames.
+MAX_NOMINATED = 20
 
 
 @dataclass(frozen=True)
@@ -84,9 +93,19 @@ def job_key(workload: Obj) -> tuple[str, str]:
     return meta.get("namespace") or "", (owner or meta)["name"]
 
 
-def podset_need(workload: Obj) -> Need | str:
-    """What the Workload asks of a worker, from its podSets (Σ count × per-pod requests);
-    a string says why it cannot be computed."""
+def partially_admissible(workload: Obj) -> bool:
+    """Whether Kueue may admit the Workload with fewer pods than ``count`` (a podSet with
+    ``minCount`` below its ``count``: Kueue's partial admission, e.g. a batch Job's
+    ``kueue.x-k8s.io/job-min-parallelism`` annotation)."""
+    return any(podset.get("minCount") is not None
+               and int(podset["minCount"]) < int(podset.get("count") or 0)
+               for podset in (workload.get("spec") or {}).get("podSets") or [])
+
+
+def podset_need(workload: Obj, at_min_count: bool = False) -> Need | str:
+    """What the Workload asks of a worker, from its podSets: Σ count × per-pod requests,
+    or with ``at_min_count`` Σ minCount × per-pod requests for the podSets that have one
+    (the least Kueue's partial admission runs). A string says why it cannot be sized."""
     podsets = (workload.get("spec") or {}).get("podSets") or []
     if not podsets:
         return "the Workload has no spec.podSets"
@@ -95,9 +114,19 @@ def podset_need(workload: Obj) -> Need | str:
     each_pod: list[dict[str, Decimal]] = []
     widest: tuple[int, int, Obj] | None = None
     for index, podset in enumerate(podsets):
+        where = f"spec.podSets[{index}] ({podset.get('name', '?')})"
         count = int(podset.get("count") or 0)
+        if at_min_count and podset.get("minCount") is not None:
+            count = min(count, int(podset["minCount"]))
         spec = ((podset.get("template") or {}).get("spec")) or {}
-        per_pod = pod_requests({"spec": spec})
+        unread = _unread_requests(spec)
+        if unread:
+            return f"{where}: {unread}"
+        try:
+            per_pod = pod_requests({"spec": spec})
+        except ValueError as err:
+            # The message is worded for a runtime's replicated job (an empty name here).
+            return f"{where}: {str(err).removeprefix('replicatedJobs[] ')}"
         per_pod.pop(PODS, None)
         for resource, amount in per_pod.items():
             total[resource] = total.get(resource, Decimal(0)) + amount * count
@@ -114,3 +143,28 @@ def podset_need(workload: Obj) -> Need | str:
     queue = (workload["metadata"].get("namespace") or "", queue_name) if queue_name else None
     return Need(total, pods, spec.get("nodeSelector"), spec.get("tolerations"), each_pod,
                 queue)
+
+
+def _unread_requests(spec: Obj) -> str | None:
+    """Why a pod template asks for what this dispatcher does not count, or None."""
+    claims = [claim.get("name", "?") for claim in spec.get("resourceClaims") or []]
+    if claims:
+        # Devices through Dynamic Resource Allocation (Kueue counts them only with its DRA
+        # integration): what a claim asks for is in objects this dispatcher does not read.
+        return (f"template.spec.resourceClaims ({', '.join(claims)}) asks for devices through "
+                "Dynamic Resource Allocation, which this dispatcher does not count")
+    pod_level = spec.get("resources") or {}
+    if pod_level.get("requests") or pod_level.get("limits"):
+        # Kubernetes 1.34 (PodLevelResources) and Kueue count these; the Node room this
+        # dispatcher reads counts container requests only: a size from the containers
+        # alone would be too small, and no size is better than a wrong one.
+        named = sorted({*(pod_level.get("requests") or {}), *(pod_level.get("limits") or {})})
+        return (f"template.spec.resources ({', '.join(named)}) sets pod-level resources, "
+                "which this dispatcher does not read (it counts container requests only)")
+    return None
+
+
+def sized_condition(workload: Obj) -> Obj | None:
+    """This dispatcher's ``SIZED_CONDITION`` on the Workload, if any."""
+    return next((x for x in (workload.get("status") or {}).get("conditions") or []
+                 if x.get("type") == SIZED_CONDITION), None)
