@@ -475,3 +475,21 @@ def test_the_manager_has_no_jobsets(multicluster):
     names = {crd.metadata.name for crd in client.ApiextensionsV1Api(
         multicluster.manager.api).list_custom_resource_definition().items}
     assert "jobsets.jobset.x-k8s.io" not in names
+
+
+def test_kubectl_get_shows_the_worker_a_job_was_placed_on(multicluster, namespace):
+    """`kubectl get trainjobs` on the manager: the Worker column reads the placement."""
+    manager = multicluster["manager"]
+    body = trainjob("shown", managedBy=MULTIKUEUE)
+    body["metadata"]["annotations"] = {"trainjob-dispatcher.io/cluster": "worker-7"}
+    create(manager, namespace, body)
+    response = manager.api.call_api(
+        "GET", f"{manager.api.configuration.host}/apis/trainer.kubeflow.org/v1alpha1/"
+        f"namespaces/{namespace}/trainjobs",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+    response.read()
+    table = json.loads(response.data)
+    columns = [column["name"] for column in table["columnDefinitions"]]
+    assert "Worker" in columns, columns
+    row = next(r for r in table["rows"] if r["cells"][0] == "shown")
+    assert row["cells"][columns.index("Worker")] == "worker-7", row
