@@ -53,6 +53,11 @@ examples:
 """
 
 
+# The local provider's kwok Nodes when --node-cpu / --node-memory are not given.
+NODE_CPU = "8"
+NODE_MEMORY = "32Gi"
+
+
 def _default_state_dir() -> str:
     return os.environ.get("CLUSTERS_STATE_DIR", ".clusters")
 
@@ -101,15 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "batch/job --kueue-integration jobset.x-k8s.io/jobset "
                     "--kueue-integration trainer.kubeflow.org/trainjob` is what a MultiKueue "
                     "team typically enables)")
-    nodes_group = up.add_argument_group("worker Nodes (kwok)")
+    nodes_group = up.add_argument_group(
+        "worker Nodes (kwok Nodes with the local provider, kind nodes with kind; kind Nodes "
+        "have this machine's capacity, so the resource flags are the local provider's only)")
     nodes_group.add_argument("--nodes", type=int, default=2, metavar="N",
                              help="Nodes per worker (default: %(default)s)")
-    nodes_group.add_argument("--node-cpu", default="8", metavar="QUANTITY",
-                             help="cpu of each Node (default: %(default)s)")
-    nodes_group.add_argument("--node-memory", default="32Gi", metavar="QUANTITY",
-                             help="memory of each Node (default: %(default)s)")
-    nodes_group.add_argument("--node-gpus", type=int, default=0, metavar="N",
-                             help="nvidia.com/gpu of each Node (default: %(default)s)")
+    nodes_group.add_argument("--node-cpu", default=None, metavar="QUANTITY",
+                             help=f"cpu of each Node (default: {NODE_CPU})")
+    nodes_group.add_argument("--node-memory", default=None, metavar="QUANTITY",
+                             help=f"memory of each Node (default: {NODE_MEMORY})")
+    nodes_group.add_argument("--node-gpus", type=int, default=None, metavar="N",
+                             help="nvidia.com/gpu of each Node (default: 0)")
     nodes_group.add_argument("--nodes-file", metavar="PATH",
                              help="YAML file with node pools per worker (instead of the flags "
                              "above): labels, taints and any resources")
@@ -319,12 +326,22 @@ def _main(argv: list[str] | None) -> int:
         provider = _provider(args)
         if args.command == "up":
             started = time.monotonic()
+            # Given at all (even at the local provider's defaults): None means not given.
+            resource_flags = [flag for flag, value in (
+                ("--node-cpu", args.node_cpu), ("--node-memory", args.node_memory),
+                ("--node-gpus", args.node_gpus)) if value is not None]
             if args.nodes_file:
                 layout = nodes.layout_from_file(args.nodes_file,
                                                 workers=cluster_names(args.workers)[1:])
             else:
-                layout = nodes.layout_from_flags(args.nodes, args.node_cpu, args.node_memory,
-                                                 args.node_gpus)
+                layout = nodes.layout_from_flags(args.nodes, args.node_cpu or NODE_CPU,
+                                                 args.node_memory or NODE_MEMORY,
+                                                 args.node_gpus or 0)
+            if args.provider == "kind" and resource_flags:
+                # kind Nodes are real kubelets with this machine's capacity.
+                raise ValueError(f"{', '.join(resource_flags)}: the kind provider cannot set "
+                                 "Node resources; kind Nodes report this machine's own cpu and "
+                                 "memory (no GPUs). Use the local provider for them")
             kueue_args = {}
             if args.kueue:
                 if args.provider != "local":

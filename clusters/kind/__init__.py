@@ -1,124 +1,574 @@
-"""kind provider: the same manager + workers layout as kind clusters, for machines with Docker.
+"""kind provider: the same manager + workers layout as kind clusters in the Docker engine
+(``clusters.engine``), from the node image built on this machine (``clusters.kind_node``,
+``kindest/node:v1.34.4``; built first when missing). No registry is reached: every image a
+cluster runs is in the engine and ``kind load``-ed.
 
-Each cluster is ``kind`` cluster ``trainjob-<name>`` built from the configs beside this file.
-Two kubeconfigs per cluster are written: ``<name>.kubeconfig`` for the host, and
-``<name>.internal.kubeconfig`` addressing the control-plane container on the ``kind`` Docker
-network, which is what a dispatcher running *inside* the manager cluster needs in its
-MultiKueueCluster Secrets. stop/start map to ``docker stop``/``docker start`` of the
-control-plane container (etcd data lives in the container, so objects survive).
+  python -m clusters up --provider kind --workers 2 [--nodes N] [--nodes-file F]
+  python -m clusters status|stop NAME|start NAME|down --provider kind
+
+Each cluster is kind cluster ``<prefix><name>`` (prefix ``trainjob-`` by default; tests use
+their own, so a developer's clusters and a test session's never meet). Its nodes sit on a
+Docker network of the same prefix (``<prefix>kind``, through kind's
+KIND_EXPERIMENTAL_DOCKER_NETWORK), not kind's shared ``kind`` network: the project then owns
+every container, volume and network it makes, and ``down`` removes them all while leaving
+other kind clusters (and their ``kind`` network) alone.
+
+Two kubeconfigs per cluster are written: ``<name>.kubeconfig`` for the host (the API server
+published on 127.0.0.1), and ``<name>.internal.kubeconfig`` addressing the control-plane
+container by name on that network, which is what a dispatcher running *inside* the manager
+cluster needs in its MultiKueueCluster Secrets. kind's own kubeconfig edits go to the state
+directory, never to ~/.kube/config.
+
+The manager is one control-plane node. A worker is a control-plane node, which runs JobSet's
+controller (``clusters.kind.jobset``), plus one kind worker node per Node of the layout (``up
+--nodes N``: N; --nodes-file: labels and taints too; resources are refused, see
+``clusters.kind.config``). `up` returns when every Node is Ready, the project's CRDs are
+Established and, on workers, JobSet's controller is Available and its webhooks answer.
+
+stop/start are ``docker stop``/``docker start`` of a cluster's node containers; etcd's data
+and the loaded images live in each node's ``/var`` volume, so objects survive. What a later
+command needs (prefix, network, which cluster is stopped) is in ``<state-dir>/kind-state.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import logging
+import os
 import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from kubernetes import client
+from pydantic import BaseModel, Field
 
-from clusters import binaries, crds, kustomize
+from clusters import binaries, crds, images, kind_node, nodes
 from clusters.controlplane import ControlPlaneError
+from clusters.engine import Engine, ensure_engine, find_engine
+from clusters.kind import config as kind_config
+from clusters.kind import jobset
 from clusters.local import ClusterInfo, cluster_names
 from trainjob.kubeclient import api_client
 
-# The node image matching the Kubernetes minor the local provider builds.
-NODE_IMAGE = "kindest/node:v1.34.0"
-CONFIG_DIR = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
+
+NODE_IMAGE = kind_node.NODE_IMAGE
 PREFIX = "trainjob-"
+# kind's labels on its node containers.
+CLUSTER_LABEL = "io.x-k8s.kind.cluster"
+ROLE_LABEL = "io.x-k8s.kind.role"
+STATE_FILE = "kind-state.json"
+
+# Measured idle on a 2-core, 24 GiB machine (docker stats, 3 clusters up): a worker cluster
+# of a control plane and two kind worker nodes, with JobSet, takes about 0.9 GiB (control
+# plane 0.6-0.75, each worker node 0.12), the manager about 0.55 GiB; each control plane
+# idles at 10-15 % of a core, each worker node at about 1 %. Two workers per core keeps
+# the apiservers answering on a small machine.
+KIND_WORKER_MEMORY_BYTES = 1024**3
+KIND_WORKERS_PER_CORE = 2
 
 
-def _run(*argv: str) -> str:
-    if shutil.which(argv[0]) is None:
-        raise ControlPlaneError(
-            f"`{argv[0]}` is not on PATH; the kind provider needs kind and a Docker engine. "
-            "Without Docker use the default local provider."
-        )
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"`{' '.join(argv)}` failed: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
+class KindRecord(BaseModel):
+    name: str
+    role: Literal["manager", "worker"]
+    stopped: bool = False
+    trainer_crds: Literal["project", "upstream"] = crds.PROJECT
+    # kind worker nodes (the manager has none).
+    worker_nodes: int = 0
 
 
-# kind workers have kubelets and a scheduler; what they lack is JobSet. Its release is
-# rendered from the JobSet module's own kustomization, with the published image.
-JOBSET_IMAGE = "registry.k8s.io/jobset/jobset"
+class KindState(BaseModel):
+    provider: Literal["kind"] = "kind"
+    prefix: str = PREFIX
+    node_image: str = NODE_IMAGE
+    clusters: list[KindRecord] = Field(default_factory=list)
+
+    @property
+    def network(self) -> str:
+        return f"{self.prefix}kind"
 
 
-def _install_jobset_release(kubeconfig: Path) -> None:
-    version = binaries.COMPONENTS["jobset-controller"].version
-    source = binaries.module_dir("jobset-controller") / "config" / "default"
-    rendered = kustomize.kubectl(None, "kustomize", str(source))
-    if rendered.returncode != 0:
-        raise ControlPlaneError(f"kubectl kustomize {source} failed: {rendered.stderr.strip()}")
-    documents = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    for document in documents:
-        for container in (((document.get("spec") or {}).get("template") or {}).get("spec")
-                          or {}).get("containers") or []:
-            if container.get("image", "").endswith(f"/jobset:{version}"):
-                container["image"] = f"{JOBSET_IMAGE}:{version}"
-    kustomize.apply(kubeconfig, documents)
+def machine_worker_limit() -> tuple[int, str]:
+    """How many kind workers this machine holds, and why (cores, available memory)."""
+    cores = os.cpu_count() or 1
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        available = int(next(line.split()[1] for line in meminfo.splitlines()
+                             if line.startswith("MemAvailable:"))) * 1024
+    except (OSError, StopIteration, ValueError):
+        available = KIND_WORKER_MEMORY_BYTES * 64
+    by_memory = max(0, (available - KIND_WORKER_MEMORY_BYTES) // KIND_WORKER_MEMORY_BYTES)
+    by_cores = cores * KIND_WORKERS_PER_CORE
+    why = (f"kind: {cores} cores at {KIND_WORKERS_PER_CORE} workers each; "
+           f"{available / 1024**3:.1f} GiB available at "
+           f"{KIND_WORKER_MEMORY_BYTES / 1024**3:.0f} GiB each")
+    return int(min(by_memory, by_cores)), why
+
+
+def _readyz(api: client.ApiClient) -> str | None:
+    """Why the API server is not ready (None when its /readyz answers ok)."""
+    try:
+        method, url, headers, _, _ = api.param_serialize("GET", "/readyz")
+        response = api.call_api(method, url, header_params=headers, _request_timeout=(3, 5))
+        response.read()
+        text = response.data.decode(errors="replace").strip()
+    except Exception as err:  # noqa: BLE001 - the error is the answer
+        return f"kube-apiserver {api.configuration.host} not ready: {type(err).__name__}"
+    if response.status == 200 and text == "ok":
+        return None
+    return f"kube-apiserver /readyz answered {response.status}: {text[:200]}"
+
+
+# kind's known issue on hosts with many nodes: every node's systemd, journald, containerd and
+# kubelet take inotify instances from the host's per-user limit (root's, shared by all
+# containers). At Debian's default of 128, the third cluster's nodes fail with "too many
+# open files" and `kubeadm join` hangs. kind's documentation recommends these values.
+INOTIFY_LIMITS = {"max_user_instances": 512, "max_user_watches": 524288}
+
+
+def ensure_inotify_limits() -> None:
+    """Raise the host's inotify limits to kind's recommended values (as root), or refuse
+    with the command that does it."""
+    for key, wanted in INOTIFY_LIMITS.items():
+        path = Path("/proc/sys/fs/inotify") / key
+        try:
+            current = int(path.read_text())
+        except (OSError, ValueError):
+            continue  # not Linux, or not visible: kind will say what it lacks
+        if current >= wanted:
+            continue
+        try:
+            path.write_text(f"{wanted}\n")
+        except OSError:
+            raise ControlPlaneError(
+                f"fs.inotify.{key} is {current}; kind nodes need {wanted} or more (kind's "
+                f"known issue: \"too many open files\"). Run `sysctl -w "
+                f"fs.inotify.{key}={wanted}` as root, then `up` again") from None
+        log.warning("raised fs.inotify.%s from %d to %d for kind's nodes", key, current, wanted)
+
+
+def _deadline_left(deadline: float) -> float:
+    return max(1.0, deadline - time.monotonic())
 
 
 class KindClusters:
-    def __init__(self, state_dir: Path | str):
+    """kind clusters of one state directory (see the module doc).
+
+    ``prefix`` names the kind clusters and their network; it is recorded at the first `up`
+    and later commands read it from the state directory."""
+
+    def __init__(self, state_dir: Path | str, *, prefix: str | None = None,
+                 engine: Engine | None = None):
         self.state_dir = Path(state_dir).resolve()
+        self._prefix = prefix
+        self._engine = engine
+
+    # --- state --------------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+    def load(self) -> KindState:
+        if self.state_file.exists():
+            state = KindState.model_validate_json(self.state_file.read_text())
+            if self._prefix is not None and self._prefix != state.prefix:
+                raise ControlPlaneError(
+                    f"{self.state_dir} holds kind clusters prefixed {state.prefix!r}, not "
+                    f"{self._prefix!r}")
+            return state
+        return KindState(prefix=self._prefix if self._prefix is not None else PREFIX)
+
+    def _save(self, state: KindState) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(state.model_dump_json(indent=2))
+        tmp.replace(self.state_file)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """One harness command at a time per state directory."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    @property
+    def prefix(self) -> str:
+        return self.load().prefix
+
+    def cluster_name(self, name: str) -> str:
+        """The kind cluster's name of harness cluster ``name``."""
+        return self.prefix + name
 
     def kubeconfig(self, name: str) -> Path:
         return self.state_dir / f"{name}.kubeconfig"
 
-    def _existing(self) -> list[str]:
-        out = _run("kind", "get", "clusters")
-        return sorted(n[len(PREFIX):] for n in out.split() if n.startswith(PREFIX))
+    def internal_kubeconfig(self, name: str) -> Path:
+        return self.state_dir / f"{name}.internal.kubeconfig"
 
-    def up(self, workers: int = 2, timeout: float = 300, node_layout=None,
+    # --- engine and kind ------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = ensure_engine()
+        return self._engine
+
+    def _kind(self, state: KindState, *args: str, timeout: float | None = None) -> str:
+        kind = binaries.find_binaries(names=["kind"]).paths["kind"]
+        env = {**self.engine.env(), "KIND_EXPERIMENTAL_DOCKER_NETWORK": state.network}
+        argv = [str(kind), *args]
+        try:
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"`kind {' '.join(args)}` did not finish within "
+                               f"{timeout:.0f}s") from None
+        if proc.returncode != 0:
+            raise ControlPlaneError(f"`kind {' '.join(args)}` failed (exit {proc.returncode}):"
+                                    f" {(proc.stderr or proc.stdout).strip()[-2000:]}")
+        return proc.stdout
+
+    def _kind_clusters(self, state: KindState) -> set[str]:
+        return set(self._kind(state, "get", "clusters").split())
+
+    def containers(self, name: str, state: KindState | None = None,
+                   engine: Engine | None = None) -> dict[str, str]:
+        """Node container -> its state (running, exited, ...) of cluster ``name``, the
+        control plane first."""
+        state = state or self.load()
+        engine = engine or self.engine
+        out = engine.docker("ps", "-a", "--filter",
+                            f"label={CLUSTER_LABEL}={state.prefix}{name}",
+                            "--format", f'{{{{.Names}}}}\t{{{{.State}}}}\t'
+                            f'{{{{.Label "{ROLE_LABEL}"}}}}').stdout.decode()
+        rows = [line.split("\t") for line in out.splitlines() if line.strip()]
+        rows.sort(key=lambda r: (r[2] != "control-plane", r[0]))
+        return {r[0]: r[1] for r in rows}
+
+    def load_images(self, name: str, names: tuple[str, ...] | list[str],
+                    nodes_only: tuple[str, ...] = (), timeout: float = 300) -> None:
+        """``kind load docker-image`` ``names`` (images in the engine) into cluster
+        ``name``'s nodes (all, or the node containers in ``nodes_only``)."""
+        state = self.load()
+        self._record(state, name)
+        missing = [n for n in names if not images.image_exists(self.engine, n)]
+        if missing:
+            raise ControlPlaneError(f"image(s) {', '.join(missing)} not in the engine "
+                                    f"({self.engine.host}): build them with `python -m "
+                                    "clusters images`")
+        args = ["load", "docker-image", *names, "--name", state.prefix + name]
+        if nodes_only:
+            args += ["--nodes", ",".join(nodes_only)]
+        self._kind(state, *args, timeout=timeout)
+
+    # --- commands -----------------------------------------------------------------
+
+    def up(self, workers: int = 2, timeout: float = 300,
+           node_layout: nodes.NodeLayout | None = None,
            max_workers: int | None = None,
            upstream_crds: tuple[str, ...] = ()) -> list[ClusterInfo]:
-        # kind workers have real kubelet Nodes; the kwok Node flags are the local provider's.
-        del node_layout
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        existing = set(self._existing())
-        for name in cluster_names(workers):
-            config = CONFIG_DIR / ("manager.yaml" if name == "manager" else "worker.yaml")
-            if name not in existing:
-                _run("kind", "create", "cluster", "--name", PREFIX + name, "--image", NODE_IMAGE,
-                     "--config", str(config), "--kubeconfig", str(self.kubeconfig(name)),
-                     "--wait", f"{int(timeout)}s")
-            self.kubeconfig(name).write_text(_run("kind", "get", "kubeconfig", "--name", PREFIX + name))
-            (self.state_dir / f"{name}.internal.kubeconfig").write_text(
-                _run("kind", "get", "kubeconfig", "--internal", "--name", PREFIX + name)
-            )
-            role = "manager" if name == "manager" else "worker"
-            with api_client(self.kubeconfig(name)) as client:
-                flavour = crds.UPSTREAM if name in upstream_crds else crds.PROJECT
-                crds.install_crds(client, crds.cluster_crds(role, flavour), timeout)
-            if role == "worker":
-                _install_jobset_release(self.kubeconfig(name))
-        return self.status()
+        """Bring up the manager and ``workers`` workers as kind clusters, each worker with a
+        kind worker node per Node of ``node_layout`` (default: two); a no-op for what is
+        up, and stopped clusters are started. More workers than ``max_workers`` (default:
+        what this machine holds) are refused, as are layouts asking for Node resources."""
+        if workers < 0:
+            raise ValueError("--workers must be 0 or more")
+        wanted = cluster_names(workers)
+        unknown = sorted(set(upstream_crds) - set(wanted))
+        if unknown:
+            raise ValueError(f"--upstream-crds {', '.join(unknown)}: no such cluster; "
+                             f"clusters: {', '.join(wanted)}")
+        limit, why = machine_worker_limit()
+        if workers > (max_workers if max_workers is not None else limit):
+            raise ValueError(
+                f"--workers {workers}: this machine holds at most {limit} kind workers ({why});"
+                f" pass --max-workers {workers} to start them anyway")
+        node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
+        node_layout.check_workers(wanted[1:])
+        kind_config.refuse_resources(node_layout)
+        deadline = time.monotonic() + timeout
+        with self._locked():
+            state = self.load()
+            existing = [c.name for c in state.clusters]
+            if existing and existing != wanted:
+                raise ControlPlaneError(
+                    f"{self.state_dir} already holds kind clusters {existing}; asked for "
+                    f"{wanted}. Run `python -m clusters down --provider kind` first, or use "
+                    "another --state-dir.")
+            engine = self.engine
+            ensure_inotify_limits()
+            self._ensure_images(engine)
+            known = self._kind_clusters(state)
+            if not existing:
+                taken = sorted(state.prefix + n for n in wanted if state.prefix + n in known)
+                if taken:
+                    raise ControlPlaneError(
+                        f"kind cluster(s) {', '.join(taken)} already exist and are not "
+                        f"{self.state_dir}'s: remove them (`kind delete cluster --name "
+                        f"{taken[0]}`) or bring them down from the state directory that made "
+                        "them")
+                state.clusters = [KindRecord(
+                    name=n, role="manager" if n == "manager" else "worker",
+                    worker_nodes=0 if n == "manager" else
+                    kind_config.node_count(node_layout.pools_for(n))) for n in wanted]
+            configs = {}
+            for record in state.clusters:
+                pools = node_layout.pools_for(record.name) if record.role == "worker" else []
+                configs[record.name] = kind_config.cluster_config(record.role, pools)
+                made = self.state_dir / f"{record.name}.kind.yaml"
+                if (state.prefix + record.name in known and made.is_file()
+                        and yaml.safe_load(made.read_text()) != configs[record.name]):
+                    raise ValueError(
+                        f"{record.name}: its kind nodes were made from {made}, and the Node "
+                        "flags (--nodes, --nodes-file) now ask for others; kind cannot add, "
+                        "remove or relabel a cluster's nodes. Repeat the flags it was made "
+                        "with, or `python -m clusters down --provider kind` first")
+            for record in state.clusters:
+                record.stopped = False
+                if record.name in upstream_crds:
+                    record.trainer_crds = crds.UPSTREAM
+            self._save(state)
+            with ThreadPoolExecutor(max_workers=len(state.clusters)) as pool:
+                futures = [pool.submit(self._bring_up, state, record, configs[record.name],
+                                       state.prefix + record.name in known, deadline)
+                           for record in state.clusters]
+                errors = []
+                for future in futures:
+                    try:
+                        future.result()
+                    except Exception as err:  # noqa: BLE001 - all of them are reported
+                        errors.append(err)
+            if errors:
+                # What was made stays: `up` again resumes it, `down` removes it.
+                raise ControlPlaneError(
+                    "; ".join(str(e) for e in errors) + " (the kind clusters made so far "
+                    "stay: `python -m clusters up --provider kind` again resumes, `python -m "
+                    "clusters down --provider kind` removes them)") from errors[0]
+            return self._info(state, engine)
+
+    def _ensure_images(self, engine: Engine) -> None:
+        """The node image and JobSet's image in the engine, built here when missing."""
+        if not images.image_exists(engine, NODE_IMAGE):
+            log.info("building the kind node image %s", NODE_IMAGE)
+            try:
+                kind_node.build_node_image(engine)
+            except kind_node.KindNodeError as err:
+                raise ControlPlaneError(f"building the kind node image {NODE_IMAGE} "
+                                        f"(`python -m clusters.kind_node`) failed: {err}"
+                                        ) from err
+        if not images.image_exists(engine, jobset.IMAGE):
+            log.info("building %s", jobset.IMAGE)
+            images.build_images(engine, only=("jobset-controller",))
+
+    def _bring_up(self, state: KindState, record: KindRecord, config: dict, exists: bool,
+                  deadline: float) -> None:
+        name = record.name
+        cluster = state.prefix + name
+        config_file = self.state_dir / f"{name}.kind.yaml"
+        if not exists:
+            config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+            started = time.monotonic()
+            self._kind(state, "create", "cluster", "--name", cluster, "--image",
+                       state.node_image, "--config", str(config_file), "--kubeconfig",
+                       str(self.kubeconfig(name)), "--wait", "0s",
+                       timeout=_deadline_left(deadline))
+            log.info("%s: kind create cluster took %.1fs", cluster, time.monotonic() - started)
+        else:
+            stopped = [c for c, s in self.containers(name, state).items() if s != "running"]
+            if stopped:
+                self.engine.docker("start", *stopped)
+        self._write_kubeconfigs(state, name)
+        with api_client(self.kubeconfig(name)) as api:
+            self._wait_apiserver(api, name, deadline)
+            documents = crds.cluster_crds(record.role, record.trainer_crds)
+            crds.install_crds(api, documents, _deadline_left(deadline))
+            if record.role == "worker":
+                control_plane = next(iter(self.containers(name, state)))
+                self.load_images(name, [jobset.IMAGE], nodes_only=(control_plane,),
+                                 timeout=_deadline_left(deadline))
+                jobset.install(self.kubeconfig(name))
+            self._wait_nodes_ready(api, name, 1 + record.worker_nodes, deadline)
+            if record.role == "worker":
+                jobset.wait_ready(api, name, _deadline_left(deadline))
+
+    def _write_kubeconfigs(self, state: KindState, name: str) -> None:
+        cluster = state.prefix + name
+        for path, extra in ((self.kubeconfig(name), ()),
+                            (self.internal_kubeconfig(name), ("--internal",))):
+            text = self._kind(state, "get", "kubeconfig", "--name", cluster, *extra)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o600)
+            tmp.replace(path)
+
+    @staticmethod
+    def _wait_apiserver(api: client.ApiClient, name: str, deadline: float) -> None:
+        while True:
+            problem = _readyz(api)
+            if problem is None:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{name}: {problem}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _wait_nodes_ready(api: client.ApiClient, name: str, count: int,
+                          deadline: float) -> None:
+        core = client.CoreV1Api(api)
+        while True:
+            try:
+                listed = core.list_node().items
+                problems = [p for p in map(nodes.schedulable_problem, listed) if p]
+                if len(listed) < count:
+                    problems.append(f"{len(listed)} of {count} Nodes registered")
+            except Exception as err:  # noqa: BLE001 - an apiserver coming back
+                problems = [f"{type(err).__name__}: {err}"[:300]]
+            if not problems:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{name}: Nodes not Ready: {'; '.join(problems[:3])}")
+            time.sleep(0.5)
 
     def status(self) -> list[ClusterInfo]:
-        infos = []
-        for name in self._existing():
-            running = _run("docker", "inspect", "-f", "{{.State.Running}}",
-                           f"{PREFIX}{name}-control-plane").strip() == "true"
-            server = ""
-            if self.kubeconfig(name).exists():
-                config = yaml.safe_load(self.kubeconfig(name).read_text())
-                server = config["clusters"][0]["cluster"]["server"]
-            infos.append(ClusterInfo(
-                name=name, role="manager" if name == "manager" else "worker", server=server,
-                kubeconfig=str(self.kubeconfig(name)), state="running" if running else "stopped",
-            ))
-        return infos
+        state = self.load()
+        return self._info(state, find_engine() if state.clusters else None)
 
     def stop(self, name: str) -> ClusterInfo:
-        _run("docker", "stop", f"{PREFIX}{name}-control-plane")
-        return next(i for i in self.status() if i.name == name)
+        """``docker stop`` every node of cluster ``name``; its /var volumes (etcd, images)
+        stay, so objects survive."""
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            running = [c for c, s in self.containers(name, state).items() if s == "running"]
+            if running:
+                self.engine.docker("stop", *running)
+            record.stopped = True
+            self._save(state)
+            return next(i for i in self._info(state, self.engine) if i.name == name)
 
     def start(self, name: str, timeout: float = 120) -> ClusterInfo:
-        _run("docker", "start", f"{PREFIX}{name}-control-plane")
-        return next(i for i in self.status() if i.name == name)
+        """``docker start`` cluster ``name``'s nodes (the control plane first); return when
+        its API server answers and its Nodes (and, on a worker, JobSet) are ready again."""
+        deadline = time.monotonic() + timeout
+        with self._locked():
+            state = self.load()
+            record = self._record(state, name)
+            containers = self.containers(name, state)
+            ensure_inotify_limits()
+            if not containers:
+                raise ControlPlaneError(f"{name}: kind cluster {state.prefix}{name} has no "
+                                        "node containers; run `up` again")
+            stopped = [c for c, s in containers.items() if s != "running"]
+            if stopped:
+                self.engine.docker("start", *stopped)
+            record.stopped = False
+            self._save(state)
+            # kind publishes the API server on a fixed host port, but a restarted node may
+            # get another address on the network: the kubeconfigs are written again.
+            self._write_kubeconfigs(state, name)
+            with api_client(self.kubeconfig(name)) as api:
+                self._wait_apiserver(api, name, deadline)
+                self._wait_nodes_ready(api, name, 1 + record.worker_nodes, deadline)
+                if record.role == "worker":
+                    jobset.wait_ready(api, name, _deadline_left(deadline))
+            return next(i for i in self._info(state, self.engine) if i.name == name)
 
     def down(self) -> None:
-        for name in self._existing():
-            _run("kind", "delete", "cluster", "--name", PREFIX + name)
+        """Delete every kind cluster of this state directory (containers and their
+        volumes), its Docker network, and the state directory."""
+        with self._locked():
+            state = self.load()
+            if state.clusters:
+                engine = self.engine
+                known = self._kind_clusters(state)
+                ours = [r for r in state.clusters if state.prefix + r.name in known]
+                with ThreadPoolExecutor(max_workers=max(1, len(ours))) as pool:
+                    for future in [pool.submit(
+                            self._kind, state, "delete", "cluster", "--name",
+                            state.prefix + r.name, "--kubeconfig", str(self.kubeconfig(r.name)),
+                            timeout=300) for r in ours]:
+                        future.result()
+                self._remove_network(engine, state.network)
+            for child in list(self.state_dir.iterdir()) if self.state_dir.exists() else []:
+                if child.name != ".lock":
+                    if child.is_dir():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    @staticmethod
+    def _remove_network(engine: Engine, network: str) -> None:
+        """The clusters' network, unless a container not of these clusters still uses it
+        (then it stays, and the log says which)."""
+        inspected = engine.docker("network", "inspect", network, check=False)
+        if inspected.returncode != 0:
+            return
+        attached = [c.get("Name") for c in
+                    (json.loads(inspected.stdout)[0].get("Containers") or {}).values()]
+        if attached:
+            log.warning("network %s kept: still used by %s", network, ", ".join(attached))
+            return
+        engine.docker("network", "rm", network)
+
+    # --- internals ----------------------------------------------------------------
+
+    @staticmethod
+    def _record(state: KindState, name: str) -> KindRecord:
+        for record in state.clusters:
+            if record.name == name:
+                return record
+        known = ", ".join(c.name for c in state.clusters) or "none (run `up` first)"
+        raise ControlPlaneError(f"no kind cluster named {name!r}; clusters: {known}")
+
+    def _server(self, name: str) -> str:
+        try:
+            config = yaml.safe_load(self.kubeconfig(name).read_text())
+            return config["clusters"][0]["cluster"]["server"]
+        except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError):
+            return ""
+
+    def _readyz(self, name: str) -> str | None:
+        """Why the cluster's API server is not ready (None when /readyz says ok)."""
+        try:
+            with api_client(self.kubeconfig(name), request_timeout=3) as api:
+                return _readyz(api)
+        except Exception as err:  # noqa: BLE001 - reported as the problem
+            return f"kubeconfig {self.kubeconfig(name)}: {type(err).__name__}: {err}"[:300]
+
+    def _info(self, state: KindState, engine: Engine | None) -> list[ClusterInfo]:
+        infos = []
+        for record in state.clusters:
+            if engine is None:
+                containers, problems = {}, ["no Docker engine answers"]
+            else:
+                containers, problems = self.containers(record.name, state, engine), []
+            running = [c for c, s in containers.items() if s == "running"]
+            if record.stopped and not running:
+                status, problems = "stopped", []
+            elif containers and len(running) == len(containers):
+                problem = self._readyz(record.name)
+                status, problems = ("running", []) if problem is None else ("degraded",
+                                                                             [problem])
+            elif running:
+                status = "degraded"
+                problems = [f"node container {c} is {s}" for c, s in containers.items()
+                            if s != "running"]
+            else:
+                status = "down"
+                if engine is not None and not containers:
+                    problems = [f"kind cluster {state.prefix}{record.name} has no node "
+                                "containers (deleted outside the harness?)"]
+            infos.append(ClusterInfo(
+                name=record.name, role=record.role, server=self._server(record.name),
+                kubeconfig=str(self.kubeconfig(record.name)), state=status,
+                problems=problems))
+        return infos
