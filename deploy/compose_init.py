@@ -31,8 +31,8 @@ from clusters.pki import ClusterPKI, cert_pem, client_kubeconfig, key_pem, servi
 from trainjob.kubeclient import api_client
 
 # The identities as the manifests ship them (namespace, ServiceAccount name).
-DISPATCHER = ("kueue-system", "trainjob-dispatcher")
-WORKER_ACCESS = ("kueue-system", "trainjob-dispatcher")
+DISPATCHER = ("trainjob-system", "trainjob-dispatcher")
+WORKER_ACCESS = ("trainjob-system", "trainjob-dispatcher")
 OPERATOR = ("training-operator-system", "training-operator")
 IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                   "RoleBinding"}
@@ -140,7 +140,10 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
                    interval=1)
         role = "manager" if cluster == "manager" else "worker"
         crds.install_crds(api, crds.load_crds(crds.crd_dirs(role)), timeout)
-        bases = ["dispatcher"] if role == "manager" else ["operator", "worker-access"]
+        # worker-secrets: the Role naming the worker Secrets the dispatcher may read (the
+        # sample names, which are compose's workers).
+        bases = (["dispatcher", "worker-secrets"] if role == "manager"
+                 else ["operator", "worker-access"])
         _apply(api, [obj for base in bases for obj in identity_objects(base)])
         if role == "worker":
             crds.install_crds(api, worker_stack.jobset_crds(), timeout)

@@ -11,12 +11,14 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher.capacity import SCORING_STRATEGIES
-from dispatcher.config import ConfigError, load_config
+from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT, ConfigError,
+                               DispatcherConfig, is_loopback, load_config)
 from trainjob import command_line, logs
-from trainjob.constants import DISPATCHER_USER_AGENT
-from trainjob.kubeclient import KubeconfigError, api_client, describe_error
+from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
+                                KUEUE_NAMESPACE)
+from trainjob.kubeclient import KubeconfigError, api_client, describe_error, find_kubeconfig
 from trainjob.required_apis import MissingResources
-from trainjob.service import serve
+from trainjob.service import RoutesListener, serve
 
 log = logging.getLogger("dispatcher")
 
@@ -32,11 +34,11 @@ configuration file.
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dispatcher", description=DESCRIPTION)
+    command_line.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run the dispatcher until interrupted",
                          description=DESCRIPTION)
-    run.add_argument("--kubeconfig", help="kubeconfig of the manager cluster; in-cluster "
-                     "service-account configuration when omitted")
+    command_line.add_cluster_arguments(run, "manager")
     run.add_argument("--config", help="YAML configuration file (keys as in the "
                      "DispatcherConfig model; flags override it)")
     run.add_argument("--mode", choices=("standalone", "kueue"),
@@ -53,13 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
                      dest="admission_timeout_seconds",
                      help="kueue mode: seconds a nominated worker may take to admit the "
                      "Workload before the next worker is nominated (default: 300)")
-    run.add_argument("--namespace", help="where kubeconfig Secrets and the Lease live "
-                     "(default: kueue-system)")
+    run.add_argument("--namespace", help="the dispatcher's own namespace: its Lease and, in "
+                     "standalone mode, the worker kubeconfig Secrets MultiKueueClusters name "
+                     "(default: kueue-system; the shipped Deployment gives its own, "
+                     "trainjob-system)")
+    run.add_argument("--kueue-namespace", help="Kueue's namespace: where its Configuration "
+                     "ConfigMap is read and, in kueue mode, the worker kubeconfig Secrets "
+                     f"(Kueue reads its MultiKueueClusters' there) (default: {KUEUE_NAMESPACE})")
     run.add_argument("--multikueue-config", help="MultiKueueConfig naming the candidate "
                      "clusters, in tie-break order (default: every MultiKueueCluster)")
     run.add_argument("--origin", help="value of the kueue.x-k8s.io/multikueue-origin label "
-                     "on remote copies; only objects with it are ever changed "
-                     "(default: multikueue)")
+                     "on remote copies; only objects with it are ever changed. Standalone, it "
+                     "must differ from Kueue's where Kueue runs (default: "
+                     f"{DEFAULT_ORIGIN}); in kueue mode it must be Kueue's multiKueue.origin "
+                     f"(default: {KUEUE_DEFAULT_ORIGIN}, Kueue's default). The Lease is "
+                     "trainjob-dispatcher-<origin>")
     run.add_argument("--kubeconfig-dir", action="append", dest="kubeconfig_dirs",
                      metavar="DIR", help="a directory MultiKueueCluster kubeconfigs with "
                      "locationType Path may be read from (repeatable; default: none, so Path "
@@ -90,10 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-period", type=command_line.seconds, dest="retry_period_seconds",
                      help="seconds between lease renewals and acquisition attempts (default: 2)")
     run.add_argument("--metrics-port", type=int,
-                     help="port for /metrics, /healthz, /readyz and the read-only dashboard "
-                     "at / (default: 8081; 0 = any)")
+                     help="port for /metrics, /healthz and /readyz (default: 8081; 0 = any); "
+                     "also the read-only dashboard's while --metrics-host is a loopback "
+                     "address and no --dashboard-host or --dashboard-port is given")
     run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1; "
-                     "the dashboard shows every job and cluster, so keep it private)")
+                     "0.0.0.0 in a Pod, for probes and scraping: the dashboard then gets a "
+                     "listener of its own)")
+    run.add_argument("--dashboard-port", type=int,
+                     help="port of the dashboard's own listener: / and /api/state, which show "
+                     f"every job and cluster without authentication (default: "
+                     f"{DEFAULT_DASHBOARD_PORT}; 0 = any)")
+    run.add_argument("--dashboard-host", help="address the dashboard's own listener binds to "
+                     f"(default: {DEFAULT_DASHBOARD_HOST}, reached in a Pod with kubectl "
+                     "port-forward; anything else serves every job to whoever reaches it)")
     run.add_argument("--workers", type=command_line.at_least(1), default=8,
                      help="concurrent reconciles (default: %(default)s)")
     logs.add_arguments(run)
@@ -106,11 +125,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Clusters (MultiKueueCluster and their Active condition) and TrainJobs "
         "with managedBy kueue.x-k8s.io/multikueue: where each runs and its state, read from "
         "the manager's objects.")
-    status.add_argument("--kubeconfig", help="kubeconfig of the manager cluster; in-cluster "
-                        "configuration when omitted")
+    command_line.add_cluster_arguments(status, "manager")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="(default: %(default)s)")
     return parser
+
+
+def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
+    """The configuration ``run`` was given: ``--config``'s file with the flags over it."""
+    overrides = {
+        "mode": args.mode, "dispatcher_name": args.dispatcher_name,
+        "kubeconfig_dirs": args.kubeconfig_dirs,
+        "admission_timeout_seconds": args.admission_timeout_seconds,
+        "namespace": args.namespace, "kueue_namespace": args.kueue_namespace,
+        "multikueue_config": args.multikueue_config,
+        "origin": args.origin, "placement_policy": args.placement_policy,
+        "node_scoring": args.node_scoring,
+        "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
+        "dashboard_port": args.dashboard_port, "dashboard_host": args.dashboard_host,
+        "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
+        "gc_interval_seconds": args.gc_interval_seconds,
+        "leader_elect": args.leader_elect,
+        "lease_duration_seconds": args.lease_duration_seconds,
+        "renew_deadline_seconds": args.renew_deadline_seconds,
+        "retry_period_seconds": args.retry_period_seconds,
+    }
+    return load_config(args.config, overrides, build_parser().run_flags)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,55 +163,40 @@ def _main(argv: list[str] | None) -> int:
         return _status(args)
     logs.configure(args.log_level, args.log_format)
     try:
-        overrides = {
-            "mode": args.mode, "dispatcher_name": args.dispatcher_name,
-            "kubeconfig_dirs": args.kubeconfig_dirs,
-            "admission_timeout_seconds": args.admission_timeout_seconds,
-            "namespace": args.namespace, "multikueue_config": args.multikueue_config,
-            "origin": args.origin, "placement_policy": args.placement_policy,
-            "node_scoring": args.node_scoring,
-            "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
-            "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
-            "gc_interval_seconds": args.gc_interval_seconds,
-            "leader_elect": args.leader_elect,
-            "lease_duration_seconds": args.lease_duration_seconds,
-            "renew_deadline_seconds": args.renew_deadline_seconds,
-            "retry_period_seconds": args.retry_period_seconds,
-        }
-        config = load_config(args.config, overrides, build_parser().run_flags)
+        config = config_from_args(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        manager = api_client(args.kubeconfig, qps=config.manager_client.qps,
-                             burst=config.manager_client.burst,
+        manager = api_client(find_kubeconfig(args.kubeconfig), args.context,
+                             qps=config.manager_client.qps, burst=config.manager_client.burst,
                              user_agent=DISPATCHER_USER_AGENT)
     except KubeconfigError as err:
-        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
     from dispatcher import dashboard
     from dispatcher.controller import DispatcherController
-    from dispatcher.kueue_presence import KueueOnManager, origin_conflict
+    from dispatcher.kueue_presence import KueueOnManager, origin_conflict, origin_mismatch
 
-    # Only standalone mode makes remote copies; in kueue mode Kueue makes them all.
-    if config.mode == "standalone":
-        try:
-            conflict = origin_conflict(KueueOnManager(manager, config.namespace),
-                                       config.origin)
-        except ApiException as err:
-            print(f"error: cannot read Kueue's configuration on the manager: "
-                  f"{describe_error(err)}", file=sys.stderr)
-            return 2
-        except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
-            conflict = None
-            log.warning("cannot reach the manager to check the origin against Kueue's: %s",
-                        str(err).splitlines()[0][:200])
-        if conflict:
-            print(f"error: {conflict}", file=sys.stderr)
-            return 2
+    # Standalone mode makes remote copies, which must not look like Kueue's; in kueue mode
+    # Kueue makes them all and the dispatcher follows them by Kueue's origin.
+    check = origin_conflict if config.mode == "standalone" else origin_mismatch
+    try:
+        refusal = check(KueueOnManager(manager, config.kueue_namespace), config.origin)
+    except ApiException as err:
+        print(f"error: cannot read Kueue's configuration on the manager: "
+              f"{describe_error(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - unreachable: start fails there anyway
+        refusal = None
+        log.warning("cannot reach the manager to check the origin against Kueue's: %s",
+                    str(err).splitlines()[0][:200])
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
 
     stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
@@ -183,8 +208,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if config.mode == "kueue":
-        log.info("dispatcher starting as Kueue's external dispatcher %s (namespace %s)",
-                 config.dispatcher_name, config.namespace)
+        log.info("dispatcher starting as Kueue's external dispatcher %s (origin %s, "
+                 "namespace %s)", config.dispatcher_name, config.origin, config.namespace)
         idle, why = controller.kueue_mode_idle()
         if idle:
             log.warning("kueue mode idle: %s", why)
@@ -193,17 +218,29 @@ def _main(argv: list[str] | None) -> int:
                  config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
-                 routes=routes)
+                 routes=routes, routes_listener=_dashboard_listener(config))
+
+
+def _dashboard_listener(config: DispatcherConfig) -> RoutesListener | None:
+    """The dashboard's own listener, or None when it shares the metrics one."""
+    address = config.dashboard_address()
+    if address is None:
+        return None
+    host, port = address
+    if not is_loopback(host):
+        log.warning("the dashboard (/ and /api/state: every job and cluster, no "
+                    "authentication) listens on %s:%d, beyond this machine", host, port)
+    return RoutesListener("the dashboard", host, port, "--dashboard-port")
 
 
 def _status(args) -> int:
     from dispatcher.status_report import collect, render
 
     try:
-        manager = api_client(args.kubeconfig)
+        manager = api_client(find_kubeconfig(args.kubeconfig), args.context)
         print(render(collect(manager), args.output))
     except KubeconfigError as err:
-        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except MissingResources as err:
         print(f"error: {err}", file=sys.stderr)

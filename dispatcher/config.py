@@ -6,6 +6,7 @@ Invalid configuration fails at start with a message naming the key, e.g.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -13,7 +14,7 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from trainjob.constants import DEFAULT_ORIGIN
+from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMESPACE
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -21,6 +22,9 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DISPATCHER_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9._~!$&'()*+,;=:@%/-]+$")
 DEFAULT_DISPATCHER_NAME = "trainjob-dispatcher.io/capacity"
+# The dashboard's own listener, used whenever metrics and health are not on loopback.
+DEFAULT_DASHBOARD_HOST = "127.0.0.1"
+DEFAULT_DASHBOARD_PORT = 8082
 
 
 class ConfigError(ValueError):
@@ -70,11 +74,19 @@ class DispatcherConfig(_Strict):
         300.0, gt=0, description="kueue mode: how long a nominated worker's Kueue may take "
                                  "to admit before the next worker is nominated")
     namespace: str = Field("kueue-system", min_length=1,
-                           description="where kubeconfig Secrets and the Lease live")
+                           description="the dispatcher's own namespace: its Lease and, in "
+                                       "standalone mode, the worker kubeconfig Secrets")
+    kueue_namespace: str = Field(
+        KUEUE_NAMESPACE, min_length=1,
+        description="Kueue's namespace: its Configuration ConfigMap and, in kueue mode, the "
+                    "worker kubeconfig Secrets (Kueue reads its MultiKueueClusters' there)")
     multikueue_config: str | None = Field(
         None, description="MultiKueueConfig naming the candidate clusters; all when unset")
-    origin: str = Field(DEFAULT_ORIGIN, min_length=1, max_length=63,
-                        description="value of the kueue.x-k8s.io/multikueue-origin label")
+    origin: str | None = Field(
+        None, min_length=1, max_length=63,
+        description="value of the kueue.x-k8s.io/multikueue-origin label; default "
+                    f"{DEFAULT_ORIGIN} in standalone mode, Kueue's default "
+                    f"{KUEUE_DEFAULT_ORIGIN} in kueue mode (where it must be Kueue's)")
     workers: list[StaticWorker] = Field(default_factory=list)
     kubeconfig_dirs: list[Path] = Field(
         default_factory=list,
@@ -96,6 +108,36 @@ class DispatcherConfig(_Strict):
     retry_period_seconds: float = Field(2.0, gt=0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(8081, ge=0, le=65535)
+    dashboard_host: str | None = Field(
+        None, min_length=1, description=f"default {DEFAULT_DASHBOARD_HOST}; see "
+                                        "dashboard_address")
+    dashboard_port: int | None = Field(
+        None, ge=0, le=65535, description=f"default {DEFAULT_DASHBOARD_PORT}; see "
+                                          "dashboard_address")
+
+    @property
+    def worker_secrets_namespace(self) -> str:
+        """Where the kubeconfig Secrets MultiKueueClusters name are read: in kueue mode
+        Kueue's own (the same Secrets Kueue connects with), else the dispatcher's."""
+        return self.kueue_namespace if self.mode == "kueue" else self.namespace
+
+    def dashboard_address(self) -> tuple[str, int] | None:
+        """Where the dashboard (``/`` and ``/api/state``, which show every job and cluster)
+        listens on its own; None when it shares the metrics and health listener, which it
+        does only when that listener is on loopback and no dashboard address was given.
+        Metrics and health on every interface (in a Pod, for probes and scraping) never
+        take the dashboard with them."""
+        if self.dashboard_host is None and self.dashboard_port is None \
+                and is_loopback(self.metrics_host):
+            return None
+        return (self.dashboard_host or DEFAULT_DASHBOARD_HOST,
+                DEFAULT_DASHBOARD_PORT if self.dashboard_port is None else self.dashboard_port)
+
+    @model_validator(mode="after")
+    def _origin_by_mode(self) -> DispatcherConfig:
+        if self.origin is None:
+            self.origin = DEFAULT_ORIGIN if self.mode == "standalone" else KUEUE_DEFAULT_ORIGIN
+        return self
 
     @model_validator(mode="after")
     def _lease_timings(self) -> DispatcherConfig:
@@ -116,10 +158,20 @@ class DispatcherConfig(_Strict):
 
     @field_validator("origin")
     @classmethod
-    def _label_value(cls, value: str) -> str:
-        if not _LABEL_VALUE.match(value):
+    def _label_value(cls, value: str | None) -> str | None:
+        if value is not None and not _LABEL_VALUE.match(value):
             raise ValueError("must be a valid label value (alphanumerics, '-', '_', '.')")
         return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve to anything
 
 
 def _describe(err: ValidationError, flags: dict[str, str]) -> str:

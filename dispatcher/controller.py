@@ -75,7 +75,7 @@ class DispatcherController:
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.metrics.count_jobs(self.trainjobs.list)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
-        self.kueue = KueueOnManager(manager, config.namespace)
+        self.kueue = KueueOnManager(manager, config.kueue_namespace)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
                                        self._on_worker_state, may_write=lambda: self.leading,
                                        observer=self.metrics.observer,

@@ -14,6 +14,9 @@ TrainJobs it manages. The dispatcher never competes with it:
 * **Kueue's configuration** is read from the ConfigMap its release installs
   (``kueue-manager-config`` in Kueue's namespace, key ``controller_manager_config.yaml``);
   without one, Kueue's defaults apply (origin ``multikueue``, the AllAtOnce dispatcher).
+* **Origins.** A standalone dispatcher must label its copies with an origin other than
+  Kueue's (``origin_conflict``); in kueue mode Kueue makes the copies and the dispatcher
+  follows them by Kueue's origin, so there it must be Kueue's (``origin_mismatch``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ log = logging.getLogger(__name__)
 WORKLOADS = "workloads"
 CONFIG_MAP = "kueue-manager-config"
 CONFIG_KEY = "controller_manager_config.yaml"
-KUEUE_DEFAULT_ORIGIN = "multikueue"
+KUEUE_DEFAULT_ORIGIN = c.KUEUE_DEFAULT_ORIGIN
 KUEUE_DEFAULT_DISPATCHER = "kueue.x-k8s.io/multikueue-dispatcher-all-at-once"
 # Kueue can be installed or removed while the dispatcher runs: look again this often.
 RECHECK_SECONDS = 30.0
@@ -166,3 +169,19 @@ def origin_conflict(kueue: KueueOnManager, origin: str) -> str | None:
             f"labels its remote copies {c.MULTIKUEUE_ORIGIN_LABEL}={config.origin} "
             f"(multiKueue.origin from {config.source}); choose another --origin for this "
             "dispatcher, or run it as Kueue's external dispatcher (--mode kueue)")
+
+
+def origin_mismatch(kueue: KueueOnManager, origin: str) -> str | None:
+    """Kueue mode: why ``origin`` will not do. Kueue makes the remote copies there, labelled
+    with its own origin, and the dispatcher follows those copies (a finished or deleted copy
+    frees the room its job held) by that label. None when the origins agree, or when Kueue
+    does not run (kueue mode then idles)."""
+    if not kueue.installed():
+        return None
+    config = kueue.configuration()
+    if config.origin == origin:
+        return None
+    return (f"--origin {origin}: in kueue mode the origin must be Kueue's, and Kueue labels "
+            f"its remote copies {c.MULTIKUEUE_ORIGIN_LABEL}={config.origin} (multiKueue.origin "
+            f"from {config.source}); start with --origin {config.origin} (the Lease is then "
+            f"trainjob-dispatcher-{config.origin}: name it in the dispatcher's Role)")

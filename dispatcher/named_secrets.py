@@ -1,7 +1,7 @@
 """The Secrets MultiKueueClusters name, and no other: one small cache per named Secret.
 
-The dispatcher's namespace is usually ``kueue-system``, which Kueue shares (its webhook
-certificates, other controllers' credentials). Caching the whole namespace would need
+The namespace is often shared: ``kueue-system`` (the program's default, and where kueue
+mode reads them) holds Kueue's webhook certificates and other controllers' credentials. Caching the whole namespace would need
 ``list``/``watch`` on every Secret there, so each Secret is watched by name instead
 (``fieldSelector=metadata.name=<name>``), which RBAC can limit with ``resourceNames``.
 

@@ -1,9 +1,9 @@
 """The worker registry: which worker clusters exist, how to reach them, and whether they
 answer.
 
-Workers come from MultiKueueCluster objects on the manager (kubeconfig in a Secret in the
-dispatcher's namespace under key ``kubeconfig``, or a Path), narrowed and ordered by the
-configured MultiKueueConfig, and from the configuration file's static list. The registry is
+Workers come from MultiKueueCluster objects on the manager (kubeconfig in a Secret under
+key ``kubeconfig``, in the dispatcher's namespace or, in kueue mode, Kueue's; or a Path),
+narrowed and ordered by the configured MultiKueueConfig, and from the configuration file's static list. The registry is
 level-triggered: any change to those objects or Secrets re-derives the whole set, and a
 worker whose kubeconfig did not change keeps its connection and caches. Only the Secrets
 the registrations name are read, each by name (``named_secrets``): the namespace is shared
@@ -172,7 +172,7 @@ class WorkerRegistry:
         self.configs = Informer("multikueueconfigs", functools.partial(
             custom.list_cluster_custom_object, c.KUEUE_GROUP, c.KUEUE_VERSION,
             c.MULTIKUEUECONFIGS))
-        self.secrets = NamedSecrets(manager, config.namespace, self.sync)
+        self.secrets = NamedSecrets(manager, config.worker_secrets_namespace, self.sync)
         # The Secrets the last re-derivation named: the others' caches are stopped.
         self._named: set[str] = set()
         for informer in (self.clusters, self.configs):
@@ -326,18 +326,16 @@ class WorkerRegistry:
         if unknown:
             return None, REASON_PENDING if self.secrets.pending(location) else BAD_KUBECONFIG, \
                 unknown
+        where = f"Secret {self.config.worker_secrets_namespace}/{location}"
         if secret is None:
-            return None, BAD_KUBECONFIG, (
-                f"Secret {self.config.namespace}/{location} not found")
+            return None, BAD_KUBECONFIG, f"{where} not found"
         data = (secret.get("data") or {}).get(KUBECONFIG_KEY)
         if not data:
-            return None, BAD_KUBECONFIG, (
-                f"Secret {self.config.namespace}/{location} has no key {KUBECONFIG_KEY!r}")
+            return None, BAD_KUBECONFIG, f"{where} has no key {KUBECONFIG_KEY!r}"
         try:
             return base64.b64decode(data).decode(), "", ""
         except (ValueError, UnicodeDecodeError):
-            return None, BAD_KUBECONFIG, (
-                f"Secret {self.config.namespace}/{location} key {KUBECONFIG_KEY!r} is not text")
+            return None, BAD_KUBECONFIG, f"{where} key {KUBECONFIG_KEY!r} is not text"
 
     def _path_refusal(self, location: str) -> str | None:
         """Why a Path location may not be read: only files inside the configured

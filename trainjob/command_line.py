@@ -1,6 +1,7 @@
 """What the commands share on the command line: value types, with which argparse reports a
-refusal by the flag's name (``argument --workers: must be at least 1, got 0``), and a quiet
-end when the output's reader goes away."""
+refusal by the flag's name (``argument --workers: must be at least 1, got 0``), the
+cluster flags (``--kubeconfig``, ``--context``), ``--version``, and a quiet end when the
+output's reader goes away."""
 
 from __future__ import annotations
 
@@ -9,6 +10,32 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from importlib import metadata
+
+DISTRIBUTION = "trainjob-dispatcher"
+
+
+def version() -> str:
+    """The installed package's version (both commands ship in one distribution)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, cluster: str) -> None:
+    """``--kubeconfig`` and ``--context``, found as kubectl finds them
+    (``trainjob.kubeclient.find_kubeconfig``)."""
+    parser.add_argument("--kubeconfig", help=f"kubeconfig of the {cluster} cluster; when "
+                        "omitted, as kubectl: the files $KUBECONFIG lists (merged), else "
+                        "~/.kube/config, else (in a Pod) the in-cluster service account")
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its "
+                        "current-context)")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -69,7 +69,15 @@ JOBSET_SUSPENDED = "Suspended"
 
 # MultiKueue conventions.
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
-DEFAULT_ORIGIN = "multikueue"
+# The dispatcher's own origin (standalone mode). Not Kueue's default: a standalone dispatcher
+# beside Kueue must not label its copies as Kueue does (dispatcher/kueue_presence.py).
+DEFAULT_ORIGIN = "trainjob-dispatcher"
+# Kueue's multiKueue.origin when its Configuration sets none; kueue mode's default, since
+# there the origin must be Kueue's.
+KUEUE_DEFAULT_ORIGIN = "multikueue"
+# Where Kueue's release installs it: its Configuration ConfigMap and the kubeconfig Secrets
+# of its MultiKueueClusters.
+KUEUE_NAMESPACE = "kueue-system"
 # Kueue's: the LocalQueue a job is submitted to (a label); and, on a copy Kueue made, its
 # Workload (an annotation since Kueue 0.19, a label before).
 KUEUE_QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"

@@ -1,16 +1,26 @@
 """Kubernetes API clients built from a kubeconfig (file or dict) or the in-cluster service
-account, optionally rate limited per cluster, and a server-side-apply helper."""
+account, optionally rate limited per cluster, and a server-side-apply helper.
+
+The commands find their cluster as kubectl does (``find_kubeconfig``): ``--kubeconfig``;
+else ``$KUBECONFIG``, a list of files merged (the first file to name a cluster, user or
+context, or to set current-context, wins; files that do not exist are skipped); else
+``~/.kube/config``; else, in a Pod, its service account. As with kubectl, a set
+``$KUBECONFIG`` replaces ``~/.kube/config`` rather than going before it.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
@@ -81,18 +91,22 @@ class RateLimitedApiClient(client.ApiClient):
                 self.observer(method, code)
 
 
-def api_client(kubeconfig: str | Path | dict | None = None, context: str | None = None,
+def api_client(kubeconfig: str | Path | dict | KubeconfigSource | None = None,
+               context: str | None = None,
                *, qps: float | None = None, burst: int | None = None,
                observer: RequestObserver | None = None,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
                user_agent: str | None = None) -> client.ApiClient:
-    """An ``ApiClient`` for ``kubeconfig`` (a path or an already parsed dict; in-cluster
-    configuration when None), rate limited when ``qps`` is given; requests that do not set
-    their own timeout give up after ``request_timeout`` seconds. ``user_agent`` names the
-    program in every request (apiserver audit logs tell writers apart by it)."""
+    """An ``ApiClient`` for ``kubeconfig`` (a path, an already parsed dict, or what
+    ``find_kubeconfig`` found; in-cluster configuration when None) and ``context`` (its
+    current-context when None), rate limited when ``qps`` is given; requests that do not
+    set their own timeout give up after ``request_timeout`` seconds. ``user_agent`` names
+    the program in every request (apiserver audit logs tell writers apart by it)."""
     configuration = client.Configuration()
     if kubeconfig is None:
         config.load_incluster_config(client_configuration=configuration)
+    elif isinstance(kubeconfig, KubeconfigSource):
+        _load_source(kubeconfig, context, configuration)
     elif isinstance(kubeconfig, dict):
         config.load_kube_config_from_dict(kubeconfig, context=context,
                                           client_configuration=configuration,
@@ -113,20 +127,185 @@ class KubeconfigError(ValueError):
 
 
 def _load_kubeconfig_file(path: Path, context: str | None,
-                          configuration: client.Configuration) -> None:
+                          configuration: client.Configuration, named: str | None = None
+                          ) -> None:
     # The client's own messages name neither the file nor the problem ("Invalid kube-config
     # file. No configuration found.", "'str' object does not support item assignment").
+    named = named or str(path)
     try:
         loaded = read_yaml_mapping(path)
     except YamlFileError as err:
-        raise KubeconfigError(f"{path}: {err}") from None
+        raise KubeconfigError(f"{named}: {err}") from None
     if not loaded.get("clusters") or not loaded.get("contexts"):
-        raise KubeconfigError(f"{path}: not a kubeconfig (it lists no clusters or contexts)")
+        raise KubeconfigError(f"{named}: not a kubeconfig (it lists no clusters or contexts)")
+    _check_context(loaded, context, named)
     try:
         config.load_kube_config(config_file=str(path), context=context,
                                 client_configuration=configuration, persist_config=False)
     except Exception as err:  # noqa: BLE001 - say which file, whatever the client says
-        raise KubeconfigError(f"{path}: {' '.join(str(err).split())}") from None
+        raise KubeconfigError(f"{named}: {' '.join(str(err).split())}") from None
+
+
+# --- finding the kubeconfig as kubectl does ----------------------------------------------
+
+FROM_FLAG = "--kubeconfig"
+FROM_ENVIRONMENT = "$KUBECONFIG"
+FROM_HOME = "~/.kube/config"
+IN_CLUSTER = "in-cluster"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+# Fields holding file names, which kubectl reads relative to the kubeconfig that has them.
+_FILE_FIELDS = {"clusters": ("cluster", ("certificate-authority",)),
+                "users": ("user", ("client-certificate", "client-key", "tokenFile")),
+                "contexts": ("context", ())}
+
+
+@dataclass(frozen=True)
+class KubeconfigSource:
+    """Where a command's cluster comes from (``find_kubeconfig``): kubeconfig ``files``,
+    merged in order, or, with none, the Pod's service account (``service_account`` holds
+    its token and CA; ``environment`` the apiserver's address from the Pod's variables)."""
+
+    found_by: str
+    files: tuple[Path, ...] = ()
+    service_account: Path = SERVICE_ACCOUNT_DIR
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+    def name(self, path: Path | None = None) -> str:
+        """How messages name the source, or one of its files."""
+        if self.found_by == FROM_FLAG:
+            return f"--kubeconfig {path or self.files[0]}"
+        if self.found_by == FROM_ENVIRONMENT:
+            if path is None and len(self.files) == 1:
+                path = self.files[0]
+            return (f"$KUBECONFIG file {path}" if path else
+                    f"$KUBECONFIG files {', '.join(str(f) for f in self.files)}")
+        if self.found_by == FROM_HOME:
+            return f"kubeconfig {path or self.files[0]} ({FROM_HOME})"
+        return f"the in-cluster service account ({self.service_account})"
+
+
+def find_kubeconfig(flag: str | Path | None, environ: Mapping[str, str] | None = None,
+                    home: Path | None = None,
+                    service_account: Path = SERVICE_ACCOUNT_DIR) -> KubeconfigSource:
+    """The kubeconfig a command uses, found as kubectl finds it: ``flag``
+    (``--kubeconfig``); else the files ``$KUBECONFIG`` lists that exist; else
+    ``~/.kube/config``; else the Pod's service account. Raises ``KubeconfigError`` naming
+    everything it looked for when there is none."""
+    environ = os.environ if environ is None else environ
+    if flag:
+        return KubeconfigSource(FROM_FLAG, (Path(flag).expanduser(),))
+    listed = list(dict.fromkeys(p for p in environ.get("KUBECONFIG", "").split(os.pathsep)
+                                if p))
+    if listed:
+        existing = tuple(Path(p).expanduser() for p in listed if Path(p).expanduser().is_file())
+        if existing:
+            return KubeconfigSource(FROM_ENVIRONMENT, existing)
+        looked = (f"$KUBECONFIG lists {', '.join(listed)}, and "
+                  f"{'none of them exists' if len(listed) > 1 else 'it does not exist'} "
+                  f"(with $KUBECONFIG set, {FROM_HOME} is not read, as with kubectl)")
+    else:
+        home = home or (Path(environ["HOME"]) if environ.get("HOME") else Path.home())
+        default = home / ".kube" / "config"
+        if default.is_file():
+            return KubeconfigSource(FROM_HOME, (default,))
+        looked = f"no --kubeconfig, $KUBECONFIG is not set and {default} does not exist"
+    token = service_account / "token"
+    if all(environ.get(name) for name in _SERVICE_ENV) and token.is_file():
+        return KubeconfigSource(IN_CLUSTER, service_account=service_account,
+                                environment={name: environ[name] for name in _SERVICE_ENV})
+    pod = ("KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set"
+           if not all(environ.get(name) for name in _SERVICE_ENV) else f"{token} does not exist")
+    raise KubeconfigError(f"no Kubernetes configuration found: {looked}; and this is not a "
+                          f"Pod with a service account ({pod}). Give --kubeconfig FILE")
+
+
+def merge_kubeconfigs(source: KubeconfigSource) -> dict:
+    """``source``'s files merged as kubectl merges them: the first file to name a cluster,
+    user or context, or to set current-context, wins; file names inside each file are
+    made absolute from that file's directory, as kubectl reads them."""
+    merged: dict = {"apiVersion": "v1", "kind": "Config",
+                    "clusters": [], "contexts": [], "users": []}
+    for path in source.files:
+        try:
+            loaded = read_yaml_mapping(path)
+        except YamlFileError as err:
+            raise KubeconfigError(f"{source.name(path)}: {err}") from None
+        for section, (key, file_fields) in _FILE_FIELDS.items():
+            items = loaded.get(section) or []
+            if not isinstance(items, list):
+                raise KubeconfigError(f"{source.name(path)}: {section} must be a list")
+            known = {item["name"] for item in merged[section]}
+            for item in items:
+                if not isinstance(item, dict) or not item.get("name"):
+                    raise KubeconfigError(f"{source.name(path)}: an entry of {section} has "
+                                          "no name")
+                if item["name"] in known:
+                    continue
+                known.add(item["name"])
+                merged[section].append(_absolute_files(item, key, file_fields, path.parent))
+        if "current-context" not in merged and loaded.get("current-context"):
+            merged["current-context"] = loaded["current-context"]
+    if not merged["clusters"] or not merged["contexts"]:
+        raise KubeconfigError(f"{source.name()}: not a kubeconfig (the files list no clusters "
+                              "or contexts)")
+    return merged
+
+
+def _absolute_files(item: dict, key: str, file_fields: tuple[str, ...], base: Path) -> dict:
+    inner = item.get(key)
+    if not isinstance(inner, dict):
+        return item
+    inner = {**inner, **{name: str(base / inner[name]) for name in file_fields
+                         if isinstance(inner.get(name), str) and inner[name]
+                         and not os.path.isabs(inner[name])}}
+    return {**item, key: inner}
+
+
+def _check_context(loaded: dict, context: str | None, named: str) -> None:
+    """A chosen context that is missing, or none chosen, said plainly (the client says
+    "Expected key current-context in kube-config")."""
+    names = [c.get("name") for c in loaded.get("contexts") or [] if isinstance(c, dict)]
+    listed = ", ".join(str(n) for n in names)
+    if context is not None:
+        if context not in names:
+            raise KubeconfigError(f"{named}: it has no context {context!r} (--context); its "
+                                  f"contexts: {listed}")
+        return
+    current = loaded.get("current-context")
+    if not current:
+        raise KubeconfigError(f"{named}: it sets no current-context; choose one of its "
+                              f"contexts with --context: {listed}")
+    if current not in names:
+        raise KubeconfigError(f"{named}: its current-context {current!r} is not one of its "
+                              f"contexts ({listed}); choose one with --context")
+
+
+def _load_source(source: KubeconfigSource, context: str | None,
+                 configuration: client.Configuration) -> None:
+    if not source.files:
+        if context is not None:
+            raise KubeconfigError(f"--context {context}: there is no kubeconfig to choose it "
+                                  f"from (none was found, so {source.name()} is used)")
+        try:
+            InClusterConfigLoader(token_filename=str(source.service_account / "token"),
+                                  cert_filename=str(source.service_account / "ca.crt"),
+                                  environ=dict(source.environment)
+                                  ).load_and_set(configuration)
+        except Exception as err:  # noqa: BLE001 - say where, whatever the client says
+            raise KubeconfigError(f"{source.name()}: {' '.join(str(err).split())}") from None
+        return
+    if len(source.files) == 1:
+        _load_kubeconfig_file(source.files[0], context, configuration, source.name())
+        return
+    merged = merge_kubeconfigs(source)
+    _check_context(merged, context, source.name())
+    try:
+        config.load_kube_config_from_dict(merged, context=context,
+                                          client_configuration=configuration,
+                                          persist_config=False)
+    except Exception as err:  # noqa: BLE001 - say which files, whatever the client says
+        raise KubeconfigError(f"{source.name()}: {' '.join(str(err).split())}") from None
 
 
 APPLY_PATCH = "application/apply-patch+yaml"

@@ -22,20 +22,25 @@ _BUILT_IN = ("/metrics", "/healthz", "/readyz")
 
 class ObservabilityServer:
     """``ready()`` returns (ok, detail); /readyz answers 200 with the detail when ok.
-    ``routes`` maps further GET paths to handlers; the built-in paths cannot be replaced."""
+    ``routes`` maps further GET paths to handlers; the built-in paths cannot be replaced.
+    Without ``registry`` and ``ready`` the server answers ``routes`` only (a listener of
+    their own, e.g. for a dashboard kept off the interfaces metrics are served on)."""
 
-    def __init__(self, port: int, registry: CollectorRegistry,
-                 ready: Callable[[], tuple[bool, str]], host: str = "127.0.0.1",
+    def __init__(self, port: int, registry: CollectorRegistry | None,
+                 ready: Callable[[], tuple[bool, str]] | None, host: str = "127.0.0.1",
                  routes: Mapping[str, Route] | None = None):
         clash = sorted(set(routes or {}) & set(_BUILT_IN))
         if clash:
             raise ValueError(f"routes: {', '.join(clash)} is served by the server itself")
         registry_ref, ready_ref, routes_ref = registry, ready, dict(routes or {})
+        built_in = registry is not None and ready is not None
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's naming
                 url = urlsplit(self.path)
-                if url.path == "/metrics":
+                if not built_in and url.path in _BUILT_IN:
+                    self._send(404, f"not found: {url.path}".encode())
+                elif url.path == "/metrics":
                     self._send(200, generate_latest(registry_ref), CONTENT_TYPE_LATEST)
                 elif url.path == "/healthz":
                     self._send(200, b"ok")

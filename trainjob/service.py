@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -90,27 +91,51 @@ class ListenError(OSError):
                                     f"({hint})")
 
 
+@dataclass(frozen=True)
+class RoutesListener:
+    """A listener of their own for a process's extra routes (what they are, for messages;
+    where; the flag that sets the port)."""
+
+    what: str
+    host: str
+    port: int
+    flag: str
+
+
 def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
           port: int, extra_servers: Callable[[], list[Server]] | None = None,
           stop: threading.Event | None = None,
           failed: Callable[[], bool] | None = None,
-          routes: dict[str, Route] | None = None) -> int:
-    """Serve metrics and health (plus ``routes`` on the same server), start
-    ``controller`` (then ``extra_servers``), run until SIGINT/SIGTERM or until ``stop`` is
-    set by someone else, then stop everything in reverse order. Returns the exit code (1
-    when ``failed()`` says the stop was a failure, e.g. lost leadership)."""
+          routes: dict[str, Route] | None = None,
+          routes_listener: RoutesListener | None = None) -> int:
+    """Serve metrics and health, and ``routes`` (on the same server, or on
+    ``routes_listener``), start ``controller`` (then ``extra_servers``), run until
+    SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
+    reverse order. Returns the exit code (1 when ``failed()`` says the stop was a failure,
+    e.g. lost leadership)."""
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     servers: list[Server] = []
+    shared = routes if routes_listener is None else None
     try:
         try:
             observability = ObservabilityServer(port, registry, controller.ready, host=host,
-                                                routes=routes).start()
+                                                routes=shared).start()
         except OSError as err:
-            raise ListenError("metrics and health" + (" and the dashboard" if routes else ""),
+            raise ListenError("metrics and health" + (" and the dashboard" if shared else ""),
                               host, port, "--metrics-port", err) from err
         servers.append(observability)
+        if routes and routes_listener is not None:
+            listener = routes_listener
+            try:
+                own = ObservabilityServer(listener.port, None, None, host=listener.host,
+                                          routes=routes).start()
+            except OSError as err:
+                raise ListenError(listener.what, listener.host, listener.port, listener.flag,
+                                  err) from err
+            servers.append(own)
+            log.info("%s on http://%s:%d/", listener.what, listener.host, own.port)
         controller.start()
         servers.extend(extra_servers() if extra_servers else [])
         log.info("%s running; metrics on http://%s:%d/metrics", name, host, observability.port)

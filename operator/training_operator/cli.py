@@ -6,15 +6,17 @@ import argparse
 import logging
 import socket
 import sys
+import threading
 
 from trainjob import command_line, logs
 from trainjob import constants as c, trainer_status as ts
-from trainjob.kubeclient import KubeconfigError, api_client
+from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
 from trainjob.service import ListenError, serve
 
 log = logging.getLogger("training_operator")
 
 DEFAULT_SERVICE = "training-operator-webhook.training-operator-system.svc"
+DEFAULT_LEASE_NAMESPACE = "training-operator-system"
 
 DESCRIPTION = """\
 Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
@@ -26,11 +28,11 @@ kueue.x-k8s.io/multikueue) are never touched.
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="training-operator", description=DESCRIPTION)
+    command_line.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run the operator until interrupted",
                          description=DESCRIPTION)
-    run.add_argument("--kubeconfig", help="kubeconfig of the cluster to operate on; "
-                     "in-cluster service-account configuration when omitted")
+    command_line.add_cluster_arguments(run, "worker")
     run.add_argument("--namespace", default=None,
                      help="only reconcile TrainJobs in this namespace (default: all namespaces)")
     run.add_argument("--webhook-port", type=int, default=9443,
@@ -70,6 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "job's ConfigMap (default: ca.crt in --webhook-cert-dir, as "
                         "cert-manager writes it)")
     run.add_argument("--workers", type=command_line.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
+    election = run.add_argument_group(
+        "leader election",
+        "With several replicas (so that a rollout never leaves the fail-closed webhook "
+        "without a Pod), every replica keeps its caches warm and serves the webhook, and "
+        "only the holder of the Lease training-operator (training-operator-<namespace> with "
+        "--namespace) reconciles. A leader that cannot renew exits; its restart is a "
+        "standby.")
+    election.add_argument("--leader-elect", action=argparse.BooleanOptionalAction,
+                          default=False, help="elect a leader (default: off, one operator "
+                          "reconciles alone)")
+    election.add_argument("--leader-elect-namespace", default=DEFAULT_LEASE_NAMESPACE,
+                          help="namespace of the Lease (default: %(default)s)")
+    election.add_argument("--lease-duration", type=command_line.seconds, default=15.0,
+                          help="seconds a standby waits after the leader's last renewal "
+                          "before taking over (default: %(default)s)")
+    election.add_argument("--renew-deadline", type=command_line.seconds, default=10.0,
+                          help="seconds the leader keeps trying to renew before it stops "
+                          "(default: %(default)s; less than --lease-duration)")
+    election.add_argument("--retry-period", type=command_line.seconds, default=2.0,
+                          help="seconds between renewals and acquisition attempts "
+                          "(default: %(default)s)")
     run.add_argument("--cluster-name", default=None,
                      help="name of this cluster, added to every log line as cluster=NAME "
                      "(e.g. the MultiKueueCluster name the manager knows it by)")
@@ -97,6 +120,19 @@ def _trainer_status_plugins(args: argparse.Namespace) -> list:
     return [TrainerStatusPlugin(base_url, lambda: ca_file.read_text())]
 
 
+def _lease(args: argparse.Namespace):
+    """The leader election settings from the flags; None without --leader-elect."""
+    from training_operator.controller import LeaseSettings, lease_name
+
+    if not args.leader_elect:
+        return None
+    if not args.lease_duration > args.renew_deadline > 1.2 * args.retry_period:
+        raise ValueError("--renew-deadline must be less than --lease-duration and more than "
+                         "1.2 x --retry-period (a leader must stop before a standby may start)")
+    return LeaseSettings(args.leader_elect_namespace, lease_name(args.namespace),
+                         args.lease_duration, args.renew_deadline, args.retry_period)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
@@ -105,19 +141,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         status_plugins = _trainer_status_plugins(args)
+        lease = _lease(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        api = api_client(args.kubeconfig, user_agent=c.OPERATOR_USER_AGENT)
+        api = api_client(find_kubeconfig(args.kubeconfig), args.context,
+                         user_agent=c.OPERATOR_USER_AGENT)
     except KubeconfigError as err:
-        print(f"error: --kubeconfig {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
+    stop = threading.Event()
     controller = OperatorController(api, namespace=args.namespace, workers=args.workers,
-                                    instance=socket.gethostname(), extra_plugins=status_plugins)
+                                    instance=socket.gethostname(), extra_plugins=status_plugins,
+                                    lease=lease, stop_requested=stop)
+    if args.webhook_cert_dir:
+        controller.webhook_serving = False
 
     def webhook() -> list:
         if not args.webhook_cert_dir:
@@ -134,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
         log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
+        controller.webhook_serving = True
         if not args.enable_trainer_status:
             return [server]
         from training_operator.status_server import StatusServer
@@ -150,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("trainer status endpoint serving on %s", status_server.url)
         return [server, status_server]
 
-    log.info("operator starting (namespace: %s)", args.namespace or "all")
+    log.info("operator starting (namespace: %s%s)", args.namespace or "all",
+             f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
     return serve("operator", controller, controller.metrics.registry, args.metrics_host,
-                 args.metrics_port, webhook)
+                 args.metrics_port, webhook, stop=stop, failed=controller.lost_leadership.is_set)

@@ -2,14 +2,22 @@
 
 Watched: TrainJobs (the subject), JobSets (status comes from them), TrainingRuntimes and
 ClusterTrainingRuntimes (a job waiting for a missing runtime starts when it appears).
+
+With leader election (``LeaseSettings``), several replicas keep warm caches and serve the
+admission webhook (which only reads those caches), but only the Lease holder reconciles.
+So a rolling update never leaves TrainJob writes without a webhook to answer them, and
+never has two reconcilers writing one JobSet.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import socket
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 
 from kubernetes import client
 
@@ -20,6 +28,7 @@ from trainjob import constants as c, required_apis, runtime_ref
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
+from trainjob.leader import LeaderElector
 from trainjob.runtime.extension_points import Plugin
 from trainjob.runtime.plugins import registered
 from trainjob.managed_by import managed_by, operator_manages
@@ -27,6 +36,24 @@ from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "training-operator"
+
+
+def lease_name(namespace: str | None) -> str:
+    """The Lease the operators reconciling ``namespace`` (all when None) elect a leader on."""
+    return f"{LEASE_PREFIX}-{namespace}" if namespace else LEASE_PREFIX
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Leader election: the Lease ``namespace/name`` and client-go's three durations."""
+
+    namespace: str
+    name: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
 
 
 def _custom_list(api: client.ApiClient, group: str, version: str, plural: str,
@@ -41,7 +68,9 @@ def _custom_list(api: client.ApiClient, group: str, version: str, plural: str,
 class OperatorController:
     def __init__(self, api: client.ApiClient, namespace: str | None = None, workers: int = 4,
                  metrics: OperatorMetrics | None = None, instance: str = "",
-                 extra_plugins: list[Plugin] | None = None):
+                 extra_plugins: list[Plugin] | None = None,
+                 lease: LeaseSettings | None = None,
+                 stop_requested: threading.Event | None = None):
         self.api = api
         self.namespace = namespace
         self.metrics = metrics or OperatorMetrics()
@@ -63,6 +92,20 @@ class OperatorController:
             plugins=registered() + list(extra_plugins) if extra_plugins else None)
         self._workers = workers
         self._threads: list[threading.Thread] = []
+        # None: no webhook in this process; False until it listens (not ready before: the
+        # Service would send admission reviews to a Pod that refuses them).
+        self.webhook_serving: bool | None = None
+        self.lost_leadership = threading.Event()
+        self.stop_requested = stop_requested
+        self._stopping = False
+        self.elector = None
+        if lease is not None:
+            identity = f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+            self.elector = LeaderElector(
+                api, lease.namespace, lease.name, identity,
+                lease_duration=lease.lease_duration, renew_deadline=lease.renew_deadline,
+                retry_period=lease.retry_period, on_started_leading=self._started_leading,
+                on_stopped_leading=self._stopped_leading)
         self.trainjobs.add_handler(self._on_trainjob)
         self.jobsets.add_handler(self._on_jobset)
         self.runtimes.add_handler(self._on_runtime)
@@ -111,10 +154,37 @@ class OperatorController:
         for informer in self.informers:
             if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError(f"{informer.name} cache not synced after {sync_timeout}s")
+        if self.elector is not None:
+            self.elector.start()
+        else:
+            self._started_leading()
+        return self
+
+    # --- leadership -------------------------------------------------------------------
+
+    def _started_leading(self) -> None:
+        """Only the leader reconciles; it starts from warm caches. (The queue kept every
+        key the informers added meanwhile; all jobs are added again all the same, as a
+        resync.)"""
+        if self.elector is not None:
+            log.info("leading: reconciling")
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "reconcile", self._on_error,
                                       self.metrics.reconcile_duration.observe)
-        return self
+        for job in self.trainjobs.list():
+            self._on_trainjob("SYNC", None, job)
+
+    def _stopped_leading(self) -> None:
+        if self._stopping:
+            log.info("leadership given up: stopping as asked")
+            return
+        # Another replica may take over once the Lease runs out: stop writing now and end
+        # the process (its supervisor restarts it as a standby).
+        log.error("lost leadership: stopping")
+        self.lost_leadership.set()
+        self.queue.shutdown()
+        if self.stop_requested is not None:
+            self.stop_requested.set()
 
     def lookups(self) -> CacheLookups:
         """What the webhook reads: the operator's caches (no API call per review)."""
@@ -129,15 +199,27 @@ class OperatorController:
             self.metrics.webhook_rejections.labels(reason=reason or "unknown").inc()
 
     def ready(self) -> tuple[bool, str]:
+        """Ready once the caches are synced and the webhook (if any) listens, as leader or
+        as a standby: a standby's webhook answers as well as the leader's."""
         missing = [i.name for i in self.informers if not i.synced.is_set()]
-        return (not missing, "ok" if not missing else f"caches not synced: {', '.join(missing)}")
+        if missing:
+            return False, f"caches not synced: {', '.join(missing)}"
+        if self.webhook_serving is False:
+            return False, "webhook not serving yet"
+        if self.elector is None:
+            return True, "ok"
+        return True, "leader" if self.elector.is_leader else (
+            f"standby (leader: {self.elector.leader or 'none yet'})")
 
     def stop(self) -> None:
+        self._stopping = True
         self.queue.shutdown()
+        for thread in self._threads:
+            thread.join(5)  # finish in-flight writes before the Lease is given up
+        if self.elector is not None:
+            self.elector.stop(release=not self.lost_leadership.is_set())
         for informer in self.informers:
             informer.stop()
-        for thread in self._threads:
-            thread.join(5)
 
     def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
         self.metrics.reconcile_errors.inc()

@@ -5,8 +5,10 @@ its status comes back; `docker compose down -v` leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ class ComposeStack:
     def __init__(self, engine, project: str, ports: dict[str, int]):
         self.engine = engine
         self.project = project
+        self.ports = ports
         self.env = {**engine.env(), **{k: str(v) for k, v in ports.items()}}
 
     def compose(self, *args: str, check: bool = True, timeout: float = 900
@@ -69,7 +72,7 @@ class ComposeStack:
 def compose_stack(docker_engine, project_images, tmp_path):
     ports = {name: free_port() for name in (
         "MANAGER_PORT", "WORKER_1_PORT", "WORKER_2_PORT", "DISPATCHER_METRICS_PORT",
-        "OPERATOR_1_METRICS_PORT", "OPERATOR_2_METRICS_PORT")}
+        "OPERATOR_1_METRICS_PORT", "OPERATOR_2_METRICS_PORT", "DISPATCHER_DASHBOARD_PORT")}
     stack = ComposeStack(docker_engine, f"trainjob-test-{secrets.token_hex(3)}", ports)
     try:
         stack.compose("up", "--build", "--detach")
@@ -151,6 +154,12 @@ def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack
 
     eventually(complete, lambda conditions: conditions.get("Complete") == "True", timeout=120,
                expected=f"{name} Complete=True on the manager once kwok has run its pods")
+
+    # The dashboard's state, published on the host's loopback only.
+    state = json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{stack.ports['DISPATCHER_DASHBOARD_PORT']}/api/state",
+        timeout=10).read())
+    assert name in {job["name"] for job in state["trainJobs"]}, state
 
     states = stack.states()
     for service in LONG_RUNNING:

@@ -18,9 +18,11 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+import yaml
 from kubernetes import client
 
-from clusters import fixtures, kueue, kueue_queues, worker_stack
+from clusters import fixtures, kueue, kueue_queues, kustomize, worker_stack
+from clusters.pki import service_account_user
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
 from clusters.testing import (ServiceProcess, audited_requests, audited_writes, eventually,
                               holds_for)
@@ -33,7 +35,6 @@ RUNTIME = "torch-kueue"  # its pods run for RUN_FOR, then succeed
 RUN_FOR = "5s"
 WORKERS = {"worker-1": {"node_cpu": "8", "quota_cpu": "64"},
            "worker-2": {"node_cpu": "16", "quota_cpu": "32"}}
-STANDALONE_ORIGIN = "trainjob-standalone"
 
 
 @dataclass
@@ -347,16 +348,17 @@ def test_kueue_mode_nominates_the_next_worker_when_one_does_not_admit(kueue_env,
 
 def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespace):
     """c. Kueue (AllAtOnce) runs a queued job while a standalone dispatcher runs on the same
-    manager: the dispatcher refuses Kueue's origin, and with its own it creates, deletes and
-    writes nothing for Kueue's job (not the job, its copies, Workloads or the
-    MultiKueueCluster conditions), while it still dispatches a job of its own."""
+    manager: the dispatcher refuses Kueue's origin, and with its own (the default) it
+    creates, deletes and writes nothing for Kueue's job (not the job, its copies, Workloads
+    or the MultiKueueCluster conditions), while it still dispatches a job of its own."""
     env, ns = kueue_env, kueue_namespace
     harness = env.multicluster.harness
     harness.use_kueue_dispatcher("manager", kueue.DISPATCHER_ALL_AT_ONCE)
     try:
         refused = subprocess.run(
             [sys.executable, "-m", "dispatcher", "run", "--kubeconfig",
-             str(env.manager.kubeconfig), "--metrics-port", "0"],
+             str(env.manager.kubeconfig), "--metrics-port", "0",
+             "--origin", c.KUEUE_DEFAULT_ORIGIN],
             capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and "--origin multikueue: Kueue runs on this manager" \
             in refused.stderr and "kueue-system/kueue-manager-config" in refused.stderr, (
@@ -365,8 +367,7 @@ def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespac
 
         dispatcher = ServiceProcess(
             "dispatcher", env.manager.kubeconfig, env.log_dir / "standalone.log",
-            ("--origin", STANDALONE_ORIGIN, "--multikueue-config", CONFIG,
-             "--gc-interval", "1", "--no-leader-elect",
+            ("--multikueue-config", CONFIG, "--gc-interval", "1", "--no-leader-elect",
              "--log-level", "debug")).start()
         try:
             env.manager.custom.create_namespaced_custom_object(
@@ -423,3 +424,69 @@ def test_standalone_dispatcher_leaves_kueue_jobs_alone(kueue_env, kueue_namespac
     finally:
         harness.use_kueue_dispatcher("manager", KUEUE_TEST_DISPATCHER)
 
+
+
+def test_kueue_mode_refuses_an_origin_that_is_not_kueues(kueue_env):
+    """Kueue makes the copies in kueue mode and the dispatcher follows them by Kueue's
+    origin: another origin is refused at start, naming Kueue's and where it was read."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", "run", "--kubeconfig",
+         str(kueue_env.manager.kubeconfig), "--metrics-port", "0", "--no-leader-elect",
+         "--mode", "kueue", "--origin", c.DEFAULT_ORIGIN],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and (
+        f"--origin {c.DEFAULT_ORIGIN}: in kueue mode the origin must be Kueue's, and Kueue "
+        f"labels its remote copies {c.MULTIKUEUE_ORIGIN_LABEL}={c.KUEUE_DEFAULT_ORIGIN}"
+        ) in done.stderr and f"{kueue.NAMESPACE}/kueue-manager-config" in done.stderr, (
+        f"expected a refusal naming Kueue's origin and ConfigMap (exit 2); saw exit "
+        f"{done.returncode}: {done.stderr[-600:]}")
+
+
+# Applied for real from manifests/manager-kueue: what the dispatcher is and may do.
+IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                  "RoleBinding"}
+
+
+def test_kueue_mode_as_shipped_with_only_its_roles(kueue_env, kueue_namespace, tmp_path):
+    """manifests/manager-kueue on a manager that runs Kueue: its RBAC applied (its worker
+    Secrets are the sample workers', which are this environment's), and the dispatcher run
+    with its Deployment's flags as its ServiceAccount. It reads Kueue's Configuration and
+    the worker Secrets in Kueue's namespace, leads on its Lease in its own, nominates a
+    worker, the job completes, and RBAC refuses it nothing."""
+    env, ns = kueue_env, kueue_namespace
+    objects = kustomize.render("manager-kueue")
+    identities = [o for o in objects if o["kind"] in IDENTITY_KINDS]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    home = deployment["metadata"]["namespace"]
+    account = (home, deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    kustomize.apply(env.manager.kubeconfig, identities)
+    user, groups = service_account_user(*account)
+    kubeconfig = env.multicluster.harness.issue_user_kubeconfig(
+        "manager", user, groups, tmp_path / "dispatcher.kubeconfig")
+    # The Pod's flags, but for where it listens and how it logs (this is not a Pod).
+    shipped = [arg.replace("$(POD_NAMESPACE)", home)
+               for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+               if not arg.startswith(("--metrics-", "--dashboard-", "--log-format"))]
+    dispatcher = ServiceProcess("dispatcher", kubeconfig, env.log_dir / "kueue-shipped.log",
+                                (*shipped, "--multikueue-config", CONFIG,
+                                 "--log-level", "debug")).start()
+    try:
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                           queued_trainjob("shipped"))
+        eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
+                   expected="one Nominated Event from the dispatcher as shipped")
+        done = eventually(lambda: get(env.manager, ns, "shipped"), finished, timeout=90,
+                          expected="the manager TrainJob finished")
+        assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
+            f"expected Complete; saw {done.get('status')}")
+        lease = client.CoordinationV1Api(env.manager.api).read_namespaced_lease(
+            f"trainjob-dispatcher-{c.KUEUE_DEFAULT_ORIGIN}", home)
+        assert lease.spec.holder_identity, "expected the dispatcher to hold its Lease"
+        refused = [line for line in dispatcher.log_file.read_text(errors="replace").splitlines()
+                   if "forbidden" in line.lower() and '" cannot ' in line]
+        assert not refused, "the dispatcher was refused by RBAC:\n" + "\n".join(refused[:10])
+    finally:
+        dispatcher.stop()
+        doomed = [o for o in identities if o["kind"] != "Namespace"]
+        kustomize.kubectl(env.manager.kubeconfig, "delete", "--ignore-not-found",
+                          "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(doomed))

@@ -1,7 +1,8 @@
 """The shipped RBAC, exercised as shipped: the dispatcher and the operators run with
-credentials bound only to the roles in manifests/ (dispatcher, operator, worker-access),
-rendered by kustomize and applied to the real apiservers. The dispatcher's Role gets this
-module's worker Secret names added to its Secrets rule, as its comment tells operators to.
+credentials bound only to the roles in manifests/ (dispatcher with the worker-secrets
+component, as manifests/manager has it; operator; worker-access), rendered by kustomize and
+applied to the real apiservers. The worker-secrets Role gets this module's worker Secret
+names, as its comment tells users to.
 
 Each process authenticates with a client certificate whose CN is
 ``system:serviceaccount:<ns>:<name>`` (issued by the cluster's CA), which RBAC matches to
@@ -11,6 +12,7 @@ worker, stored in the MultiKueueCluster Secret, is the worker-access ServiceAcco
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -34,22 +36,42 @@ WORKERS = ("worker-1", "worker-2")
 # write on the worker for the rest of the session.
 IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                   "RoleBinding"}
-DISPATCHER_SA = ("kueue-system", "trainjob-dispatcher")
-WORKER_ACCESS_SA = ("kueue-system", "trainjob-dispatcher")
+# The dispatcher's own namespace, as manifests/dispatcher creates it: its Lease and the
+# worker kubeconfig Secrets (standalone mode).
+DISPATCHER_NAMESPACE = "trainjob-system"
+DISPATCHER_SA = (DISPATCHER_NAMESPACE, "trainjob-dispatcher")
+WORKER_ACCESS_SA = ("trainjob-system", "trainjob-dispatcher")
 OPERATOR_SA = ("training-operator-system", "training-operator")
 
 
-def identity_objects(base: str) -> list[dict]:
-    return [obj for obj in kustomize.render(base) if obj["kind"] in IDENTITY_KINDS]
+def identity_objects(base: str | os.PathLike) -> list[dict]:
+    """The identity objects of ``manifests/<base>``, or of the kustomization in a directory."""
+    if isinstance(base, str):
+        objects = kustomize.render(base)
+    else:
+        out = kustomize.kubectl(None, "kustomize", str(base))
+        assert out.returncode == 0, out.stderr
+        objects = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return [obj for obj in objects if obj["kind"] in IDENTITY_KINDS]
+
+
+def dispatcher_with_worker_secrets(directory) -> os.PathLike:
+    """The dispatcher base with the worker-secrets component, as the manager overlays have
+    it (without the CRDs, which the session's clusters have already)."""
+    directory.mkdir(exist_ok=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(kustomize.base_path("dispatcher"), directory)],
+        "components": [os.path.relpath(kustomize.base_path("worker-secrets"), directory)]}))
+    return directory
 
 
 def with_secret_names(objects: list[dict], names: list[str]) -> list[dict]:
-    """The dispatcher's identities with ``names`` added to the Secrets its Role may read, as
-    the Role's comment tells an operator to do for their own MultiKueueClusters."""
+    """The dispatcher's identities with ``names`` added to the Secrets it may read, as
+    manifests/worker-secrets tells users to do for their own MultiKueueClusters."""
     rules = [rule for obj in objects if obj["kind"] == "Role"
              for rule in obj["rules"] if rule["resources"] == ["secrets"]]
     assert len(rules) == 1 and rules[0].get("resourceNames"), (
-        f"expected one Secrets rule limited by resourceNames in the dispatcher's Role; saw "
+        f"expected one Secrets rule limited by resourceNames in the dispatcher's Roles; saw "
         f"{rules}")
     rules[0]["resourceNames"] += names
     return objects
@@ -61,7 +83,7 @@ def subjects(objects: list[dict]) -> set[tuple[str, str]]:
 
 
 def delete_identities(kubeconfig, objects: list[dict]) -> None:
-    # Namespaces stay: kueue-system also holds other tests' worker Secrets.
+    # Namespaces stay: a later module applying into one still being deleted would fail.
     doomed = [o for o in objects if o["kind"] != "Namespace"]
     kustomize.kubectl(kubeconfig, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
                       stdin=yaml.safe_dump_all(doomed))
@@ -114,8 +136,9 @@ def restricted(multicluster, tmp_path_factory):
     """Shipped identities applied; dispatcher and operators running as them."""
     directory = tmp_path_factory.mktemp("least-privilege")
     manager = multicluster.manager
-    applied = {"manager": with_secret_names(identity_objects("dispatcher"),
-                                            [f"lp-{n}-kubeconfig" for n in WORKERS])}
+    applied = {"manager": with_secret_names(
+        identity_objects(dispatcher_with_worker_secrets(directory / "manager-overlay")),
+        [f"lp-{n}-kubeconfig" for n in WORKERS])}
     worker_objects = identity_objects("worker-access") + identity_objects("operator")
     assert DISPATCHER_SA in subjects(applied["manager"])
     assert {WORKER_ACCESS_SA, OPERATOR_SA} <= subjects(worker_objects)
@@ -135,14 +158,16 @@ def restricted(multicluster, tmp_path_factory):
         fixtures.add_node(worker.api, f"lp-{name}", {"cpu": "8", "memory": "64Gi", "pods": "110"})
         fixtures.install_runtime(worker.api, fixtures.torch_runtime(RUNTIME, cpu="100m",
                                                                      memory="128Mi"))
-        fixtures.register_worker(manager.api, f"lp-{name}", kubeconfigs[f"{name}/access"])
+        fixtures.register_worker(manager.api, f"lp-{name}", kubeconfigs[f"{name}/access"],
+                                 namespace=DISPATCHER_NAMESPACE)
     fixtures.register_config(manager.api, CONFIG, [f"lp-{n}" for n in WORKERS])
 
     processes = [ServiceProcess("training_operator", kubeconfigs[f"{n}/operator"],
                                 directory / f"operator-{n}.log", ()).start() for n in WORKERS]
     processes.append(ServiceProcess(
         "dispatcher", kubeconfigs["dispatcher"], directory / "dispatcher.log",
-        ("--multikueue-config", CONFIG, "--gc-interval", "2", "--leader-elect",
+        ("--namespace", DISPATCHER_NAMESPACE,
+         "--multikueue-config", CONFIG, "--gc-interval", "2", "--leader-elect",
          "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
          "--log-level", "debug")).start())
     apis = {key: api_client(path) for key, path in kubeconfigs.items()}
@@ -259,7 +284,7 @@ def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
 
     unnamed = client.V1Secret(metadata=client.V1ObjectMeta(name=f"unnamed-{namespace}"[:63]),
                               string_data={"token": "no MultiKueueCluster names this"})
-    multicluster.manager.core.create_namespaced_secret("kueue-system", unnamed)
+    multicluster.manager.core.create_namespaced_secret(DISPATCHER_NAMESPACE, unnamed)
 
     dispatcher = client.CoreV1Api(apis["dispatcher"])
     try:
@@ -267,18 +292,18 @@ def test_identities_are_refused_what_they_do_not_need(restricted, namespace):
         # a metadata.name field selector)...
         for name in WORKERS:
             assert dispatcher.list_namespaced_secret(
-                "kueue-system", field_selector=f"metadata.name=lp-{name}-kubeconfig").items
-        # ...no other of its own namespace (Kueue shares it), nor the namespace as a list...
-        forbidden(lambda: dispatcher.list_namespaced_secret("kueue-system"))
+                DISPATCHER_NAMESPACE, field_selector=f"metadata.name=lp-{name}-kubeconfig").items
+        # ...no other of its own namespace, nor the namespace as a list...
+        forbidden(lambda: dispatcher.list_namespaced_secret(DISPATCHER_NAMESPACE))
         forbidden(lambda: dispatcher.list_namespaced_secret(
-            "kueue-system", field_selector=f"metadata.name={unnamed.metadata.name}"))
+            DISPATCHER_NAMESPACE, field_selector=f"metadata.name={unnamed.metadata.name}"))
         forbidden(lambda: dispatcher.read_namespaced_secret(unnamed.metadata.name,
-                                                            "kueue-system"))
+                                                            DISPATCHER_NAMESPACE))
         forbidden(lambda: dispatcher.read_namespaced_secret("lp-worker-1-kubeconfig",
-                                                            "kueue-system"))  # list, not get
+                                                            DISPATCHER_NAMESPACE))  # list only
     finally:
         multicluster.manager.core.delete_namespaced_secret(unnamed.metadata.name,
-                                                           "kueue-system")
+                                                           DISPATCHER_NAMESPACE)
     # ...and any other namespace's are not, neither one by one nor as a list.
     forbidden(lambda: dispatcher.read_namespaced_secret("private", namespace))
     forbidden(lambda: dispatcher.list_namespaced_secret(namespace))

@@ -26,7 +26,7 @@ def copies_by_job(env, namespace: str) -> dict[str, list[str]]:
     for worker in env.multicluster.workers:
         items = worker.custom.list_namespaced_custom_object(
             *TRAINER, namespace, c.TRAINJOBS,
-            label_selector=f"{c.MULTIKUEUE_ORIGIN_LABEL}=multikueue")["items"]
+            label_selector=f"{c.MULTIKUEUE_ORIGIN_LABEL}={c.DEFAULT_ORIGIN}")["items"]
         for item in items:
             seen.setdefault(item["metadata"]["name"], []).append(worker.name)
     return seen

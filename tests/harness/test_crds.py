@@ -357,11 +357,15 @@ def test_trainjob_printer_columns_show_state_and_age(multicluster, namespace, cl
     columns = {c.name: (c.type, c.json_path) for c in version.additional_printer_columns}
     assert columns == {
         "State": ("string", ".status.conditions[-1:].type"),
+        "Worker": ("string", ".metadata.annotations.trainjob-dispatcher\\.io/cluster"),
         "Age": ("date", ".metadata.creationTimestamp"),
     }
 
-    # The server renders State from the most recent condition, as `kubectl get` would show it.
-    create(cluster, namespace, trainjob("shown"))
+    # The server renders State from the most recent condition and Worker from the
+    # dispatcher's placement, as `kubectl get` would show them.
+    body = trainjob("shown")
+    body["metadata"]["annotations"] = {"trainjob-dispatcher.io/cluster": "worker-7"}
+    create(cluster, namespace, body)
     cluster.custom.patch_namespaced_custom_object_status(
         *TRAINER[:2], namespace, TRAINER[2], "shown",
         {"status": {"conditions": [
@@ -371,8 +375,8 @@ def test_trainjob_printer_columns_show_state_and_age(multicluster, namespace, cl
     rendered = table(
         cluster, f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/shown")
     names = [c["name"] for c in rendered["columnDefinitions"]]
-    assert names == ["Name", "State", "Age"]
-    assert rendered["rows"][0]["cells"][:2] == ["shown", "Complete"]
+    assert names == ["Name", "State", "Worker", "Age"]
+    assert rendered["rows"][0]["cells"][:3] == ["shown", "Complete", "worker-7"]
 
 
 # --- MultiKueue registration (manager only) --------------------------------------------------
@@ -476,20 +480,3 @@ def test_the_manager_has_no_jobsets(multicluster):
         multicluster.manager.api).list_custom_resource_definition().items}
     assert "jobsets.jobset.x-k8s.io" not in names
 
-
-def test_kubectl_get_shows_the_worker_a_job_was_placed_on(multicluster, namespace):
-    """`kubectl get trainjobs` on the manager: the Worker column reads the placement."""
-    manager = multicluster["manager"]
-    body = trainjob("shown", managedBy=MULTIKUEUE)
-    body["metadata"]["annotations"] = {"trainjob-dispatcher.io/cluster": "worker-7"}
-    create(manager, namespace, body)
-    response = manager.api.call_api(
-        "GET", f"{manager.api.configuration.host}/apis/trainer.kubeflow.org/v1alpha1/"
-        f"namespaces/{namespace}/trainjobs",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
-    response.read()
-    table = json.loads(response.data)
-    columns = [column["name"] for column in table["columnDefinitions"]]
-    assert "Worker" in columns, columns
-    row = next(r for r in table["rows"] if r["cells"][0] == "shown")
-    assert row["cells"][columns.index("Worker")] == "worker-7", row

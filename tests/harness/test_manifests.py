@@ -14,23 +14,32 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters import kustomize
+from clusters import fixtures, kustomize
 from clusters.crds import manifests_dir
+from clusters.testing import eventually
 from trainjob import constants as c
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where each base belongs. operator-cert-manager needs cert-manager's CRDs, which the
-# harness does not install: it is rendered and checked, not dry-run.
-MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "samples")
+# harness does not install: it is rendered and checked, not dry-run. The components are
+# parts of the manager overlays, checked there.
+MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "manager-beside-kueue",
+                 "manager-kueue", "samples")
 WORKER_BASES = ("crds", "operator", "worker-access", "worker")
 RENDER_ONLY = ("operator-cert-manager",)
+COMPONENTS = ("worker-secrets", "kueue-config-access")
+# The dispatcher's Deployments, one per way to run it on a manager.
+DISPATCHER_OVERLAYS = ("manager", "manager-beside-kueue", "manager-kueue")
+# The namespaces the project creates for itself; any other is someone else's.
+OWN_NAMESPACES = {"trainjob-system", "training-operator-system"}
 
 
 def test_every_base_is_covered():
     bases = {p.parent.name for p in manifests_dir().glob("*/kustomization.yaml")}
-    assert bases == set(MANAGER_BASES) | set(WORKER_BASES) | set(RENDER_ONLY)
+    assert bases == set(MANAGER_BASES) | set(WORKER_BASES) | set(RENDER_ONLY) | set(COMPONENTS)
 
 
 def overlay(directory: Path, bases: list[str], **settings) -> Path:
@@ -58,8 +67,12 @@ def test_server_side_dry_run(multicluster, cluster, base):
     target = multicluster[cluster]
     objects = kustomize.render(base)
     # A dry run persists nothing, so objects in a Namespace the same base creates would be
-    # refused; the (empty) Namespaces are created for real first.
-    for namespace in by_kind(objects, "Namespace"):
+    # refused; the (empty) Namespaces are created for real first. The overlays for a
+    # manager with Kueue put Roles in Kueue's namespace, which Kueue's release creates.
+    namespaces = by_kind(objects, "Namespace")
+    if any(o["metadata"].get("namespace") == c.KUEUE_NAMESPACE for o in objects):
+        namespaces.append({"metadata": {"name": c.KUEUE_NAMESPACE}})
+    for namespace in namespaces:
         try:
             target.core.create_namespace(namespace)
         except ApiException as err:
@@ -101,6 +114,51 @@ def test_images_are_overridable_with_kustomize(tmp_path):
 
 def _deployment_args(deployment: dict) -> list[str]:
     return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _pod_args(deployment: dict) -> list[str]:
+    """The container's args with ``$(POD_NAMESPACE)`` as the kubelet expands it."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+           for e in container.get("env") or []}
+    args = container["args"]
+    if any("$(POD_NAMESPACE)" in a for a in args):
+        assert env.get("POD_NAMESPACE") == "metadata.namespace", env
+    return [a.replace("$(POD_NAMESPACE)", deployment["metadata"]["namespace"]) for a in args]
+
+
+def _dispatcher_config(deployment: dict):
+    """The configuration the shipped dispatcher Pod runs with (its args, parsed and
+    validated by the dispatcher's own CLI)."""
+    from dispatcher.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(_pod_args(deployment))
+    assert args.config is None, "the Deployment's configuration is all in its args"
+    return config_from_args(args)
+
+
+def _rules(objects: list[dict], kind: str, name: str, namespace: str | None = None
+           ) -> list[dict]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name
+             and o["metadata"].get("namespace") == namespace]
+    assert len(found) == 1, f"expected one {kind} {namespace}/{name}; found {len(found)}"
+    return found[0]["rules"]
+
+
+def _allows(rules: list[dict], group: str, resource: str, verb: str,
+            name: str | None = None) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
+
+
+def _bound_to(objects: list[dict], kind: str, role: str, namespace: str | None
+              ) -> set[tuple[str, str]]:
+    """The ServiceAccounts the bindings of ``kind`` ``role`` (in ``namespace``) grant it to."""
+    binding = "RoleBinding" if kind == "Role" else "ClusterRoleBinding"
+    return {(s["namespace"], s["name"]) for o in objects if o["kind"] == binding
+            and o["roleRef"]["kind"] == kind and o["roleRef"]["name"] == role
+            and o["metadata"].get("namespace") == namespace
+            for s in o["subjects"] if s["kind"] == "ServiceAccount"}
 
 
 def _bound_accounts(objects: list[dict]) -> set[tuple[str, str]]:
@@ -154,6 +212,249 @@ def test_operator_webhook_service_and_deployment_fit_together():
     assert annotation["cert-manager.io/inject-ca-from"] == (
         f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}")
     assert pod["spec"]["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+
+
+# --- what a user deploying beside Kueue gets ---------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", ["dispatcher", "manager", "manager-beside-kueue"])
+def test_the_standalone_dispatcher_does_not_take_kueues_origin(overlay):
+    """A standalone dispatcher with Kueue's origin refuses to start where Kueue runs
+    (``kueue_presence.origin_conflict``: each would take the other's copies for its own).
+    The shipped one has an origin of its own, and its Role lets it renew the Lease named
+    after that origin."""
+    objects = kustomize.render(overlay)
+    deployment = one(objects, "Deployment")
+    config = _dispatcher_config(deployment)
+    assert config.mode == "standalone"
+    assert config.origin != c.KUEUE_DEFAULT_ORIGIN, (
+        f"manifests/{overlay}: origin {config.origin} is Kueue's default")
+    account = (deployment["metadata"]["namespace"],
+               deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    lease = f"trainjob-dispatcher-{config.origin}"
+    rules = _rules(objects, "Role", "trainjob-dispatcher", config.namespace)
+    assert all(_allows(rules, "coordination.k8s.io", "leases", verb, lease)
+               for verb in ("create", "get", "update")), (lease, rules)
+    assert _bound_to(objects, "Role", "trainjob-dispatcher", config.namespace) == {account}
+
+
+@pytest.mark.parametrize("base", sorted(set(MANAGER_BASES + WORKER_BASES + RENDER_ONLY
+                                            + COMPONENTS)))
+def test_no_base_owns_a_namespace_it_does_not_create_for_itself(base):
+    """``kubectl delete -k`` deletes every Namespace a base declares, with all that is in
+    it: no base declares Kueue's (or anyone else's). In Kueue's namespace the manager
+    overlays put only the dispatcher's own Roles and bindings, which removal takes away."""
+    objects = kustomize.render(base)
+    declared = {o["metadata"]["name"] for o in by_kind(objects, "Namespace")}
+    assert declared <= OWN_NAMESPACES, f"manifests/{base} declares {declared - OWN_NAMESPACES}"
+    elsewhere = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
+                 for o in objects if o["metadata"].get("namespace") not in OWN_NAMESPACES | {None}]
+    assert all(kind in ("Role", "RoleBinding") and name.startswith("trainjob-dispatcher-")
+               for kind, _, name in elsewhere), elsewhere
+
+
+# docs/deploy.md removes the project but keeps the CRDs (and so every TrainJob) with
+# ``kubectl delete -k <overlay> -l app.kubernetes.io/name``: the CRDs are the only objects
+# without that label.
+BUT_THE_CRDS = "app.kubernetes.io/name"
+
+
+@pytest.mark.parametrize("base", sorted(set(MANAGER_BASES + WORKER_BASES + RENDER_ONLY
+                                            + COMPONENTS) - {"samples"}))
+def test_everything_but_the_crds_is_labelled_for_removal(base):
+    named = {o["kind"]: [] for o in kustomize.render(base)}
+    for obj in kustomize.render(base):
+        named[obj["kind"]].append(BUT_THE_CRDS in (obj["metadata"].get("labels") or {}))
+    crds = named.pop("CustomResourceDefinition", [])
+    assert not any(crds), f"manifests/{base}: a CRD carries {BUT_THE_CRDS}"
+    unlabelled = [kind for kind, labelled in named.items() if not all(labelled)]
+    assert unlabelled == [], f"manifests/{base}: {unlabelled} without {BUT_THE_CRDS}"
+
+
+def test_removing_the_dispatcher_leaves_kueues_namespace_alone(multicluster):
+    """manifests/manager-beside-kueue applied and removed as docs/deploy.md says (keeping the
+    CRDs, which the session's clusters share): the dispatcher's namespace and its Roles in
+    Kueue's namespace go; Kueue's namespace and what Kueue keeps there stay."""
+    target = multicluster["worker-2"]  # nothing else here uses Kueue's namespace
+    fixtures.ensure_namespace(target.api, c.KUEUE_NAMESPACE)
+    kept = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="kueue-manager-config"),
+                              data={"controller_manager_config.yaml": "multiKueue: {}\n"})
+    try:
+        target.core.create_namespaced_config_map(c.KUEUE_NAMESPACE, kept)
+    except ApiException as err:
+        assert err.status == 409, err.body
+    overlay_dir = str(kustomize.base_path("manager-beside-kueue"))
+    applied = kustomize.kubectl(target.kubeconfig, "apply", "-k", overlay_dir, "-l",
+                                BUT_THE_CRDS)
+    assert applied.returncode == 0, applied.stderr
+    assert "customresourcedefinition" not in applied.stdout, applied.stdout
+    rbac = client.RbacAuthorizationV1Api(target.api)
+
+    def ours_in_kueues() -> list[str]:
+        return sorted(r.metadata.name for r in rbac.list_namespaced_role(c.KUEUE_NAMESPACE).items
+                      if r.metadata.name.startswith("trainjob-dispatcher-"))
+    assert ours_in_kueues() == ["trainjob-dispatcher-kueue-config"]
+
+    removed = kustomize.kubectl(target.kubeconfig, "delete", "-k", overlay_dir, "-l",
+                                BUT_THE_CRDS, "--wait=false")
+    assert removed.returncode == 0, removed.stderr
+    assert "customresourcedefinition" not in removed.stdout, removed.stdout
+    namespace = target.core.read_namespace(c.KUEUE_NAMESPACE)
+    assert namespace.metadata.deletion_timestamp is None and namespace.status.phase == "Active"
+    assert target.core.read_namespaced_config_map("kueue-manager-config", c.KUEUE_NAMESPACE)
+    assert ours_in_kueues() == []
+
+    def own_namespace() -> str | None:
+        try:
+            return target.core.read_namespace("trainjob-system").status.phase
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+    eventually(own_namespace, lambda phase: phase is None, timeout=60,
+               expected="the dispatcher's namespace trainjob-system deleted")
+
+
+def _secret_rules(objects: list[dict]) -> list[tuple[dict, dict]]:
+    return [(o, rule) for o in objects if o["kind"] in ("Role", "ClusterRole")
+            for rule in o["rules"] if "secrets" in rule["resources"]]
+
+
+def test_worker_secrets_are_listed_in_one_place_for_every_mode():
+    """The worker kubeconfig Secrets the dispatcher may read are named once, in
+    manifests/worker-secrets, and every manager overlay grants exactly those, by name, where
+    that overlay's dispatcher reads them (its own namespace; Kueue's in kueue mode)."""
+    listed = [rule["resourceNames"]
+              for _, rule in _secret_rules(kustomize.render("worker-secrets"))]
+    assert len(listed) == 1 and listed[0], listed
+    assert _secret_rules(kustomize.render("dispatcher")) == [], (
+        "the dispatcher base itself names no worker's Secret")
+    for name in DISPATCHER_OVERLAYS:
+        objects = kustomize.render(name)
+        deployment = one(objects, "Deployment")
+        config = _dispatcher_config(deployment)
+        rules = _secret_rules(objects)
+        assert len(rules) == 1, f"manifests/{name}: {rules}"
+        role, rule = rules[0]
+        assert role["kind"] == "Role" and rule["resourceNames"] == listed[0] and \
+            set(rule["verbs"]) == {"list", "watch"}, (name, role)
+        assert role["metadata"]["namespace"] == config.worker_secrets_namespace, (
+            f"manifests/{name}: the Secrets are read in {config.worker_secrets_namespace}; "
+            f"the Role is in {role['metadata']['namespace']}")
+        account = (deployment["metadata"]["namespace"],
+                   deployment["spec"]["template"]["spec"]["serviceAccountName"])
+        assert _bound_to(objects, "Role", role["metadata"]["name"],
+                         config.worker_secrets_namespace) == {account}, name
+
+
+def test_a_rollout_never_leaves_the_webhook_without_a_pod():
+    """The webhook fails closed on every TrainJob write, so there is always a ready Pod to
+    answer it: two replicas, a rolling update that starts a new Pod before it stops an old
+    one, a PodDisruptionBudget against drains, readiness that waits for the webhook, a
+    pause before a Pod stops serving. Two replicas reconcile only through a Lease their
+    Role lets them hold."""
+    objects = kustomize.render("operator")
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["failurePolicy"] == "Fail"
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]
+    replicas = spec["replicas"]
+    assert replicas >= 2
+    assert spec["strategy"]["type"] == "RollingUpdate" and \
+        spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, spec["strategy"]
+    labels = spec["template"]["metadata"]["labels"]
+    budget = one(objects, "PodDisruptionBudget")["spec"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert 1 <= budget["minAvailable"] < replicas, budget  # a drain still progresses
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] >= 1
+    from training_operator.cli import build_parser
+    from training_operator.controller import lease_name
+
+    args = build_parser().parse_args(_pod_args(deployment))
+    assert args.leader_elect and args.webhook_cert_dir
+    account = (deployment["metadata"]["namespace"],
+               spec["template"]["spec"]["serviceAccountName"])
+    lease = lease_name(args.namespace)
+    roles = [o for o in objects if o["kind"] == "Role"
+             and o["metadata"]["namespace"] == args.leader_elect_namespace
+             and account in _bound_to(objects, "Role", o["metadata"]["name"],
+                                      args.leader_elect_namespace)]
+    assert any(all(_allows(r["rules"], "coordination.k8s.io", "leases", verb, lease)
+                   for verb in ("create", "get", "update")) for r in roles), (lease, roles)
+
+
+@pytest.mark.parametrize("overlay", DISPATCHER_OVERLAYS)
+def test_the_dashboard_is_not_served_on_every_interface(overlay):
+    """Metrics and health listen on every interface of the Pod (probes, scraping); the
+    dashboard and /api/state (every job, no authentication) only on its loopback."""
+    from dispatcher.config import is_loopback
+
+    deployment = one(kustomize.render(overlay), "Deployment")
+    config = _dispatcher_config(deployment)
+    address = config.dashboard_address()
+    assert address is not None and is_loopback(address[0]), (
+        f"manifests/{overlay}: the dashboard is served on {address or config.metrics_host}")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == config.metrics_port and address[1] not in ports.values()
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "metrics"
+
+
+def test_the_kueue_mode_overlay_sets_what_kueue_mode_needs():
+    """manifests/manager-kueue: the mode, Kueue's origin and the dispatcher name Kueue's
+    Configuration names; Workloads and AdmissionChecks to read and nominate, no TrainJob or
+    MultiKueueCluster writes (Kueue copies, syncs and reports); the Lease of that origin;
+    Kueue's Configuration readable; no MultiKueue CRDs of ours (Kueue brings its own)."""
+    from dispatcher.config import DEFAULT_DISPATCHER_NAME
+
+    objects = kustomize.render("manager-kueue")
+    deployment = one(objects, "Deployment")
+    config = _dispatcher_config(deployment)
+    assert (config.mode, config.origin, config.dispatcher_name, config.kueue_namespace) == (
+        "kueue", c.KUEUE_DEFAULT_ORIGIN, DEFAULT_DISPATCHER_NAME, c.KUEUE_NAMESPACE)
+    assert config.leader_elect and deployment["spec"]["replicas"] == 2
+    account = (deployment["metadata"]["namespace"],
+               deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    rules = _rules(objects, "ClusterRole", "trainjob-dispatcher")
+    assert _bound_to(objects, "ClusterRole", "trainjob-dispatcher", None) == {account}
+    for resource, verbs in (("workloads", ("list", "watch", "patch")),
+                            ("workloads/status", ("patch",)),
+                            ("admissionchecks", ("list", "watch")),
+                            ("multikueueclusters", ("list", "watch")),
+                            ("multikueueconfigs", ("list", "watch"))):
+        assert all(_allows(rules, "kueue.x-k8s.io", resource, verb) for verb in verbs), resource
+    assert all(_allows(rules, "trainer.kubeflow.org", "trainjobs", v) for v in ("list", "watch"))
+    writes = [(group, resource, verb)
+              for group, resource in (("trainer.kubeflow.org", "trainjobs"),
+                                      ("trainer.kubeflow.org", "trainjobs/status"),
+                                      ("kueue.x-k8s.io", "multikueueclusters/status"))
+              for verb in ("create", "update", "patch", "delete")
+              if _allows(rules, group, resource, verb)]
+    assert writes == [], writes
+    lease = _rules(objects, "Role", "trainjob-dispatcher", config.namespace)
+    assert _allows(lease, "coordination.k8s.io", "leases", "update",
+                   f"trainjob-dispatcher-{config.origin}")
+    assert not _allows(lease, "coordination.k8s.io", "leases", "update",
+                       f"trainjob-dispatcher-{c.DEFAULT_ORIGIN}")
+
+
+@pytest.mark.parametrize("overlay", ["manager-beside-kueue", "manager-kueue"])
+def test_overlays_for_a_manager_with_kueue_read_its_configuration_and_not_its_crds(overlay):
+    objects = kustomize.render(overlay)
+    deployment = one(objects, "Deployment")
+    config = _dispatcher_config(deployment)
+    account = (deployment["metadata"]["namespace"],
+               deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    readers = [o for o in objects if o["kind"] == "Role"
+               and o["metadata"]["namespace"] == config.kueue_namespace
+               and _allows(o["rules"], "", "configmaps", "get", "kueue-manager-config")]
+    assert len(readers) == 1 and _bound_to(objects, "Role", readers[0]["metadata"]["name"],
+                                           config.kueue_namespace) == {account}
+    crds = {o["metadata"]["name"] for o in by_kind(objects, "CustomResourceDefinition")}
+    assert crds and not [name for name in crds if name.endswith(".kueue.x-k8s.io")], crds
 
 
 def test_compose_init_uses_the_shipped_identities():

@@ -4,18 +4,56 @@ import pytest
 import yaml
 
 from dispatcher.config import ConfigError, load_config
+from trainjob import constants as c
 from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, INSECURE_KUBECONFIG, check_kubeconfig
 
 
 def test_defaults_follow_multikueue():
     config = load_config()
     assert config.namespace == "kueue-system"
-    assert config.origin == "multikueue"
+    assert config.origin == c.DEFAULT_ORIGIN == "trainjob-dispatcher"
     assert config.gc_interval_seconds == 60
     assert config.worker_lost_timeout_seconds == 900
     assert config.client.qps >= 100
     # The manager's apiserver has its own priority and fairness: no client-side limit.
     assert (config.manager_client.qps, config.manager_client.burst) == (None, None)
+
+
+def test_the_default_origin_is_not_kueues_but_kueue_mode_defaults_to_kueues():
+    """Standalone beside Kueue, Kueue's own origin is refused (kueue_presence.origin_conflict):
+    a default equal to Kueue's default would make the shipped dispatcher refuse to start on
+    every manager that runs Kueue. In kueue mode the origin must be Kueue's."""
+    assert load_config().origin != c.KUEUE_DEFAULT_ORIGIN == "multikueue"
+    assert load_config(None, {"mode": "kueue"}).origin == c.KUEUE_DEFAULT_ORIGIN
+    assert load_config(None, {"mode": "kueue", "origin": "team-a"}).origin == "team-a"
+    assert load_config(None, {"origin": "team-a"}).origin == "team-a"
+
+
+def test_worker_secrets_are_read_in_the_dispatchers_namespace_or_in_kueue_mode_kueues():
+    standalone = load_config(None, {"namespace": "trainjob-system"})
+    assert (standalone.worker_secrets_namespace, standalone.kueue_namespace) == (
+        "trainjob-system", c.KUEUE_NAMESPACE)
+    kueue_mode = load_config(None, {"namespace": "trainjob-system", "mode": "kueue"})
+    assert kueue_mode.worker_secrets_namespace == c.KUEUE_NAMESPACE == "kueue-system"
+    assert load_config(None, {"mode": "kueue", "kueue_namespace": "kueue"}
+                       ).worker_secrets_namespace == "kueue"
+
+
+@pytest.mark.parametrize("settings, address", [
+    ({}, None),  # metrics on loopback: the dashboard is served beside them
+    ({"metrics_host": "::1"}, None),
+    ({"metrics_host": "localhost"}, None),
+    ({"metrics_host": "0.0.0.0"}, ("127.0.0.1", 8082)),
+    ({"metrics_host": "10.1.2.3"}, ("127.0.0.1", 8082)),
+    ({"metrics_host": "dispatcher.example.com"}, ("127.0.0.1", 8082)),
+    ({"metrics_host": "0.0.0.0", "dashboard_port": 0}, ("127.0.0.1", 0)),
+    ({"dashboard_port": 9000}, ("127.0.0.1", 9000)),
+    ({"dashboard_host": "0.0.0.0"}, ("0.0.0.0", 8082)),  # asked for, explicitly
+])
+def test_the_dashboard_follows_metrics_only_onto_loopback(settings, address):
+    """The dashboard and /api/state show every job without authentication: metrics and
+    health on every interface (in a Pod) do not take them along."""
+    assert load_config(None, settings).dashboard_address() == address
 
 
 def test_manager_client_limit_from_file(tmp_path):

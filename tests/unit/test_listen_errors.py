@@ -53,3 +53,15 @@ def test_metrics_port_taken(module, what, kubeconfig, taken_port):
             "use (another process listens there; choose another port with --metrics-port)"
             ) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_dashboard_port_taken(kubeconfig, taken_port):
+    """With metrics on every interface the dashboard has a listener of its own; a taken
+    port is named with its own flag."""
+    result = _run("dispatcher", "run", "--kubeconfig", str(kubeconfig), "--metrics-port", "0",
+                  "--metrics-host", "0.0.0.0", "--dashboard-port", str(taken_port))
+    assert result.returncode == 1, result.stderr
+    assert (f"error: cannot listen on 127.0.0.1:{taken_port} for the dashboard: Address "
+            "already in use (another process listens there; choose another port with "
+            "--dashboard-port)") in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
