@@ -10,7 +10,6 @@ every process is still spawned from the calling thread (see ``processes.spawn``)
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -36,6 +35,7 @@ from clusters.controlplane import (
     port_is_free,
     wait_until,
 )
+from clusters.state_dir import lock_state_dir, save_state
 from trainjob.constants import TRAINER_GROUP
 from trainjob.kubeclient import api_client
 
@@ -157,18 +157,10 @@ class LocalClusters:
         return HarnessState.model_validate_json(self.state_file.read_text())
 
     def _save(self, state: HarnessState) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(state.model_dump_json(indent=2))
-        tmp.replace(self.state_file)
+        save_state(self.state_file, state)
 
-    @contextlib.contextmanager
     def _locked(self):
-        """One harness command at a time per state directory."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+        return lock_state_dir(self.state_dir)
 
     def binaries(self) -> ControlPlaneBinaries:
         wanted = set(HARNESS_BINARIES)

@@ -32,8 +32,6 @@ command needs (prefix, network, which cluster is stopped) is in ``<state-dir>/ki
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -50,6 +48,7 @@ from pydantic import BaseModel, Field
 
 from clusters import binaries, crds, images, kind_node, nodes
 from clusters.controlplane import ControlPlaneError
+from clusters.state_dir import lock_state_dir, save_state
 from clusters.engine import Engine, ensure_engine, find_engine
 from clusters.kind import config as kind_config
 from clusters.kind import jobset
@@ -186,18 +185,10 @@ class KindClusters:
         return KindState(prefix=self._prefix if self._prefix is not None else PREFIX)
 
     def _save(self, state: KindState) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(state.model_dump_json(indent=2))
-        tmp.replace(self.state_file)
+        save_state(self.state_file, state)
 
-    @contextlib.contextmanager
     def _locked(self):
-        """One harness command at a time per state directory."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+        return lock_state_dir(self.state_dir)
 
     @property
     def prefix(self) -> str:
