@@ -39,7 +39,7 @@ from trainjob import required_apis
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
-from trainjob.leader import LeaderElector
+from trainjob.leader import LeaderElector, stop_writing
 from trainjob.service import start_workers
 from trainjob.workqueue import WorkQueue
 
@@ -197,19 +197,8 @@ class DispatcherController:
             self._on_manager_trainjob("SYNC", None, job)
 
     def _stopped_leading(self) -> None:
-        if self._stopping:
-            # A requested shutdown ends the term on purpose; the Lease is released next.
-            log.info("leadership given up: stopping as asked")
-            return
-        # Another replica may take over once the lease runs out: stop writing now and let
-        # the process end (its supervisor restarts it as a standby).
-        log.error("lost leadership: stopping")
-        self.lost_leadership.set()
-        self.queue.shutdown()
-        if self.nominator is not None:
-            self.nominator.queue.shutdown()
-        if self.stop_requested is not None:
-            self.stop_requested.set()
+        queues = [self.queue] + ([self.nominator.queue] if self.nominator is not None else [])
+        stop_writing(self._stopping, self.lost_leadership, queues, self.stop_requested)
 
     def start(self, sync_timeout: float = 60) -> DispatcherController:
         required_apis.require(self.manager, "manager", MANAGER_APIS)

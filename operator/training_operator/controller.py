@@ -28,7 +28,7 @@ from trainjob import constants as c, required_apis, runtime_ref
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
-from trainjob.leader import LeaderElector
+from trainjob.leader import LeaderElector, stop_writing
 from trainjob.runtime.extension_points import Plugin
 from trainjob.runtime.plugins import registered
 from trainjob.managed_by import managed_by, operator_manages
@@ -175,16 +175,7 @@ class OperatorController:
             self._on_trainjob("SYNC", None, job)
 
     def _stopped_leading(self) -> None:
-        if self._stopping:
-            log.info("leadership given up: stopping as asked")
-            return
-        # Another replica may take over once the Lease runs out: stop writing now and end
-        # the process (its supervisor restarts it as a standby).
-        log.error("lost leadership: stopping")
-        self.lost_leadership.set()
-        self.queue.shutdown()
-        if self.stop_requested is not None:
-            self.stop_requested.set()
+        stop_writing(self._stopping, self.lost_leadership, [self.queue], self.stop_requested)
 
     def lookups(self) -> CacheLookups:
         """What the webhook reads: the operator's caches (no API call per review)."""
