@@ -98,20 +98,22 @@ WORKER_MEMORY_BYTES = 700 * 1024**2
 WORKERS_PER_CORE = 4
 
 
-def machine_worker_limit() -> tuple[int, str]:
+def machine_worker_limit(per_core: int = WORKERS_PER_CORE,
+                         memory_bytes: int = WORKER_MEMORY_BYTES,
+                         provider: str = "") -> tuple[int, str]:
     """How many workers this machine can hold, and why: by cores, and by available memory
-    after the manager."""
+    after the manager (which takes as much as a worker)."""
     cores = os.cpu_count() or 1
     try:
         meminfo = Path("/proc/meminfo").read_text()
         available = int(next(line.split()[1] for line in meminfo.splitlines()
                              if line.startswith("MemAvailable:"))) * 1024
     except (OSError, StopIteration, ValueError):
-        available = WORKER_MEMORY_BYTES * 64
-    by_memory = max(0, (available - WORKER_MEMORY_BYTES) // WORKER_MEMORY_BYTES)
-    by_cores = cores * WORKERS_PER_CORE
-    why = (f"{cores} cores at {WORKERS_PER_CORE} workers each; "
-           f"{available / 1024**3:.1f} GiB available at {WORKER_MEMORY_BYTES // 1024**2} MiB each")
+        available = memory_bytes * 64
+    by_memory = max(0, (available - memory_bytes) // memory_bytes)
+    by_cores = cores * per_core
+    why = (f"{provider + ': ' if provider else ''}{cores} cores at {per_core} workers each; "
+           f"{available / 1024**3:.1f} GiB available at {memory_bytes // 1024**2} MiB each")
     return int(min(by_memory, by_cores)), why
 
 

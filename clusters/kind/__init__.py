@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import time
@@ -52,6 +51,7 @@ from clusters.state_dir import lock_state_dir, save_state
 from clusters.engine import Engine, ensure_engine, find_engine
 from clusters.kind import config as kind_config
 from clusters.kind import jobset
+from clusters import local
 from clusters.local import ClusterInfo, cluster_names
 from trainjob.kubeclient import api_client
 
@@ -95,19 +95,7 @@ class KindState(BaseModel):
 
 def machine_worker_limit() -> tuple[int, str]:
     """How many kind workers this machine holds, and why (cores, available memory)."""
-    cores = os.cpu_count() or 1
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        available = int(next(line.split()[1] for line in meminfo.splitlines()
-                             if line.startswith("MemAvailable:"))) * 1024
-    except (OSError, StopIteration, ValueError):
-        available = KIND_WORKER_MEMORY_BYTES * 64
-    by_memory = max(0, (available - KIND_WORKER_MEMORY_BYTES) // KIND_WORKER_MEMORY_BYTES)
-    by_cores = cores * KIND_WORKERS_PER_CORE
-    why = (f"kind: {cores} cores at {KIND_WORKERS_PER_CORE} workers each; "
-           f"{available / 1024**3:.1f} GiB available at "
-           f"{KIND_WORKER_MEMORY_BYTES / 1024**3:.0f} GiB each")
-    return int(min(by_memory, by_cores)), why
+    return local.machine_worker_limit(KIND_WORKERS_PER_CORE, KIND_WORKER_MEMORY_BYTES, "kind")
 
 
 def _readyz(api: client.ApiClient) -> str | None:
