@@ -98,6 +98,15 @@ WORKER_MEMORY_BYTES = 700 * 1024**2
 WORKERS_PER_CORE = 4
 
 
+def check_worker_count(workers: int, max_workers: int | None, limit: tuple[int, str],
+                       what: str = "workers") -> None:
+    """Refuse more workers than ``limit`` (count, why) allows unless --max-workers says so."""
+    count, why = limit
+    if workers > (max_workers if max_workers is not None else count):
+        raise ValueError(f"--workers {workers}: this machine holds at most {count} {what} "
+                         f"({why}); pass --max-workers {workers} to start them anyway")
+
+
 def machine_worker_limit(per_core: int = WORKERS_PER_CORE,
                          memory_bytes: int = WORKER_MEMORY_BYTES,
                          provider: str = "") -> tuple[int, str]:
@@ -260,11 +269,7 @@ class LocalClusters:
             if unknown:
                 raise ValueError(f"{flag} {', '.join(unknown)}: no such cluster; clusters: "
                                  f"{', '.join(cluster_names(workers))}")
-        limit, why = machine_worker_limit()
-        if workers > (max_workers if max_workers is not None else limit):
-            raise ValueError(
-                f"--workers {workers}: this machine holds at most {limit} workers ({why}); "
-                f"pass --max-workers {workers} to start them anyway")
+        check_worker_count(workers, max_workers, machine_worker_limit())
         node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
         node_layout.check_workers(cluster_names(workers)[1:])
         with self._locked():

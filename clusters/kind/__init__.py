@@ -265,11 +265,7 @@ class KindClusters:
         if unknown:
             raise ValueError(f"--upstream-crds {', '.join(unknown)}: no such cluster; "
                              f"clusters: {', '.join(wanted)}")
-        limit, why = machine_worker_limit()
-        if workers > (max_workers if max_workers is not None else limit):
-            raise ValueError(
-                f"--workers {workers}: this machine holds at most {limit} kind workers ({why});"
-                f" pass --max-workers {workers} to start them anyway")
+        local.check_worker_count(workers, max_workers, machine_worker_limit(), "kind workers")
         node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
         node_layout.check_workers(wanted[1:])
         kind_config.refuse_resources(node_layout)
