@@ -10,6 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
+from bench.compare import refused_contenders
+from bench.contenders import CONTENDERS
 from bench.environment import ControllerStartError
 from bench.plot import write_plots
 from bench.report import render_table
@@ -46,7 +48,9 @@ Scenarios, in this order:
             D this dispatcher standalone: a burst (throughput, latency to the copy and to
             all of a job's pods Running on kwok, API cost, CPU of every controller,
             Kueue's included), steady arrival and constrained placement; a step's jobs
-            are deleted before the next (--drain-timeout)
+            are deleted before the next (--drain-timeout); --compare-scenarios picks among
+            burst, steady and constrained; --constrained-kinds trainjob,batch-job makes the
+            comparison's constrained jobs a mix of TrainJobs and batch/v1 Jobs (A, B, C)
 Every target is printed with the measured value and whether it was met. A run that stops
 early (a controller that does not start, Ctrl-C) still writes results.json, marked
 incomplete; a controller that does not start is named with its log file.
@@ -66,6 +70,21 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+COMPARE_SCENARIOS = ("burst", "steady", "constrained")
+JOB_KINDS = ("trainjob", "batch-job")  # = bench.constrained.KINDS
+
+
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+        if not values or set(values) - set(allowed) or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(
+                f"expected some of {','.join(allowed)}, comma-separated, each once; got "
+                f"{text!r}")
+        return values
+    return parse
 
 
 def _contenders(text: str) -> tuple[str, ...]:
@@ -127,6 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
                          "both (default)")
     compare.add_argument("--contenders", type=_contenders,
                          help="which of A,B,C,D the comparison runs (default all four)")
+    compare.add_argument("--compare-scenarios", type=_choices(COMPARE_SCENARIOS),
+                         metavar="LIST",
+                         help="which of burst (with the create ceiling), steady and "
+                         "constrained each contender runs, comma-separated (default all "
+                         "three)")
+    compare.add_argument(
+        "--constrained-kinds", type=_choices(JOB_KINDS), metavar="KINDS",
+        help="what the comparison's constrained jobs are submitted as, in turn: "
+        "'trainjob' (the default), or 'trainjob,batch-job' for a mix in which every other "
+        "job (the GPU jobs alternating too) is a batch/v1 Job with the same pods (count, "
+        "requests, run time, no initializers), queued to Kueue's LocalQueue like the "
+        "TrainJobs; every Kueue then runs its batch/job integration too, and the figures "
+        "are given for the mix and per kind. Only contenders behind Kueue (A, B, C) take "
+        "batch Jobs: D, this dispatcher standalone, dispatches TrainJobs only and is "
+        "refused (choose --contenders among A,B,C). This dispatcher's own constrained "
+        "scenario (--suite all/dispatcher, standalone) keeps TrainJobs")
     compare.add_argument("--compare-jobs", type=int,
                          help=f"jobs in each contender's burst (full {FULL.compare_jobs})")
     compare.add_argument("--compare-rates", type=_ints,
@@ -157,6 +192,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_mix(settings) -> None:
+    """Refuse, before any cluster starts, a constrained mix that cannot run as asked."""
+    if settings.constrained_kinds == ("trainjob",):
+        return
+    kinds = ",".join(settings.constrained_kinds)
+    if settings.suite == "dispatcher" or "constrained" not in settings.compare_scenarios:
+        build_parser().error(
+            f"--constrained-kinds {kinds}: only the comparison's constrained run takes a "
+            "mix of kinds, and this run has none (use --suite compare or all, with "
+            "constrained among --compare-scenarios)")
+    refused = refused_contenders(settings)
+    if refused:
+        build_parser().error(
+            f"--constrained-kinds {kinds}: " + "; ".join(refused.values())
+            + ": a batch Job given managedBy kueue.x-k8s.io/multikueue would wait on the "
+            "manager forever, as the manager runs no job controller and nothing would copy "
+            "it; choose --contenders among "
+            + ",".join(k for k in CONTENDERS if k not in refused))
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM: unwinds through every cleanup and writes what was measured, like Ctrl-C."""
 
@@ -176,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
-        "dispatcher_args")})
+        "dispatcher_args", "compare_scenarios", "constrained_kinds")})
+    _check_mix(settings)
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
     results: dict = {}

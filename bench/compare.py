@@ -11,6 +11,11 @@ after ``drain_timeout`` is cleared by force and every Kueue restarted), so a con
 backlog never queues ahead of its next step's jobs; everything a contender made is removed before the
 next one starts. Figures land in ``results`` as they
 are measured, so a run that stops half-way still has them.
+
+``settings.compare_scenarios`` chooses among the burst (with the create ceiling), the
+steady steps and the constrained run; ``settings.constrained_kinds`` makes the constrained
+jobs a mix of TrainJobs and batch Jobs, for which every Kueue runs the ``batch/job``
+integration too (a contender that cannot take a kind is refused before anything starts).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from bench.load import PODS_PER_JOB, LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
 from bench.timeline import TRAINJOB_RESOURCE, WORKLOAD_RESOURCE, Timelines
+from clusters import kueue
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -63,16 +69,47 @@ def dispatcher_config_file(limits: dict, directory: Path) -> Path:
     return path
 
 
+def kueue_integrations(settings: BenchSettings) -> tuple[str, ...]:
+    """The kinds every Kueue of the comparison manages: TrainJobs, and batch Jobs when the
+    constrained run mixes them in."""
+    if constrained.BATCH_JOB in settings.constrained_kinds and \
+            "constrained" in settings.compare_scenarios:
+        return ("batch/job", *kueue.INTEGRATIONS)
+    return kueue.INTEGRATIONS
+
+
+def refused_contenders(settings: BenchSettings) -> dict[str, str]:
+    """The chosen contenders that cannot dispatch every kind of the constrained mix, with
+    why (empty: all can)."""
+    if "constrained" not in settings.compare_scenarios:
+        return {}
+    refused = {}
+    for key in settings.contenders:
+        cannot = [k for k in settings.constrained_kinds if k not in CONTENDERS[key].kinds]
+        if cannot:
+            refused[key] = (f"{key} ({CONTENDERS[key].title}) dispatches "
+                            f"{', '.join(CONTENDERS[key].kinds)} only, not {', '.join(cannot)}")
+    return refused
+
+
 def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None:
-    """Every contender in ``settings.contenders`` through burst, steady and constrained;
-    figures into ``results["comparison"]`` as they come."""
+    """Every contender in ``settings.contenders`` through burst, steady and constrained
+    (those of them ``settings.compare_scenarios`` names); figures into
+    ``results["comparison"]`` as they come."""
+    refused = refused_contenders(settings)
+    if refused:
+        raise ValueError("the constrained mix cannot run: " + "; ".join(refused.values()))
     log_dir = output / "logs" / "comparison"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = BenchClusters(Path(tempfile.mkdtemp(prefix="bench-kueue-clusters-")),
                         settings.burst_workers, log_dir, kueue=True,
-                        dispatcher_args=settings.dispatcher_args)
+                        dispatcher_args=settings.dispatcher_args,
+                        kueue_integrations=kueue_integrations(settings))
     figures: dict = results.setdefault("comparison", {})
     figures.update({"contenders": {}, "seconds": {}})
+    if kueue_integrations(settings) != kueue.INTEGRATIONS:
+        figures["kueue_integrations"] = list(kueue_integrations(settings))
+    steps = settings.compare_scenarios
     timelines: Timelines | None = None
     runner: LoadRunner | None = None
     try:
@@ -86,29 +123,34 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                               workloads=True, pods_per_job=PODS_PER_JOB).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
-        # The ceiling on these clusters: every create passes Kueue's webhooks here.
-        figures["ceiling"] = scenarios.create_ceiling(ctx, settings.compare_jobs)
+        if "burst" in steps:
+            # The ceiling on these clusters: every create passes Kueue's webhooks here.
+            figures["ceiling"] = scenarios.create_ceiling(ctx, settings.compare_jobs)
         workers = env.worker_names
-        # The copies run: a burst's latency goes on to all of a job's pods Running on kwok.
-        env.start_operators(workers, log_name="operator-burst")
         chosen = [CONTENDERS[key] for key in settings.contenders]
-        for contender in chosen:
+        if "burst" in steps or "steady" in steps:
+            # The copies run: a burst's latency goes on to all of a job's pods Running on
+            # kwok.
+            env.start_operators(workers, log_name="operator-burst")
+        for contender in chosen if "burst" in steps or "steady" in steps else []:
             mine = figures["contenders"].setdefault(
                 contender.key, {"title": contender.title, "steady": []})
             engage(env, contender, workers, settings.placement_policy, config_args)
             namespaces = []
             started = time.monotonic()
-            namespace = f"cmp-{contender.key.lower()}-burst"
-            namespaces.append(namespace)
-            # py-spy reads Python stacks only: the contenders that run this dispatcher.
-            profile = (output / f"profile-compare-{contender.key}.svg"
-                       if settings.profile and contender.mode is not None else None)
-            mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs, workers,
-                                            api_cost=True, submit=contender.submit,
-                                            profile=profile, wait=scenarios.short_wait)
-            _from_quota_reserved(ctx, mine["burst"], namespace)
-            mine["burst"]["drain"] = _drain(ctx, namespace)
-            for rate in settings.compare_rates:
+            if "burst" in steps:
+                namespace = f"cmp-{contender.key.lower()}-burst"
+                namespaces.append(namespace)
+                # py-spy reads Python stacks only: the contenders that run this dispatcher.
+                profile = (output / f"profile-compare-{contender.key}.svg"
+                           if settings.profile and contender.mode is not None else None)
+                mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs,
+                                                workers, api_cost=True,
+                                                submit=contender.submit, profile=profile,
+                                                wait=scenarios.short_wait)
+                _from_quota_reserved(ctx, mine["burst"], namespace)
+                mine["burst"]["drain"] = _drain(ctx, namespace)
+            for rate in settings.compare_rates if "steady" in steps else ():
                 namespace = f"cmp-{contender.key.lower()}-rate-{rate}"
                 namespaces.append(namespace)
                 step = scenarios.steady(ctx, rate, workers,
@@ -124,15 +166,20 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 time.monotonic() - started, 1)
 
         env.stop_operators()
+        if "constrained" not in steps:
+            return
         constrained.prepare(env, workers)
         try:
             for contender in chosen:
                 started = time.monotonic()
                 engage(env, contender, workers, settings.placement_policy, config_args)
                 namespace = f"cmp-{contender.key.lower()}-constrained"
-                figures["contenders"][contender.key]["constrained"] = constrained.constrained(
+                mine = figures["contenders"].setdefault(contender.key,
+                                                        {"title": contender.title})
+                mine["constrained"] = constrained.constrained(
                     ctx, namespace, workers, settings.constrained_jobs,
-                    submit=contender.submit, timeout=settings.constrained_timeout)
+                    submit=contender.submit, timeout=settings.constrained_timeout,
+                    kinds=settings.constrained_kinds)
                 env.stop_dispatcher()
                 _clear(ctx, [namespace])
                 figures["seconds"][f"{contender.key} constrained"] = round(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench import constrained
 from bench.environment import STANDALONE_ORIGIN, BenchClusters
 from clusters import kueue, kueue_queues
 from trainjob import constants as c
@@ -32,12 +33,24 @@ class Contender:
     # This dispatcher's --mode, or None when none of ours runs.
     mode: str | None
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The job kinds this contender dispatches: behind Kueue, whatever Kueue's
+        integrations queue (the benchmark's mix: TrainJobs and batch Jobs); standalone,
+        TrainJobs only (a batch Job given ``managedBy: kueue.x-k8s.io/multikueue`` would
+        stay on the manager, which runs no job controller, and nothing would copy it)."""
+        if self.mode == "standalone":
+            return (constrained.TRAINJOB,)
+        return constrained.KINDS
+
     def submit(self, body: dict) -> dict:
-        """The TrainJob as a user of this contender writes it."""
+        """The job (a TrainJob, or with Kueue a batch Job) as a user of this contender
+        writes it."""
         if self.mode == "standalone":
             body["spec"]["managedBy"] = c.MANAGED_BY_MULTIKUEUE
             return body
-        # Kueue's users name a LocalQueue; Kueue sets managedBy itself.
+        # Kueue's users name a LocalQueue; Kueue sets managedBy itself (on a batch Job
+        # too: its webhook, for a queue whose ClusterQueue has the MultiKueue check).
         body["spec"].pop("managedBy", None)
         body["metadata"].setdefault("labels", {})[
             kueue_queues.QUEUE_NAME_LABEL] = kueue_queues.LOCAL_QUEUE

@@ -77,10 +77,14 @@ class BenchClusters:
     ``reuse``, clusters already running under that state directory (left running)."""
 
     def __init__(self, state_dir: Path, workers: int, log_dir: Path, *, reuse: bool = False,
-                 kueue: bool = False, dispatcher_args: tuple[str, ...] = ()):
+                 kueue: bool = False, dispatcher_args: tuple[str, ...] = (),
+                 kueue_integrations: tuple[str, ...] = kueue.INTEGRATIONS):
         self.harness = LocalClusters(state_dir, tied_to_caller=not reuse)
         self.workers = workers
         self.kueue = kueue
+        # The job kinds every Kueue manages (Kueue's integration names): TrainJobs by
+        # default; the constrained mix adds batch/job.
+        self.kueue_integrations = tuple(kueue_integrations)
         self.log_dir = log_dir
         self.reuse = reuse
         self.extra_dispatcher_args = tuple(dispatcher_args)
@@ -102,7 +106,8 @@ class BenchClusters:
         else:
             # No default Nodes: the benchmark adds one Node of ample capacity per worker.
             extra = ({"kueue_clusters": tuple(self.names),
-                      "kueue_dispatcher": kueue.DISPATCHER_ALL_AT_ONCE} if self.kueue else {})
+                      "kueue_dispatcher": kueue.DISPATCHER_ALL_AT_ONCE,
+                      "kueue_integrations": self.kueue_integrations} if self.kueue else {})
             self.harness.up(workers=self.workers, timeout=300, node_layout=NodeLayout(default=[]),
                             **extra)
         for name in self.names:

@@ -80,7 +80,8 @@ def comparison_plot(results: dict, path: Path) -> Path:
     latency.set(title="Burst: create -> remote copy exists", xlabel="ms",
                 ylabel="fraction of jobs")
     _log_ms_axis(latency)
-    latency.legend(fontsize=7)
+    if latency.get_legend_handles_labels()[0]:  # no burst ran: nothing to label
+        latency.legend(fontsize=7)
     latency.grid(alpha=0.3)
     keys = list(contenders)
     throughput.bar(keys, [(contenders[k].get("burst") or {}).get("throughput_jobs_per_second")

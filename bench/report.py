@@ -227,41 +227,45 @@ def _comparison_table(results: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(values) + " |")
 
     jobs = results["settings"]["compare_jobs"]
-    row(f"burst {jobs}: throughput jobs/s (dispatched/jobs)",
-        lambda m: f"{m['burst']['throughput_jobs_per_second']} "
-                  f"({m['burst']['dispatched']}/{m['burst']['jobs']})")
-    row("burst latency p50 / p90 / p99 / max ms", lambda m: _lat(m["burst"]["latency"]))
-    row("burst: create to all of a job's pods Running on kwok p50 / p99 ms (jobs)",
-        lambda m: f"{m['burst']['running_latency']['p50_ms']} / "
-                  f"{m['burst']['running_latency']['p99_ms']} "
-                  f"({m['burst']['running_latency']['count']})")
-    row("API writes per job: manager / workers, all resources (workers' JobSets, Jobs and "
-        "pods of running the copies)",
-        lambda m: f"{m['burst']['api']['per_job']['manager_writes_all']} / "
-                  f"{m['burst']['api']['per_job']['worker_writes_all']}"
-                  + (f" ({m['burst']['api']['per_job']['worker_writes_running']})"
-                     if "worker_writes_running" in m["burst"]["api"]["per_job"] else ""))
-    row("API reads per job (GET+LIST): manager / workers",
-        lambda m: f"{m['burst']['api']['per_job']['manager_reads']} / "
-                  f"{m['burst']['api']['per_job']['worker_reads']}")
-    row("admission webhook ms waited per job: manager / workers",
-        lambda m: f"{m['burst']['api']['webhooks']['manager']['ms_per_job']} / "
-                  f"{m['burst']['api']['webhooks']['workers']['ms_per_job']}")
-    for group in ("kueue manager", "kueue workers", "dispatcher", "training operators",
-                  "worker scheduler+jobset+kwok", "manager apiserver+etcd",
-                  "workers apiserver+etcd"):
-        row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
-    row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
-    row("burst: seconds until its jobs were gone after deletion",
-        lambda m: _drained(m["burst"]["drain"]))
+    # Rows of a step no contender ran (--compare-scenarios) are left out.
+    if any("burst" in m for m in contenders.values()):
+        row(f"burst {jobs}: throughput jobs/s (dispatched/jobs)",
+            lambda m: f"{m['burst']['throughput_jobs_per_second']} "
+                      f"({m['burst']['dispatched']}/{m['burst']['jobs']})")
+        row("burst latency p50 / p90 / p99 / max ms", lambda m: _lat(m["burst"]["latency"]))
+        row("burst: create to all of a job's pods Running on kwok p50 / p99 ms (jobs)",
+            lambda m: f"{m['burst']['running_latency']['p50_ms']} / "
+                      f"{m['burst']['running_latency']['p99_ms']} "
+                      f"({m['burst']['running_latency']['count']})")
+        row("API writes per job: manager / workers, all resources (workers' JobSets, Jobs and "
+            "pods of running the copies)",
+            lambda m: f"{m['burst']['api']['per_job']['manager_writes_all']} / "
+                      f"{m['burst']['api']['per_job']['worker_writes_all']}"
+                      + (f" ({m['burst']['api']['per_job']['worker_writes_running']})"
+                         if "worker_writes_running" in m["burst"]["api"]["per_job"] else ""))
+        row("API reads per job (GET+LIST): manager / workers",
+            lambda m: f"{m['burst']['api']['per_job']['manager_reads']} / "
+                      f"{m['burst']['api']['per_job']['worker_reads']}")
+        row("admission webhook ms waited per job: manager / workers",
+            lambda m: f"{m['burst']['api']['webhooks']['manager']['ms_per_job']} / "
+                      f"{m['burst']['api']['webhooks']['workers']['ms_per_job']}")
+        for group in ("kueue manager", "kueue workers", "dispatcher", "training operators",
+                      "worker scheduler+jobset+kwok", "manager apiserver+etcd",
+                      "workers apiserver+etcd"):
+            row(f"burst CPU s: {group}", lambda m, g=group: m["burst"]["cpu"]["cpu_seconds"][g])
+        row("burst: machine busy", lambda m: f"{m['burst']['cpu']['host_busy_share']:.0%}")
+        row("burst: seconds until its jobs were gone after deletion",
+            lambda m: _drained(m["burst"]["drain"]))
     rates = sorted({s["rate"] for m in contenders.values() for s in m.get("steady", [])})
     for rate in rates:
         row(f"steady {rate} jobs/s: latency p50 / p99 ms (dispatched/jobs)",
             lambda m, r=rate: next(f"{s['latency']['p50_ms']} / {s['latency']['p99_ms']} "
                                    f"({s['dispatched']}/{s['jobs']})"
                                    for s in m["steady"] if s["rate"] == r))
-    row("steady: seconds until each step's jobs were gone after deletion",
-        lambda m: "; ".join(f"{s['rate']}/s {_drained(s['drain'])}" for s in m["steady"]))
+    if any("steady" in m for m in contenders.values()):
+        row("steady: seconds until each step's jobs were gone after deletion",
+            lambda m: "; ".join(f"{s['rate']}/s {_drained(s['drain'])}"
+                                for s in m["steady"]))
     for rate in rates:
         row(f"steady {rate} jobs/s: p50 / p99 ms from Kueue's quota reservation",
             lambda m, r=rate: next(f"{s['latency_from_quota_reserved']['p50_ms']} / "
@@ -273,6 +277,11 @@ def _comparison_table(results: dict) -> str:
                                    f"{s['nomination_from_quota_reserved']['p99_ms']}"
                                    for s in m["steady"] if s["rate"] == r))
     tight = "constrained {} jobs".format(results["settings"]["constrained_jobs"])
+    mixed = next((m["constrained"]["kind_mix"] for m in contenders.values()
+                  if (m.get("constrained") or {}).get("kind_mix")), None)
+    each = tight
+    if mixed:
+        tight += f" ({', '.join(mixed)} in turn)"
     row(f"{tight}: makespan s (finished/jobs)",
         lambda m: f"{m['constrained']['makespan_seconds']} "
                   f"({m['constrained']['finished']}/{m['constrained']['jobs']})")
@@ -285,6 +294,26 @@ def _comparison_table(results: dict) -> str:
     row(f"{tight}: mean Node utilisation",
         lambda m: ", ".join(f"{r} {v:.0%}" if v is not None else f"{r} n/a"
                             for r, v in m["constrained"]["utilisation"].items()))
+    # A mix of kinds: the same figures for each kind's jobs.
+    kinds = list(dict.fromkeys(kind for m in contenders.values()
+                               for kind in (m.get("constrained") or {}).get("kinds") or {}))
+    for kind in kinds:
+        mix = f"{each}: the {kind}s"
+        row(f"{mix}: makespan s (finished/jobs)",
+            lambda m, k=kind: f"{m['constrained']['kinds'][k]['makespan_seconds']} "
+                              f"({m['constrained']['kinds'][k]['finished']}/"
+                              f"{m['constrained']['kinds'][k]['jobs']})")
+        row(f"{mix}: pods unschedulable (longest wait s) / copies withdrawn",
+            lambda m, k=kind: f"{m['constrained']['kinds'][k]['pods_unschedulable']}"
+                              f"{_longest(m['constrained']['kinds'][k])} / "
+                              f"{m['constrained']['kinds'][k]['copies_withdrawn']}")
+        row(f"{mix}: create to all trainer pods Running p50 / p99 ms",
+            lambda m, k=kind: f"{m['constrained']['kinds'][k]['running_latency']['p50_ms']} / "
+                              f"{m['constrained']['kinds'][k]['running_latency']['p99_ms']}")
+        row(f"{mix}: mean Node utilisation (the pool's, by this kind's pods)",
+            lambda m, k=kind: ", ".join(
+                f"{r} {v:.0%}" if v is not None else f"{r} n/a"
+                for r, v in m["constrained"]["kinds"][k]["utilisation"].items()))
     return "\n".join(lines)
 
 

@@ -30,6 +30,13 @@ class BenchSettings:
     # backlog of deletions queues ahead of its next step's jobs).
     drain_timeout: float = 30.0
     contenders: tuple[str, ...] = ("A", "B", "C", "D")
+    # What the comparison runs for each contender: its burst, its steady steps, its
+    # constrained-placement run (the create ceiling goes with the burst).
+    compare_scenarios: tuple[str, ...] = ("burst", "steady", "constrained")
+    # The kinds the comparison's constrained jobs are submitted as, in turn (see
+    # bench.constrained.workload): TrainJobs only, or a mix with batch/v1 Jobs of the
+    # same pods, which every contender must queue through Kueue.
+    constrained_kinds: tuple[str, ...] = ("trainjob",)
     # Which parts run: "dispatcher" (the scenarios of this dispatcher alone), "compare"
     # (the comparison) or "all".
     suite: str = "all"
