@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--timeout", type=float, default=60,
                              help="seconds to wait for readiness (default: %(default)s)")
 
+    deploy = sub.add_parser(
+        "deploy", parents=[common],
+        help="deploy the product into the kind clusters from the shipped manifests",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_doc_summary("clusters.kind.deploy") + "\n\nOnly the kind provider: "
+        "the local provider's kwok Nodes run no containers (`make demo` runs the dispatcher "
+        "and the operators there as processes).")
+    deploy.add_argument("--timeout", type=float, default=300,
+                        help="seconds to wait for everything to be rolled out (default: "
+                        "%(default)s)")
+
     demo = sub.add_parser(
         "demo", parents=[common], help="run the whole product locally with sample jobs",
         description="Start a manager and two workers (kube-scheduler, the JobSet controller and "
@@ -237,6 +248,25 @@ def _provider(args):
     return LocalClusters(args.state_dir)
 
 
+def _deploy(args) -> int:
+    if args.provider != "kind":
+        raise ValueError("deploy: only with --provider kind; the local provider's Nodes are "
+                         "kwok Nodes that run no containers, so the product's Deployments "
+                         "would never start there (`make demo` runs it as processes)")
+    from clusters.kind import KindClusters
+    from clusters.kind.deploy import deploy
+
+    report = deploy(KindClusters(args.state_dir), timeout=args.timeout)
+    if args.json:
+        print(json.dumps({"steps": report.steps, "seconds": round(report.seconds, 1)}))
+    else:
+        for cluster, steps in report.steps.items():
+            print(f"{cluster}: {'; '.join(steps)}")
+        print(f"deployed in {report.seconds:.0f} s; `python -m dispatcher status "
+              f"--kubeconfig {Path(args.state_dir) / 'manager.kubeconfig'}` shows the workers")
+    return 0
+
+
 def _provision(args) -> int:
     names = args.only or list(binaries.PROVISIONED)
     if not args.json:
@@ -314,6 +344,13 @@ def _main(argv: list[str] | None) -> int:
             return _engine(args)
         if args.command == "images":
             return _images(args)
+        if args.command in ("demo", "conformance") and args.provider != "local":
+            # Both run the dispatcher and operators as processes beside local clusters.
+            raise ValueError(
+                f"{args.command}: only with the local provider (its clusters run the "
+                "dispatcher and the operators as processes). On kind, the product runs as "
+                "Deployments: `python -m clusters up --provider kind` then `python -m "
+                "clusters deploy --provider kind` (docs/kind.md)")
         if args.command == "conformance":
             from clusters.conformance import command
 
@@ -323,6 +360,8 @@ def _main(argv: list[str] | None) -> int:
             from clusters.demo import run_demo
 
             return run_demo(Path(args.state_dir).resolve(), args.run_seconds, args.timeout)
+        if args.command == "deploy":
+            return _deploy(args)
         provider = _provider(args)
         if args.command == "up":
             started = time.monotonic()

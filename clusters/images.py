@@ -39,6 +39,9 @@ OPERATOR_IMAGE = f"training-operator:{PROJECT_VERSION}"
 WORKLOAD_IMAGE = f"trainjob-workload:{PROJECT_VERSION}"
 DEBIAN_SUITE = "bookworm"
 # Where pip finds the CA bundle to trust; the first that exists is given as a build secret.
+# On every image built here: a rebuild leaves the image it replaced untagged ("dangling"),
+# and only those carrying this label are pruned, never an engine user's own.
+BUILT_BY_LABEL = "org.trainjob.built-by=trainjob-dispatcher"
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 # Left out of the Debian base, as the official slim image leaves them out.
 SLIM_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*",
@@ -119,7 +122,8 @@ def ca_bundle() -> Path | None:
 def _build(engine: Engine, tag: str, context: Path, dockerfile: Path,
            build_args: dict[str, str] | None = None, target: str | None = None,
            secrets: dict[str, Path] | None = None) -> None:
-    argv = ["build", "--progress=plain", "-t", tag, "-f", str(dockerfile)]
+    argv = ["build", "--progress=plain", "-t", tag, "-f", str(dockerfile),
+            "--label", BUILT_BY_LABEL]
     for key, value in (build_args or {}).items():
         argv += ["--build-arg", f"{key}={value}"]
     for key, path in (secrets or {}).items():
@@ -267,4 +271,6 @@ def build_images(engine: Engine, only: tuple[str, ...] = (), pull: bool = False,
     if "workload" in wanted:
         step("workload", WORKLOAD_IMAGE, lambda: build_workload_image(engine, progress),
              keep=False)
+    engine.docker("image", "prune", "--force", "--filter", f"label={BUILT_BY_LABEL}",
+                  check=False)
     return done

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters import binaries, kustomize
 from clusters.controlplane import ControlPlaneError
+from clusters.kind import waits
 
 VERSION = binaries.COMPONENTS["jobset-controller"].version
 IMAGE = f"registry.k8s.io/jobset/jobset:{VERSION}"
@@ -64,26 +65,6 @@ def install(kubeconfig: Path) -> None:
     kustomize.apply(kubeconfig, release())
 
 
-def _available(api: client.ApiClient) -> str | None:
-    """Why JobSet's controller is not Available yet (None once it is)."""
-    try:
-        deployment = client.AppsV1Api(api).read_namespaced_deployment(DEPLOYMENT, NAMESPACE)
-    except ApiException as err:
-        return f"deployment {NAMESPACE}/{DEPLOYMENT}: {err.status} {err.reason}"
-    for condition in (deployment.status.conditions or []) if deployment.status else []:
-        if condition.type == "Available" and condition.status == "True":
-            return None
-    pods = client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
-    states = []
-    for pod in pods.items:
-        waiting = [s.state.waiting.reason for s in pod.status.container_statuses or []
-                   if s.state and s.state.waiting]
-        states.append(f"{pod.metadata.name} {pod.status.phase}"
-                      + (f" ({', '.join(waiting)})" if waiting else ""))
-    return (f"deployment {NAMESPACE}/{DEPLOYMENT} not Available; pods: "
-            f"{'; '.join(states) or 'none'}")
-
-
 PROBE = {
     "apiVersion": f"{GROUP}/{API_VERSION}", "kind": "JobSet",
     "metadata": {"name": "harness-probe"},
@@ -105,13 +86,7 @@ def _webhook_answers(api: client.ApiClient) -> str | None:
 
 
 def wait_ready(api: client.ApiClient, cluster: str, timeout: float) -> None:
-    """Until JobSet's Deployment is Available and its webhooks admit a JobSet."""
-    deadline = time.monotonic() + timeout
-    while True:
-        problem = _available(api) or _webhook_answers(api)
-        if problem is None:
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{cluster}: JobSet's controller not ready after "
-                               f"{timeout:.0f}s: {problem}")
-        time.sleep(1)
+    """Until JobSet's Deployment is rolled out and its webhooks admit a JobSet."""
+    waits.wait_for(f"{cluster}: JobSet's controller",
+                   lambda: (waits.deployment_problem(api, NAMESPACE, DEPLOYMENT)
+                            or _webhook_answers(api)), time.monotonic() + timeout)

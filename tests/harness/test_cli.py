@@ -92,3 +92,23 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     proc.stdout.close()  # long before the interpreter has started and prints
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and b"Traceback" not in err, err.decode()
+
+
+@pytest.mark.parametrize("args, named", [
+    (("deploy",), "deploy: only with --provider kind"),
+    (("demo", "--provider", "kind"), "demo: only with the local provider"),
+    (("conformance", "--provider", "kind"), "conformance: only with the local provider"),
+])
+def test_commands_a_provider_cannot_serve_are_refused_and_start_nothing(tmp_path, args, named):
+    state_dir = tmp_path / "state"
+    result = clusters_cli(*args, state_dir=state_dir)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(f"error: {named}"), result.stderr
+    assert not state_dir.exists()
+
+
+def test_deploy_into_no_clusters_says_what_to_run_first(tmp_path):
+    result = clusters_cli("deploy", "--provider", "kind", state_dir=tmp_path / "state")
+    assert result.returncode == 1, result
+    assert "no kind clusters to deploy into; run `python -m clusters up --provider kind` " \
+        "first" in result.stderr, result.stderr

@@ -25,34 +25,12 @@ import pytest
 from kubernetes import client
 
 from clusters import images, nodes
-from clusters.kind import CLUSTER_LABEL, KindClusters
+from clusters.kind import CLUSTER_LABEL
 from clusters.kind import jobset as kind_jobset
 from clusters.testing import eventually
 from trainjob.kubeclient import api_client
 
-POOL_LABEL = "trainjob.test/pool"
-TAINT = nodes.Taint(key="trainjob.test/dedicated", value="kind", effect="NoSchedule")
-# One kind worker node per worker cluster: enough to run pods, and light on two cores.
-LAYOUT = nodes.NodeLayout(
-    default=[nodes.NodePool(count=1, labels={POOL_LABEL: "plain"})],
-    workers={"worker-2": [nodes.NodePool(count=1, labels={POOL_LABEL: "tainted"},
-                                         taints=[TAINT])]},
-)
-NAMES = ("manager", "worker-1", "worker-2")
-
-
-@pytest.fixture(scope="module")
-def kind_clusters(docker_engine, tmp_path_factory):
-    harness = KindClusters(tmp_path_factory.mktemp("kind-clusters"),
-                           prefix=f"trainjob-t{secrets.token_hex(2)}-", engine=docker_engine)
-    try:
-        harness.up(workers=2, timeout=360, node_layout=LAYOUT)
-        if not images.image_exists(docker_engine, images.WORKLOAD_IMAGE):
-            images.build_images(docker_engine, only=("workload",))
-        harness.load_images("worker-1", [images.WORKLOAD_IMAGE])
-        yield harness
-    finally:
-        harness.down()
+from kind_layout import NAMES, POOL_LABEL, TAINT
 
 
 @pytest.fixture
@@ -215,7 +193,7 @@ def test_stop_start_keeps_a_workers_objects(kind_clusters, namespace):
 
 
 def test_down_leaves_nothing_behind(kind_clusters, docker_engine):
-    """Last in the module: it ends the module's clusters."""
+    """Last of the kind tests: it ends the session's kind clusters."""
     engine = docker_engine
     prefix = kind_clusters.prefix
     network = f"{prefix}kind"

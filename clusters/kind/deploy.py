@@ -1,0 +1,376 @@
+"""``python -m clusters deploy --provider kind``: the product into the kind clusters of a
+state directory, as a team deploys it, from the shipped manifests:
+
+1. the project's images, built here from the working tree (``clusters.images``), are
+   ``kind load``-ed: the dispatcher's into the manager, the training operator's and the
+   workload's into each worker's kind worker nodes (where pods run);
+2. on each worker, ``kubectl apply --server-side -k manifests/worker``: the CRDs, the
+   training operator (two replicas, its webhook Service and configuration) and the identity
+   the dispatcher uses there;
+3. the webhook's serving certificate, which ``manifests/operator-cert-manager`` has
+   cert-manager issue: cert-manager's images cannot be had without a registry, so this step
+   does what its CA injector would, by hand, as the manifests describe it: a CA and a
+   certificate for the webhook Service in the Secret the Deployment mounts, and the CA in the
+   webhook configuration's caBundle;
+4. on the manager, ``kubectl apply --server-side -k manifests/manager``: the CRDs and the
+   dispatcher (two replicas electing a leader with a Lease);
+5. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
+   container on the kind network, authenticated as the worker-access ServiceAccount (its
+   token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
+6. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
+   holds the Lease and reports every worker Active.
+
+Safe to repeat: apply is declarative, and a certificate or registration already in place is
+kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
+first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters import binaries, fixtures, images, kustomize
+from clusters.controlplane import ControlPlaneError
+from clusters.kind import KindClusters, waits
+from clusters.pki import CertificateAuthority, cert_pem, key_pem
+from trainjob import constants as c
+from trainjob.kubeclient import api_client
+
+MANAGER_BASE = "manager"
+WORKER_BASE = "worker"
+FIELD_MANAGER = "trainjob-deploy"
+# Who the manager's dispatcher authenticates as on a worker (manifests/worker-access).
+WORKER_ACCESS_USER = "trainjob-dispatcher"
+TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """The names deploy needs, read from the rendered bases rather than repeated here, so
+    they cannot drift from what is applied."""
+    operator_namespace: str
+    operator_deployment: str
+    webhook_secret: str
+    webhook_service: str
+    webhook_configuration: str
+    access_namespace: str
+    token_secret: str
+    dispatcher_namespace: str
+    dispatcher_deployment: str
+    dispatcher_lease: str
+    worker_secrets: tuple[str, ...]
+
+    @classmethod
+    def read(cls) -> Shipped:
+        worker = kustomize.render(WORKER_BASE)
+        manager = kustomize.render(MANAGER_BASE)
+
+        def one(objects: list[dict], kind: str, base: str, where=lambda o: True) -> dict:
+            found = [o for o in objects if o["kind"] == kind and where(o)]
+            if len(found) != 1:
+                raise ControlPlaneError(f"manifests/{base}: expected one {kind}, found "
+                                        f"{[o['metadata']['name'] for o in found]}")
+            return found[0]
+
+        operator = one(worker, "Deployment", WORKER_BASE)
+        volumes = operator["spec"]["template"]["spec"].get("volumes") or []
+        secret = next((v["secret"]["secretName"] for v in volumes if "secret" in v), None)
+        if secret is None:
+            raise ControlPlaneError(f"manifests/{WORKER_BASE}: Deployment "
+                                    f"{operator['metadata']['name']} mounts no Secret for its "
+                                    "webhook certificate")
+        webhook = one(worker, "ValidatingWebhookConfiguration", WORKER_BASE)
+        service = webhook["webhooks"][0]["clientConfig"]["service"]
+        token = one(worker, "Secret", WORKER_BASE, lambda o: o.get("type") == TOKEN_SECRET_TYPE)
+        dispatcher = one(manager, "Deployment", MANAGER_BASE)
+
+        def rules(o: dict) -> list[dict]:
+            return o.get("rules") or []
+
+        lease = one(manager, "Role", MANAGER_BASE, lambda o: any(
+            "leases" in r.get("resources", []) and r.get("resourceNames")
+            for r in rules(o)))
+        lease_name = next(n for r in rules(lease) if "leases" in r.get("resources", [])
+                          for n in r.get("resourceNames") or [])
+        secrets_role = one(manager, "Role", MANAGER_BASE, lambda o: any(
+            "secrets" in r.get("resources", []) for r in rules(o)))
+        return cls(
+            operator_namespace=operator["metadata"]["namespace"],
+            operator_deployment=operator["metadata"]["name"],
+            webhook_secret=secret, webhook_service=service["name"],
+            webhook_configuration=webhook["metadata"]["name"],
+            access_namespace=token["metadata"]["namespace"],
+            token_secret=token["metadata"]["name"],
+            dispatcher_namespace=dispatcher["metadata"]["namespace"],
+            dispatcher_deployment=dispatcher["metadata"]["name"],
+            dispatcher_lease=lease_name,
+            worker_secrets=tuple(n for r in rules(secrets_role)
+                                 for n in r.get("resourceNames") or []))
+
+
+@dataclass
+class DeployReport:
+    """What was done, per cluster, with the seconds each step took."""
+    steps: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, cluster: str, step: str, started: float) -> None:
+        self.steps.setdefault(cluster, []).append(
+            f"{step} ({time.monotonic() - started:.0f} s)")
+
+
+def apply_base(kubeconfig: Path, base: str) -> None:
+    """``kubectl apply --server-side -k manifests/<base>``. Conflicts are forced: the
+    harness's ``up`` installed the same CRDs under a field manager of its own."""
+    out = kustomize.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts",
+                            f"--field-manager={FIELD_MANAGER}", "-k",
+                            str(kustomize.base_path(base)), timeout=180)
+    if out.returncode != 0:
+        raise ControlPlaneError(f"kubectl apply -k manifests/{base} failed: "
+                                f"{out.stderr.strip()[-2000:]}")
+
+
+def webhook_dns_names(shipped: Shipped) -> tuple[str, ...]:
+    service = f"{shipped.webhook_service}.{shipped.operator_namespace}.svc"
+    return (service, f"{service}.cluster.local")
+
+
+def ensure_webhook_certificate(api: client.ApiClient, shipped: Shipped) -> bytes:
+    """The Secret with the webhook's serving certificate (made when missing); its CA."""
+    core = client.CoreV1Api(api)
+    try:
+        found = core.read_namespaced_secret(shipped.webhook_secret, shipped.operator_namespace)
+        if found.data and found.data.get("ca.crt") and found.data.get("tls.crt"):
+            return base64.b64decode(found.data["ca.crt"])
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    authority = CertificateAuthority.create(f"{shipped.webhook_service}-ca")
+    key, cert = authority.issue(shipped.webhook_service, dns_names=webhook_dns_names(shipped),
+                                server=True)
+    ca = cert_pem(authority.cert)
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=shipped.webhook_secret,
+                                     namespace=shipped.operator_namespace),
+        type="kubernetes.io/tls",
+        data={k: base64.b64encode(v).decode() for k, v in (
+            ("tls.crt", cert_pem(cert)), ("tls.key", key_pem(key)), ("ca.crt", ca))})
+    try:
+        core.create_namespaced_secret(shipped.operator_namespace, secret)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        # Another deploy made it meanwhile: use its certificate.
+        return ensure_webhook_certificate(api, shipped)
+    return ca
+
+
+def inject_ca_bundle(api: client.ApiClient, shipped: Shipped, ca: bytes) -> None:
+    """Every webhook of the configuration trusts ``ca`` (what cert-manager's CA injector
+    does for ../operator-cert-manager)."""
+    admission = client.AdmissionregistrationV1Api(api)
+    configuration = admission.read_validating_webhook_configuration(
+        shipped.webhook_configuration)
+    bundle = base64.b64encode(ca).decode()
+    if all(w.client_config.ca_bundle == bundle for w in configuration.webhooks):
+        return
+    patch = {"webhooks": [{"name": w.name, "clientConfig": {"caBundle": bundle}}
+                          for w in configuration.webhooks]}
+    # webhooks is a list merged by name: a strategic merge patch sets only caBundle.
+    admission.patch_validating_webhook_configuration(
+        shipped.webhook_configuration, patch, field_manager=FIELD_MANAGER)
+
+
+def webhook_problem(api: client.ApiClient) -> str | None:
+    """Why the operator's TrainJob webhook does not answer yet (None once it does): a
+    server-side dry-run create goes through it; its own refusal is an answer too."""
+    probe = {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+             "metadata": {"name": "deploy-probe", "namespace": "default"},
+             "spec": {"runtimeRef": {"name": "deploy-probe"}}}
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            c.TRAINER_GROUP, c.TRAINER_VERSION, "default", c.TRAINJOBS, probe, dry_run="All")
+    except ApiException as err:
+        body = err.body or ""
+        if "failed calling webhook" in body or err.status in (500, 502, 503, 504):
+            return f"dry-run TrainJob create: {err.status} {body[:300]}"
+    return None
+
+
+def worker_access_kubeconfig(kind: KindClusters, name: str, token: str) -> dict:
+    """The worker's in-network kubeconfig (its control-plane container by name, as kind's
+    ``--internal`` writes it) with the worker-access token instead of kind's admin user."""
+    internal = yaml.safe_load(kind.internal_kubeconfig(name).read_text())
+    cluster = internal["clusters"][0]["cluster"]
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": name, "cluster": {
+            "server": cluster["server"],
+            "certificate-authority-data": cluster["certificate-authority-data"]}}],
+        "users": [{"name": WORKER_ACCESS_USER, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": WORKER_ACCESS_USER}}],
+        "current-context": name,
+    }
+
+
+def _token(api: client.ApiClient, shipped: Shipped, deadline: float) -> str:
+    """The worker-access ServiceAccount's token, once the token controller has filled in
+    its Secret."""
+    core = client.CoreV1Api(api)
+    found: dict[str, str] = {}
+
+    def problem() -> str | None:
+        secret = core.read_namespaced_secret(shipped.token_secret, shipped.access_namespace)
+        if not (secret.data or {}).get("token"):
+            return (f"Secret {shipped.access_namespace}/{shipped.token_secret} has no token "
+                    "yet")
+        found["token"] = base64.b64decode(secret.data["token"]).decode()
+        return None
+
+    waits.wait_for("worker-access token", problem, deadline)
+    return found["token"]
+
+
+def _deadline_left(deadline: float) -> float:
+    return max(1.0, deadline - time.monotonic())
+
+
+def _load(kind: KindClusters, name: str, names: list[str], workers_only: bool,
+          deadline: float) -> None:
+    """``kind load`` into the cluster's nodes where pods run (a worker's control plane runs
+    only JobSet's controller, so it is skipped there)."""
+    nodes = list(kind.containers(name))
+    only = tuple(nodes[1:]) if workers_only and len(nodes) > 1 else ()
+    kind.load_images(name, names, nodes_only=only, timeout=_deadline_left(deadline))
+
+
+def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: DeployReport,
+                  deadline: float) -> str:
+    """Steps 1-3 and the rollout wait on one worker; return the worker-access token."""
+    started = time.monotonic()
+    _load(kind, name, [images.OPERATOR_IMAGE, images.WORKLOAD_IMAGE], True, deadline)
+    report.add(name, "images loaded", started)
+    started = time.monotonic()
+    apply_base(kind.kubeconfig(name), WORKER_BASE)
+    with api_client(kind.kubeconfig(name)) as api:
+        inject_ca_bundle(api, shipped, ensure_webhook_certificate(api, shipped))
+        report.add(name, f"manifests/{WORKER_BASE} applied, webhook certificate in place",
+                   started)
+        started = time.monotonic()
+        waits.wait_for(f"{name}: the training operator", lambda: (
+            waits.deployment_problem(api, shipped.operator_namespace,
+                                     shipped.operator_deployment)
+            or webhook_problem(api)), deadline)
+        report.add(name, "training operator rolled out, webhook answering", started)
+        return _token(api, shipped, deadline)
+
+
+def lease_problem(api: client.ApiClient, shipped: Shipped) -> str | None:
+    """Why no dispatcher Pod leads yet (None once one of the Deployment's Pods holds the
+    Lease)."""
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(
+            shipped.dispatcher_lease, shipped.dispatcher_namespace)
+    except ApiException as err:
+        return f"Lease {shipped.dispatcher_namespace}/{shipped.dispatcher_lease}: {err.status}"
+    holder = lease.spec.holder_identity or ""
+    pods = [p.metadata.name for p in client.CoreV1Api(api).list_namespaced_pod(
+        shipped.dispatcher_namespace).items if p.metadata.deletion_timestamp is None]
+    if not any(holder.startswith(p) for p in pods):
+        return f"Lease held by {holder or 'nobody'}; dispatcher pods: {pods}"
+    return None
+
+
+def workers_problem(api: client.ApiClient, workers: list[str]) -> str | None:
+    """Why not every worker is Active on the manager yet (its MultiKueueCluster condition,
+    which the dispatcher writes)."""
+    objects = client.CustomObjectsApi(api)
+    problems = []
+    for name in workers:
+        cluster = objects.get_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION,
+                                                    c.MULTIKUEUECLUSTERS, name)
+        active = next((x for x in (cluster.get("status") or {}).get("conditions") or []
+                       if x.get("type") == "Active"), None)
+        if not active or active.get("status") != "True":
+            problems.append(f"{name}: " + (f"Active={active.get('status')} "
+                                           f"{active.get('reason')}: {active.get('message')}"
+                                           if active else "no Active condition yet"))
+    return "; ".join(problems) or None
+
+
+def deploy(kind: KindClusters, timeout: float = 300,
+           progress: binaries.Progress = binaries.stderr_progress) -> DeployReport:
+    """Deploy the product into ``kind``'s clusters (see the module doc)."""
+    begun = time.monotonic()
+    deadline = begun + timeout
+    state = kind.load()
+    names = [r.name for r in state.clusters]
+    stopped = [r.name for r in state.clusters if r.stopped]
+    if not names or names[0] != "manager":
+        raise ControlPlaneError(f"{kind.state_dir}: no kind clusters to deploy into; run "
+                                "`python -m clusters up --provider kind` first")
+    if stopped:
+        raise ControlPlaneError(f"cluster(s) {', '.join(stopped)} are stopped: `python -m "
+                                f"clusters start --provider kind {stopped[0]}` first")
+    workers = names[1:]
+    shipped = Shipped.read()
+    unlisted = [w for w in workers if f"{w}-kubeconfig" not in shipped.worker_secrets]
+    if unlisted:
+        raise ControlPlaneError(
+            f"worker(s) {', '.join(unlisted)}: their Secrets ({', '.join(f'{w}-kubeconfig' for w in unlisted)}) "
+            f"are not among those manifests/worker-secrets lets the dispatcher read "
+            f"({', '.join(shipped.worker_secrets)}); add them there")
+    report = DeployReport()
+    started = time.monotonic()
+    progress("building the project's images (from the working tree)")
+    images.build_images(kind.engine, only=("dispatcher", "training-operator", "workload"),
+                        progress=progress)
+    report.add("images", "built", started)
+    progress(f"deploying into {', '.join(names)}")
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        manager = pool.submit(_deploy_manager, kind, shipped, report, deadline)
+        tokens = {w: pool.submit(deploy_worker, kind, w, shipped, report, deadline)
+                  for w in workers}
+        manager.result()
+        for worker, token in tokens.items():
+            _register(kind, worker, token.result(), shipped)
+            progress(f"manager: worker {worker} registered")
+    with api_client(kind.kubeconfig("manager")) as api:
+        started = time.monotonic()
+        waits.wait_for("manager: the dispatcher", lambda: (
+            waits.deployment_problem(api, shipped.dispatcher_namespace,
+                                     shipped.dispatcher_deployment)
+            or lease_problem(api, shipped) or workers_problem(api, workers)), deadline)
+        report.add("manager", "dispatcher rolled out, leading, every worker Active", started)
+    report.seconds = time.monotonic() - begun
+    return report
+
+
+def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
+                    deadline: float) -> None:
+    started = time.monotonic()
+    _load(kind, "manager", [images.DISPATCHER_IMAGE], False, deadline)
+    report.add("manager", "image loaded", started)
+    started = time.monotonic()
+    apply_base(kind.kubeconfig("manager"), MANAGER_BASE)
+    report.add("manager", f"manifests/{MANAGER_BASE} applied", started)
+
+
+def _register(kind: KindClusters, worker: str, token: str, shipped: Shipped) -> None:
+    path = kind.state_dir / f"{worker}.dispatcher.kubeconfig"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(worker_access_kubeconfig(kind, worker, token),
+                                  sort_keys=False))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    with api_client(kind.kubeconfig("manager")) as api:
+        fixtures.register_worker(api, worker, path, namespace=shipped.dispatcher_namespace)
+
