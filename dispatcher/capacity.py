@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from dispatcher.amounts import format_amount
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
@@ -136,7 +137,8 @@ class WorkerCapacity:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
         ``planned`` says on which Nodes its pods were packed. Re-reserving the same
         footprint without a plan (the copy's events do) keeps the plan; a reservation
-        re-made after a restart has none and counts against every selection of Nodes."""
+        re-made after a restart has none and counts against every selection of Nodes.
+        Only ``reservations.Reservations`` calls this and ``release``."""
         amounts = {**requests, PODS: Decimal(pods)}
         with self._lock:
             if planned:
@@ -384,8 +386,6 @@ def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> D
 
 def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:
     """"no Node has room for a pod of 12 cpu (most free on one Node: 8)"."""
-    from dispatcher.placement import format_amount  # placement reads this module's PODS
-
     asked = {r: a for r, a in pod.items() if a > 0 and r != PODS}
     if not room:
         return "no Node admits its pods"

@@ -4,8 +4,9 @@
 worker's cached copy) and the time, and returns exactly one action. The reconciler
 performs it; the next event or requeue brings the job back for the next step. Because each
 step is derived again from what the API objects say, a crash between two writes leaves a
-state from which ``decide`` picks the same or the next step: nothing is remembered
-between rounds except in those objects.
+state from which ``decide`` picks the same or the next step: ``decide`` itself keeps
+nothing between rounds. (Placement, which ``Place`` asks the Placer for, also reads the
+Placer's in-memory reservations and excluded workers; both say there what a restart loses.)
 
 Actions that end a job's claim on its worker's room carry ``release``: the reconciler drops
 the job's capacity reservation there before performing them.

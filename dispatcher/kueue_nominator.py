@@ -9,7 +9,11 @@ Workload's podSets, each worker's room from its Nodes and Pods and, where its Ku
 is served, from the quota of the ClusterQueue its LocalQueue of the Workload's
 ``spec.queueName`` points at (``worker_quota``, ``kueue_quota``).
 
-Level-triggered, all state in API objects:
+The rules are a decision table (``kueue_decisions``: the Workload, its sizes, the workers
+and the time in, one action out); this module performs the actions (API writes, requeues,
+Events, metrics) and holds the job's room through the Placer's ``reservations``, as
+standalone mode's reconciler performs ``decisions``. What the rules rely on lives in API
+objects, so a restart resumes:
 
 * the nomination is written to the Workload's status (a merge patch guarded by the
   resourceVersion), and when it was written is read back from the Workload's managed
@@ -17,7 +21,7 @@ Level-triggered, all state in API objects:
 * a worker that did not admit within ``admission_timeout_seconds`` is recorded in the
   Workload's ``trainjob-dispatcher.io/tried-clusters`` annotation and the next one is
   nominated; when every worker has been tried, the list starts over;
-* the capacity a nominated or admitted job holds on its worker is reserved again from the
+* the capacity a nominated or admitted job holds on its worker is held again from the
   Workload on every reconcile, and released once it finishes, is evicted or goes.
 * a Workload that allows partial admission (a podSet's ``minCount``) is sized by its
   ``count`` first: the worker that runs it whole wins; only when none has room for that
@@ -30,9 +34,14 @@ Level-triggered, all state in API objects:
   Workload's ``trainjob-dispatcher.io/Sized=False`` condition, written with the
   nomination. It has no admission timeout (there is no next worker to try).
 
+Kept in memory besides (a restart loses it and changes no decision): each Workload's
+sizes, cached by its uid and generation; the last "waits" reason said for it (so an Event
+is emitted per change of reason, not per round: a restart says it once more); and where
+its job's room is held (``reservations``; rebuilt as each Workload is reconciled).
+
 Kueue clears ``nominatedClusterNames`` when a worker admits. It can clear a value another
 field manager wrote only with merge patches (its ``WorkloadRequestUseMergePatch`` feature
-gate) or through its MutatingAdmissionPolicy (Kubernetes 1.36+); see the README.
+gate) or through its MutatingAdmissionPolicy (Kubernetes 1.36+); see docs/kueue-mode.md.
 """
 
 from __future__ import annotations
@@ -47,15 +56,16 @@ from cachetools import LRUCache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dispatcher import kueue_decisions as kd
 from dispatcher import kueue_workloads as wl
 from dispatcher.config import DispatcherConfig
 from dispatcher.kueue_presence import RECHECK_SECONDS
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.placement import message_shape
-from dispatcher.placer import Need, Placer
+from dispatcher.need import Need
+from dispatcher.placer import Placer
 from dispatcher.registry import WorkerRegistry
 from trainjob import constants as c
-from trainjob.conditions import format_time, upsert
+from trainjob.conditions import upsert
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.service import Requeue
@@ -68,11 +78,16 @@ ADMISSIONCHECKS = "admissionchecks"
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 FIELD_MANAGER = "trainjob-dispatcher"
 WORKLOAD_API_VERSION = f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}"
+# A write that lost to one of Kueue's (409): decide again on the Workload's new state.
+CONFLICT_RETRY = 0.05
 
 Key = tuple[str, str]
 
 
 class WorkloadNominator:
+    """Performs ``kueue_decisions`` for each manager Workload (see the module docstring for
+    what it keeps in memory)."""
+
     def __init__(self, manager: client.ApiClient, registry: WorkerRegistry, placer: Placer,
                  config: DispatcherConfig, recorder: EventRecorder,
                  metrics: DispatcherMetrics, idle: Callable[[], tuple[bool, str]]):
@@ -81,7 +96,10 @@ class WorkloadNominator:
         self.idle = idle
         self.registry = registry
         self.placer = placer
+        self.reservations = placer.reservations
         self.config = config
+        self.settings = kd.Settings(admission_timeout=config.admission_timeout_seconds,
+                                    field_manager=FIELD_MANAGER)
         self.recorder = recorder
         self.metrics = metrics
         self.queue = WorkQueue()
@@ -94,17 +112,14 @@ class WorkloadNominator:
                                functools.partial(list_of, ADMISSIONCHECKS))
         self.workloads.add_handler(self._on_workload)
         self.checks.add_handler(lambda *_: self.requeue_waiting())
-        # Where each Workload's job holds capacity now: key -> (worker, reservation key),
-        # and what was last held (worker, admitted, need), so an unchanged hold is skipped.
-        self._held: dict[Key, tuple[str, Key]] = {}
-        self._holding: dict[Key, tuple[str, bool, Need]] = {}
-        # Needs by (uid, generation): a Workload's podSets are read again on each of the
-        # many status writes Kueue makes while it waits; only a new spec changes them.
-        self._needs: LRUCache = LRUCache(maxsize=8192)
-        self._needs_lock = threading.Lock()  # reconcile threads share it; LRUCache is not safe
-        # The last "nothing fits" message per Workload (amounts blanked): one Event per
-        # change of reason, not per change of a number.
-        self._pending_shape: dict[Key, str] = {}
+        # A cache: sizes by (uid, generation, at minCount). A Workload's podSets are read
+        # again on each of the many status writes Kueue makes while it waits; only a new
+        # spec changes them.
+        self._sizes: LRUCache = LRUCache(maxsize=8192)
+        self._sizes_lock = threading.Lock()  # reconcile threads share it; LRUCache is not safe
+        # A memo: the shape of the last "waits" message said per Workload (amounts
+        # blanked), so an Event goes out per change of reason, not per change of a number.
+        self._said: dict[Key, str] = {}
 
     # --- wiring -------------------------------------------------------------------------
 
@@ -125,16 +140,12 @@ class WorkloadNominator:
         self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def requeue_waiting(self) -> None:
-        """Look again at every Workload that waits for a nomination (room may have
-        appeared). Nominated ones are not: they wait for their worker's Kueue (their own
-        changes and the admission timeout bring them back), and this runs on every change
-        of room on any worker."""
+        """Look again at every Workload a change of room may move
+        (``kueue_decisions.needs_another_look``); this runs on every change of room on any
+        worker."""
         checks = self.multikueue_checks()
         for obj in self.workloads.list():
-            waiting = wl.waiting(obj, checks)
-            # Nominated to every worker because it could not be sized: the set of workers
-            # may have changed.
-            if waiting is not None and (not waiting.nominated or wl.sized_condition(obj)):
+            if kd.needs_another_look(obj, checks):
                 self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def multikueue_checks(self) -> set[str]:
@@ -146,194 +157,142 @@ class WorkloadNominator:
     def reconcile(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         idle, why = self.idle()
-        if idle:
-            # Kueue nominates (or does not run) now; look again once it may have changed.
-            raise Requeue(RECHECK_SECONDS, f"idle: {why}")
-        obj = self.workloads.get(namespace, name)
-        if obj is None or wl.finished(obj) or obj["metadata"].get("deletionTimestamp"):
-            self._release(key)
-            self._pending_shape.pop(key, None)
-            return
-        need = self._need(obj)
-        if admitted_on := wl.cluster_name(obj):
-            if not isinstance(need, str):
-                # Until its pods account for it; its quota is the worker Kueue's to count.
-                self._hold(key, obj, admitted_on, need, admitted=True)
-            return
-        waiting = wl.waiting(obj, self.multikueue_checks())
-        if waiting is None:
-            self._release(key)  # evicted, or its quota reservation went
-            return
-        if isinstance(need, str):
-            self._nominate_every_worker(key, obj, waiting, need)
-            return
-        tried = wl.tried(obj)
-        if waiting.nominated:
-            since = wl.nominated_at(obj, FIELD_MANAGER)
-            if since is None:
-                return  # nominated by someone else: theirs to follow up
-            waited = time.time() - since
-            timeout = self.config.admission_timeout_seconds
-            if waited < timeout:
-                self._hold(key, obj, waiting.nominated[0], need)
-                raise Requeue(timeout - waited, "waiting for the nominated worker to admit")
-            tried += [n for n in waiting.nominated if n not in tried]
-            self._release(key)
-            message = (f"worker {', '.join(waiting.nominated)} did not admit the Workload "
-                       f"within {timeout:.0f}s; nominating the next")
-            self.recorder.event(self._event_target(obj), WARNING, "NominationTimedOut", message)
-            self.metrics.nomination_timeouts.inc()
-            log.info("Workload %s/%s: %s", namespace, name, message)
-            obj = self._set_tried(obj, tried)
-        self._nominate(key, obj, need, tried)
+        obj = None if idle else self.workloads.get(namespace, name)
+        action = kd.decide(
+            obj, sized=kd.sizes(obj, self._size) if obj is not None else None,
+            checks=self.multikueue_checks(),
+            workers=tuple(worker.name for worker in self.registry.snapshot()),
+            now=time.time(), settings=self.settings, idle=why if idle else None,
+            said=self._said.get(key))
+        self._perform(key, obj, action)
 
-    def _nominate(self, key: Key, obj: dict, need: Need, tried: list[str]) -> None:
-        timeout = self.config.admission_timeout_seconds
-        skip = {n: f"nominated before and did not admit within {timeout:.0f}s" for n in tried}
-        decision = self.placer.place_need(wl.job_key(obj), need, skip)
-        least = None
-        if isinstance(decision, str) and wl.partially_admissible(obj):
-            # No room for all its pods: the least Kueue's partial admission runs.
-            least = self._need(obj, at_min_count=True)
-            if isinstance(least, str):
-                least = None
-            else:
-                partial = self.placer.place_need(wl.job_key(obj), least, skip)
-                if isinstance(partial, str):
-                    decision = (f"{decision}; nor with partial admission ({least.pods} of its "
-                                f"{need.pods} pods): {partial}")
-                    least = None
-                else:
-                    decision = partial
-        if isinstance(decision, str):
-            registered = {w.name for w in self.registry.snapshot()}
-            if tried and registered and registered <= set(tried):
-                # Every worker had its turn: start over (capacity may have changed).
+    def _perform(self, key: Key, obj: dict | None, action: kd.Action) -> None:
+        log.debug("Workload %s/%s: %s", *key, action.name)
+        match action:
+            case kd.Idle(why=why):
+                # Kueue nominates (or does not run) now; look again once it may have changed.
+                raise Requeue(RECHECK_SECONDS, f"idle: {why}")
+            case kd.Forget():
+                self._release(key)
+                self._said.pop(key, None)
+            case kd.Release():
+                self._release(key)
+            case kd.Ignore():
+                return
+            case kd.Hold(worker=worker, need=need, admitted=admitted, wait=wait):
+                if self.reservations.hold(key, worker, wl.job_key(obj), need, admitted):
+                    self.requeue_waiting()
+                if wait is not None:
+                    raise Requeue(wait, "waiting for the nominated worker to admit")
+            case kd.Choose():
+                self._choose(key, obj, action)
+            case kd.Nominate():
+                self._nominate(key, obj, action)
+            case kd.StartOver(retry=retry):
                 self._set_tried(obj, [])
-                raise Requeue(0.1, "every worker tried; starting over")
-            self._say_pending(obj, key, "NoWorkerFits", decision)
-            return
-        worker, _ = decision
+                raise Requeue(retry, "every worker tried; starting over")
+            case kd.SayPending(reason=reason, message=message, shape=shape):
+                self._said[key] = shape
+                log.info("Workload %s/%s waits: %s", *key, message)
+                self.recorder.event(self._event_target(obj), WARNING, reason, message)
+            case kd.NominateEveryWorker():
+                self._nominate_every_worker(key, obj, action)
+            case _:
+                raise TypeError(f"no way to perform {action!r}")
+
+    def _choose(self, key: Key, obj: dict, choose: kd.Choose) -> None:
+        """Release and record the workers that timed out, ask the Placer (which reserves
+        the room of the worker it picks), then perform what its answers call for."""
+        if choose.timed_out is not None:
+            self._release(key)
+            self.recorder.event(self._event_target(obj), WARNING, "NominationTimedOut",
+                                choose.timed_out)
+            self.metrics.nomination_timeouts.inc()
+            log.info("Workload %s/%s: %s", *key, choose.timed_out)
+            obj = self._set_tried(obj, list(choose.tried))
+        job = wl.job_key(obj)
+        whole = self._place(job, choose.need, choose.skip)
+        partial = None
+        if isinstance(whole, str) and choose.least is not None:
+            # No room for all its pods: the least Kueue's partial admission runs.
+            partial = self._place(job, choose.least, choose.skip)
+        self._perform(key, obj, kd.nominate(choose, whole, partial, settings=self.settings,
+                                            said=self._said.get(key)))
+
+    def _place(self, job: Key, need: Need, skip: dict[str, str]) -> kd.Placed:
+        placed = self.placer.place_need(job, need, skip)
+        return placed if isinstance(placed, str) else kd.Fits(placed[0].name)
+
+    def _size(self, obj: dict, at_min_count: bool) -> Need | str:
         meta = obj["metadata"]
+        cache_key = (meta.get("uid"), meta.get("generation"), at_min_count)
+        if not all(cache_key[:2]):
+            return wl.podset_need(obj, at_min_count)
+        with self._sizes_lock:
+            need = self._sizes.get(cache_key)
+        if need is None:
+            need = wl.podset_need(obj, at_min_count)
+            with self._sizes_lock:
+                self._sizes[cache_key] = need
+        return need
+
+    def _release(self, key: Key) -> None:
+        if self.reservations.release_holder(key):
+            self.requeue_waiting()  # room freed for the Workloads that wait
+
+    # --- writes -------------------------------------------------------------------------
+
+    def _nominate(self, key: Key, obj: dict, nomination: kd.Nominate) -> None:
+        meta = obj["metadata"]
+        job = wl.job_key(obj)
         try:
             written = self.custom.patch_namespaced_custom_object_status(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, meta["namespace"], WORKLOADS, meta["name"],
                 {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                 "status": {"nominatedClusterNames": [worker.name]}},
+                 "status": {"nominatedClusterNames": [nomination.worker]}},
                 field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
         except BaseException as err:
-            self.placer.release(worker, wl.job_key(obj))  # not nominated after all
+            # Not nominated after all: the room the Placer reserved goes.
+            self.placer.release(self.registry.get(nomination.worker), job)
             if isinstance(err, ApiException) and err.status == 409:
-                # Kueue wrote the Workload meanwhile: decide again on its new state.
-                raise Requeue(0.05, "the Workload changed meanwhile") from None
+                raise Requeue(CONFLICT_RETRY, "the Workload changed meanwhile") from None
             raise
         self.workloads.observe(written)
-        self._held[key] = (worker.name, wl.job_key(obj))
-        self._pending_shape.pop(key, None)
-        self.metrics.nominations.labels(cluster=worker.name).inc()
-        message = f"nominated worker cluster {worker.name}"
-        if least is not None:
-            message += (f" (room for {least.pods} of its {need.pods} pods only: the podSets' "
-                        "minCount, as Kueue's partial admission allows)")
-        log.info("Workload %s/%s: %s", *key, message)
-        self.recorder.event(self._event_target(obj), NORMAL, "Nominated", message)
-        raise Requeue(timeout, "waiting for the nominated worker to admit")
+        self.reservations.placed(key, nomination.worker, job)
+        self._said.pop(key, None)
+        self.metrics.nominations.labels(cluster=nomination.worker).inc()
+        log.info("Workload %s/%s: %s", *key, nomination.message)
+        self.recorder.event(self._event_target(obj), NORMAL, "Nominated", nomination.message)
+        raise Requeue(nomination.wait, "waiting for the nominated worker to admit")
 
-    def _nominate_every_worker(self, key: Key, obj: dict, waiting: wl.Waiting,
-                               why: str) -> None:
-        """A Workload that cannot be sized: every worker nominated (as Kueue's all-at-once
-        dispatcher would; the first whose Kueue admits it runs it), with why in an Event and
-        in its ``SIZED_CONDITION``, both in one status write."""
-        if waiting.nominated and wl.nominated_at(obj, FIELD_MANAGER) is None:
-            return  # nominated by someone else: theirs to follow up
-        workers = [worker.name for worker in self.registry.snapshot()]
-        if not workers:
-            self._say_pending(obj, key, wl.UNSIZABLE_REASON,
-                              f"cannot size the Workload: {why}; no worker cluster is "
-                              "registered to nominate")
-            return
-        names, left_out = workers[:wl.MAX_NOMINATED], workers[wl.MAX_NOMINATED:]
-        message = (f"cannot size the Workload, so no worker is chosen by room: {why}; "
-                   f"nominated every worker cluster ({', '.join(names)}), as Kueue's "
-                   "all-at-once dispatcher would: the first whose Kueue admits it runs it")
-        if left_out:
-            message += (f" (Kueue takes at most {wl.MAX_NOMINATED} names: "
-                        f"{', '.join(left_out)} left out)")
-        said = wl.sized_condition(obj) or {}
-        if sorted(waiting.nominated) == sorted(names) and said.get("message") == message:
-            return  # done already (before a restart, too)
+    def _nominate_every_worker(self, key: Key, obj: dict,
+                               nomination: kd.NominateEveryWorker) -> None:
+        """The nomination and the ``SIZED_CONDITION`` in one status write, with why in an
+        Event."""
         meta = obj["metadata"]
-        condition = {"type": wl.SIZED_CONDITION, "status": "False",
-                     "reason": wl.UNSIZABLE_REASON, "message": message,
-                     "lastTransitionTime": format_time(),
-                     "observedGeneration": meta.get("generation") or 0}
-        conditions = upsert(list((obj.get("status") or {}).get("conditions") or []), condition)
+        conditions = upsert(list((obj.get("status") or {}).get("conditions") or []),
+                            nomination.condition)
         try:
             # Conditions are a list: a merge patch replaces it whole, so the resourceVersion
             # guards Kueue's own conditions against a write made meanwhile.
             written = self.custom.patch_namespaced_custom_object_status(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, meta["namespace"], WORKLOADS, meta["name"],
                 {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                 "status": {"nominatedClusterNames": names, "conditions": conditions}},
+                 "status": {"nominatedClusterNames": list(nomination.names),
+                            "conditions": conditions}},
                 field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
         except ApiException as err:
             if err.status == 409:
-                raise Requeue(0.05, "the Workload changed meanwhile") from None
+                raise Requeue(CONFLICT_RETRY, "the Workload changed meanwhile") from None
             raise
         self.workloads.observe(written)
         self._release(key)
-        self._pending_shape.pop(key, None)
-        for name in names:
-            if name not in waiting.nominated:
-                self.metrics.nominations.labels(cluster=name).inc()
-        log.info("Workload %s/%s: %s", *key, message)
-        self.recorder.event(self._event_target(obj), WARNING, wl.UNSIZABLE_REASON, message)
-
-    def _need(self, obj: dict, at_min_count: bool = False) -> Need | str:
-        meta = obj["metadata"]
-        cache_key = (meta.get("uid"), meta.get("generation"), at_min_count)
-        if not all(cache_key[:2]):
-            return wl.podset_need(obj, at_min_count)
-        with self._needs_lock:
-            need = self._needs.get(cache_key)
-        if need is None:
-            need = wl.podset_need(obj, at_min_count)
-            with self._needs_lock:
-                self._needs[cache_key] = need
-        return need
-
-    # --- capacity held by a Workload's job ----------------------------------------------
-
-    def _hold(self, key: Key, obj: dict, worker_name: str, need: Need,
-              admitted: bool = False) -> None:
-        held = self._held.get(key)
-        worker = self.registry.get(worker_name)
-        if (held is not None and worker is not None and worker.capacity.reserved(held[1])
-                and self._holding.get(key) == (worker_name, admitted, need)):
-            return  # held as it is already
-        if held is not None and held[0] != worker_name:
-            self._release(key)
-        if worker is None:
-            return
-        job = wl.job_key(obj)
-        worker.capacity.reserve(job, need.requests, need.pods)
-        if worker.quota is not None:
-            # Nominated, not admitted: the worker's ClusterQueue does not count it yet, so
-            # this dispatcher does. Admitted: its reservation there counts it.
-            if admitted or need.queue is None:
-                worker.quota.release(job)
-            else:
-                worker.quota.hold(job, need.queue, need.requests, need.pods)
-        self._held[key] = (worker_name, job)
-        self._holding[key] = (worker_name, admitted, need)
-
-    def _release(self, key: Key) -> None:
-        self._holding.pop(key, None)
-        held = self._held.pop(key, None)
-        if held is not None and self.placer.release(self.registry.get(held[0]), held[1]):
-            self.requeue_waiting()
-
-    # --- writes -------------------------------------------------------------------------
+        self._said.pop(key, None)
+        for name in nomination.added:
+            self.metrics.nominations.labels(cluster=name).inc()
+        log.info("Workload %s/%s: %s", *key, nomination.message)
+        self.recorder.event(self._event_target(obj), WARNING, wl.UNSIZABLE_REASON,
+                            nomination.message)
 
     def _set_tried(self, obj: dict, tried: list[str]) -> dict:
         meta = obj["metadata"]
@@ -344,14 +303,6 @@ class WorkloadNominator:
             field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
         self.workloads.observe(written)
         return written
-
-    def _say_pending(self, obj: dict, key: Key, reason: str, message: str) -> None:
-        shape = f"{reason}: {message_shape(message)}"
-        if self._pending_shape.get(key) == shape:
-            return
-        self._pending_shape[key] = shape
-        log.info("Workload %s/%s waits: %s", *key, message)
-        self.recorder.event(self._event_target(obj), WARNING, reason, message)
 
     @staticmethod
     def _event_target(obj: dict) -> dict:

@@ -8,7 +8,7 @@ that group's resources: ``nominalQuota`` (plus what may be borrowed) minus what 
 reserved there (``status.flavorsReservation``: quota held by reserving and admitted
 Workloads).
 
-What is modelled, and what is not (decided here, said in the README):
+What is modelled, and what is not (decided here, said in docs/kueue-mode.md):
 
 * borrowing: a ClusterQueue in a cohort (``spec.cohortName``) may borrow up to
   ``borrowingLimit``; the cohort's unused quota is not read (it is spread over other
@@ -36,8 +36,8 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from dispatcher.amounts import format_amount
 from dispatcher.capacity import PODS
-from dispatcher.placement import format_amount
 
 Resources = dict[str, Decimal]
 Obj = dict[str, Any]

@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from dispatcher.capacity import PODS, pod_requests
-from dispatcher.placer import Need
+from dispatcher.need import Need
 from trainjob.conditions import parse_time
 
 Obj = dict[str, Any]

@@ -12,16 +12,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Protocol
 
+from dispatcher.amounts import format_amount
 from dispatcher.capacity import PODS
-from trainjob.runtime.podsets import format_quantity
 
 Resources = dict[str, Decimal]
-
-_BYTE_RESOURCES = ("memory", "ephemeral-storage")
-_BINARY_UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
-                 ("Ki", 2**10))
-_DECIMAL_UNITS = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6),
-                  ("k", 10**3))
 
 
 @dataclass
@@ -152,17 +146,3 @@ def message_shape(message: str) -> str:
     """A pending message with its amounts blanked out: free amounts move with every pod,
     so only a change of shape (a different reason) is worth a write or an Event."""
     return re.sub(r"\d+(\.\d+)?[A-Za-z]*", "#", message)
-
-
-def format_amount(resource: str, amount: Decimal) -> str:
-    """``amount`` for people: bytes in the shortest exact unit (64Gi, 500M), the rest as
-    a plain decimal number (1000.2 cpu, not 1000200m). Always exact."""
-    plain = format_quantity(amount)
-    if resource not in _BYTE_RESOURCES and not resource.startswith("hugepages-"):
-        return format(amount.normalize(), "f") if amount else "0"
-    if amount <= 0 or amount != amount.to_integral_value():
-        return plain
-    # min keeps the first of equally short spellings: binary units, as memory is written.
-    exact = [f"{int(amount) // size}{suffix}" for suffix, size in _BINARY_UNITS + _DECIMAL_UNITS
-             if int(amount) % size == 0]
-    return min(exact + [plain], key=len)

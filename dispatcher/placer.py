@@ -1,11 +1,13 @@
-"""Where a TrainJob can run and how much room it holds there: eligibility, needs and
-capacity reservations, in one place and with one writer.
+"""Where a TrainJob can run and how much room it holds there: eligibility, needs, and
+the choice of a worker with its reservation made in the same step.
 
-A reservation keeps a placed job's footprint counted on its worker until its pods show
-up (``WorkerCapacity`` then counts the pods instead). Reservations are made when a job is
-placed, re-made from the footprint recorded on each copy (so they survive a restart of
-the dispatcher), and dropped when the job no longer needs the room. Nothing else writes
-them.
+A reservation keeps a placed job's footprint counted on its worker until its pods show up
+(``WorkerCapacity`` then counts the pods instead). The Placer owns the one writer of
+reservations and Kueue quota holds (``reservations.Reservations``, its ``reservations``):
+it reserves there when it places, re-makes reservations from the footprint recorded on
+each copy (so they survive a restart of the dispatcher), and drops them when the job no
+longer needs the room; Kueue mode's nominator holds and releases through the same object.
+Nothing writes them another way.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
 
 from cachetools import LRUCache
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher import mirror
-from dispatcher.placement import (POLICIES, Candidate, describe_reasons, place_trainjob,
-                                  shortfalls)
+from dispatcher.need import Need
+from dispatcher.placement import POLICIES, Candidate, describe_reasons, shortfalls
 from dispatcher.registry import WorkerCluster, WorkerRegistry
+from dispatcher.reservations import Reservations
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
@@ -35,20 +37,6 @@ log = logging.getLogger(__name__)
 JobKey = tuple[str, str]
 
 
-@dataclass
-class Need:
-    """What a job asks of a worker (from that worker's copy of its runtime)."""
-
-    requests: dict[str, Decimal]
-    pods: int
-    node_selector: dict[str, str] | None
-    tolerations: list[dict] | None
-    each_pod: list[dict[str, Decimal]] = field(default_factory=list)  # per-pod requests
-    # Kueue mode: the (namespace, LocalQueue) the worker's Kueue admits the job through;
-    # its ClusterQueue's quota is room too. None in standalone mode.
-    queue: tuple[str, str] | None = None
-
-
 NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
 
 
@@ -56,9 +44,12 @@ class Placer:
     def __init__(self, registry: WorkerRegistry, policy: str):
         self.registry = registry
         self.policy = POLICIES[policy]
+        self.reservations = Reservations(registry)
         # Workers that are not candidates for a job, and why: a same-named TrainJob that is
         # not our copy is there (never touched; for good: generation None), or the worker's
-        # apiserver refused the copy (until the job's spec changes: its generation).
+        # apiserver refused the copy (until the job's spec changes: its generation). In
+        # memory only: after a restart such a worker may be chosen once more, and the same
+        # refusal or same-named object excludes it again.
         self.excluded: dict[JobKey, dict[str, tuple[int | None, str]]] = {}
         # Choose and reserve under one lock: concurrent placements must each see the
         # reservations of the others, or a burst piles onto the same worker.
@@ -98,13 +89,11 @@ class Placer:
             if isinstance(decision, str):
                 return decision
             worker, need, plan = decision
-            worker.capacity.reserve(key, need.requests, need.pods, plan)
-            if plan and log.isEnabledFor(logging.DEBUG):
-                log.debug("%s/%s pods expected on %s: %s", *key, worker.name,
-                          {node: {r: str(a) for r, a in amounts.items()}
-                           for node, amounts in plan.items()})
-            if need.queue is not None and worker.quota is not None:
-                worker.quota.hold(key, need.queue, need.requests, need.pods)
+            self.reservations.reserve(worker, key, need, plan)
+        if plan and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s/%s pods expected on %s: %s", *key, worker.name,
+                      {node: {r: str(a) for r, a in amounts.items()}
+                       for node, amounts in plan.items()})
         return worker, need
 
     def _choose(self, key: JobKey, workers: dict[str, WorkerCluster],
@@ -115,44 +104,37 @@ class Placer:
         candidates, needs, plans, unread = [], {}, {}, []
         for worker in workers.values():
             problem, need = asked[worker.name]
+            free: dict[str, Decimal] = {}
             if need is not None:
+                # Needs can differ per worker (each has its own copy of the runtime): each
+                # worker is weighed against its own.
                 needs[worker.name] = need
-            free = worker.capacity.free(need.node_selector, need.tolerations) if need else {}
-            if need is not None and not shortfalls(need.requests, need.pods, free):
-                # Room in sum: each pod must also fit on one Node.
-                plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                            need.tolerations)
-                if isinstance(plan, str):
-                    problem = plan
-                else:
-                    plans[worker.name] = plan
-            if need is not None and problem is None:
-                problem, free, unknown = _quota_room(key, worker, need, free)
-                if unknown:
-                    unread.append(f"{worker.name}: {problem}")
+                free = worker.capacity.free(need.node_selector, need.tolerations)
+                short = shortfalls(need.requests, need.pods, free)
+                if not short:
+                    # Room in sum: each pod must also fit on one Node.
+                    plan = worker.capacity.pack(need.each_pod, need.node_selector,
+                                                need.tolerations)
+                    if isinstance(plan, str):
+                        problem = plan
+                    else:
+                        plans[worker.name] = plan
+                if problem is None:
+                    problem, free, unknown = _quota_room(key, worker, need, free, short)
+                    if unknown:
+                        unread.append(f"{worker.name}: {problem}")
+                if problem is None and short:
+                    problem = "needs " + " and ".join(short)
+                    # Say which rule keeps Nodes out, not only what the rest lack.
+                    if rules := worker.capacity.excluded_by_rules(need.node_selector,
+                                                                  need.tolerations):
+                        problem += f" ({rules})"
             candidates.append(Candidate(worker.name, worker.order, free, problem))
         if not candidates:
             return "no worker cluster is registered"
-        # Needs can differ per worker (each has its own copy of the runtime); evaluate
-        # each candidate against its own.
-        fitting: dict[str, Candidate] = {}
-        reasons: dict[str, str] = {}
-        for candidate in candidates:
-            need = needs.get(candidate.name)
-            result = place_trainjob(need.requests if need else {}, need.pods if need else 0,
-                                    [candidate], self.policy)
-            if result.cluster:
-                fitting[candidate.name] = candidate
-                continue
-            reasons.update(result.reasons)
-            if need is not None and candidate.problem is None:
-                # Say which rule keeps Nodes out, not only what the rest lack.
-                rules = workers[candidate.name].capacity.excluded_by_rules(
-                    need.node_selector, need.tolerations)
-                if rules:
-                    reasons[candidate.name] += f" ({rules})"
+        fitting = {cand.name: cand for cand in candidates if cand.problem is None}
         if not fitting:
-            return describe_reasons(reasons)
+            return describe_reasons({cand.name: cand.problem for cand in candidates})
         if unread:
             # A worker whose Nodes have room and whose Kueue queues are still being read
             # may be the better fit: decide once they are read (moments after a start or a
@@ -227,10 +209,7 @@ class Placer:
 
     def release(self, worker: WorkerCluster | None, key: JobKey) -> bool:
         """The job no longer needs room on ``worker``; True when a reservation went."""
-        if worker is None:
-            return False
-        held_quota = worker.quota.release(key) if worker.quota is not None else False
-        return worker.capacity.release(key) or held_quota
+        return self.reservations.release(worker, key)
 
     def exclude(self, key: JobKey, worker: WorkerCluster, generation: int | None,
                 why: str) -> None:
@@ -253,7 +232,8 @@ class Placer:
             # job holds its room; the copy appearing says nothing about it.
             return False
         requests, pods = recorded
-        worker.capacity.reserve(key, {k: parse_quantity(v) for k, v in requests.items()}, pods)
+        self.reservations.restore(worker, key,
+                                  {k: parse_quantity(v) for k, v in requests.items()}, pods)
         return False
 
     def forget(self, key: JobKey) -> None:
@@ -274,20 +254,19 @@ def _need(job: TrainJob, runtime: dict) -> Need | str:
                 pod_spec.get("tolerations"), each_pod)
 
 
-def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal]
-                ) -> tuple[str | None, dict[str, Decimal], bool]:
+def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal],
+                short: list[str]) -> tuple[str | None, dict[str, Decimal], bool]:
     """Kueue mode: the worker fits only when its Kueue's quota for the job's queue fits
     too. (why not, Node room, whether that answer is only not known yet) when it does not;
     else (None, the smaller of Node and quota room per resource, so ranking sees what both
     allow, False). Without a quota read (no Kueue API there, or none asked for), the Node
-    room alone."""
+    room alone. ``short``: what the Nodes lack (``shortfalls`` of ``free``), named too."""
     if need.queue is None or worker.quota is None:
         return None, free, False
     verdict = worker.quota.verdict(need.queue, need.requests, need.pods, key)
     if verdict is None:
         return None, free, False
     if verdict.problem is not None:
-        short = shortfalls(need.requests, need.pods, free)
         nodes = f" (and its Nodes: needs {' and '.join(short)})" if short else ""
         return verdict.problem + nodes, free, verdict.unknown
     return None, {resource: min(amount, verdict.free.get(resource, amount))

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher import kueue_quota as kq
-from dispatcher.placement import format_amount
+from dispatcher.amounts import format_amount
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -209,7 +209,8 @@ class WorkerQuota:
     def hold(self, job: JobKey, queue: tuple[str, str], requests: Resources,
              pods: int) -> None:
         """Count the job against its queue's quota here until ``release``: it is nominated
-        to this worker and the worker's Kueue has not reserved quota for it yet."""
+        to this worker and the worker's Kueue has not reserved quota for it yet. Only
+        ``reservations.Reservations`` calls this and ``release``."""
         asked = {r: a for r, a in requests.items() if a > 0}
         if pods:
             asked[kq.PODS] = Decimal(pods)  # charged only where the ClusterQueue covers pods

@@ -1,0 +1,32 @@
+"""Resource amounts as the dispatcher's messages show them (pure).
+
+Its own module because both the capacity picture (``capacity``) and the placement rules
+(``placement``) word amounts, and placement reads capacity's ``PODS``: kept in either,
+the two would import each other.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from trainjob.runtime.podsets import format_quantity
+
+_BYTE_RESOURCES = ("memory", "ephemeral-storage")
+_BINARY_UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
+                 ("Ki", 2**10))
+_DECIMAL_UNITS = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6),
+                  ("k", 10**3))
+
+
+def format_amount(resource: str, amount: Decimal) -> str:
+    """``amount`` for people: bytes in the shortest exact unit (64Gi, 500M), the rest as
+    a plain decimal number (1000.2 cpu, not 1000200m). Always exact."""
+    plain = format_quantity(amount)
+    if resource not in _BYTE_RESOURCES and not resource.startswith("hugepages-"):
+        return format(amount.normalize(), "f") if amount else "0"
+    if amount <= 0 or amount != amount.to_integral_value():
+        return plain
+    # min keeps the first of equally short spellings: binary units, as memory is written.
+    exact = [f"{int(amount) // size}{suffix}" for suffix, size in _BINARY_UNITS + _DECIMAL_UNITS
+             if int(amount) % size == 0]
+    return min(exact + [plain], key=len)
