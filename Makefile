@@ -8,13 +8,13 @@ STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries browser test conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
+.PHONY: help venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
 
 help:
 	@echo "make test           run the test suite against real local control planes"
 	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
-	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue)"
+	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue, controller-gen)"
 	@echo "make browser        install Chromium and chromedriver (Debian packages) for the dashboard test"
 	@echo "make clusters-up / clusters-status / clusters-down"
 	@echo "make engine         find a Docker engine, or install (Debian's docker.io) and start the project's own"
@@ -22,7 +22,7 @@ help:
 	@echo "make compose-up     the whole product on Docker (docker compose up --build); compose-down removes it"
 	@echo "make engine-stop    stop the project's own Docker engine (never another)"
 	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
-	@echo "make bench          benchmark the dispatcher (20-40 min); figures in bench-results/"
+	@echo "make bench          benchmark the dispatcher (over an hour on 2 cores); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
 
@@ -48,7 +48,15 @@ browser:
 	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver \
 		|| { echo "could not install chromium and chromium-driver; install them and run make test again" >&2; exit 1; }
 
-test: binaries browser
+# The images the tests run (the project's, the control plane's, JobSet's, the workload and
+# kind's node image), built before pytest so that a cold build prints its progress as it
+# goes; what exists is kept (the project's own images are rebuilt from the working tree,
+# seconds when unchanged). The engine `make engine` started keeps running afterwards
+# (`make engine-stop`).
+test-images: images
+	$(PY) -m clusters.kind_node
+
+test: binaries browser test-images
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 engine: venv

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run upstream Kubeflow Trainer's controller (with its CRDs) on one worker "
         "and this operator on another, apply the same runtimes and TrainJobs to both (upstream's "
         "shipped runtimes and examples, and the project's own cases) and print, per object, "
-        "whether what the two made is equal after the intended differences the README lists "
+        "whether what the two made is equal after the intended differences docs/conformance.md lists "
         "are removed, and the paths that differ. Uses the clusters in --state-dir when two "
         "workers run there, else starts and removes its own. Exit status 1 when anything "
         "differs.")

@@ -30,7 +30,7 @@ from trainjob import constants as c
 
 RUNTIME_KINDS = (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND)
 
-# Why some of the project's cases differ on purpose (the README lists the same).
+# Why some of the project's cases differ on purpose (docs/conformance.md lists the same).
 OVERRIDES_PRUNED = ("podSpecOverrides is the v2.0 API the project keeps; upstream v2.3's CRD "
                     "prunes it, so only the operator's JobSet has the override")
 PATCH_OF_UNKNOWN_JOB = ("a runtime patch naming a replicated job the runtime lacks is refused "

@@ -33,7 +33,7 @@ class Intended:
     why: str
 
 
-# The README's table of intended differences says the same; keep the two in step.
+# docs/conformance.md's table of intended differences says the same; keep the two in step.
 INTENDED = (
     Intended("JobSet", (("metadata", "annotations", "trainer.kubeflow.org/total-pods"),
                         ("metadata", "annotations", "trainer.kubeflow.org/total-requests"),
@@ -73,7 +73,7 @@ class IntendedRefusal:
     why: str
 
 
-# Refusals of the same meaning given differently; the README's table says the same.
+# Refusals of the same meaning given differently; docs/conformance.md's table says the same.
 INTENDED_REFUSALS = (
     IntendedRefusal(("", "Invalid"), ("metadata.name", "Invalid"),
                     "a TrainJob name that is not a DNS-1035 label: upstream's CRD checks it "

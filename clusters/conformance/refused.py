@@ -25,7 +25,7 @@ LLAMA_1B = "torchtune/llama3_2/llama3_2_1B.yaml"
 QWEN = "torchtune/qwen2_5/qwen2_5_1.5B.yaml"
 VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
 # Upstream's webhook means to refuse these too, but checks the runtime with the patches
-# already merged in, where the container exists (the README lists the same).
+# already merged in, where the container exists (docs/conformance.md lists the same).
 PATCH_OF_UNKNOWN_CONTAINER = ("a runtime patch naming a container the runtime's job lacks is "
                               "refused at admission; upstream merges it in as a new "
                               "container without an image and builds a JobSet of it")
