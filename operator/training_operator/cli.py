@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="directory holding tls.crt and tls.key; the webhook server starts "
                      "only when this is given (without it the operator still reconciles and "
                      "the CRD's CEL rules still apply)")
+    run.add_argument("--webhook-drain-seconds", type=command_line.seconds, default=5.0,
+                     help="on SIGTERM, go on answering reviews for up to this long, each answer "
+                     "closing its connection, so that the apiserver moves to another replica "
+                     "without a review cut short (default: %(default)s; keep it below the "
+                     "Pod's terminationGracePeriodSeconds minus its preStop delay)")
     run.add_argument("--metrics-port", type=int, default=8080,
                      help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
     run.add_argument("--metrics-host", default="127.0.0.1",
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         from training_operator.webhook_server import WebhookServer
 
         server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
-                               host=args.webhook_host, on_review=controller.observe_review)
+                               host=args.webhook_host, on_review=controller.observe_review,
+                               drain_seconds=args.webhook_drain_seconds)
         try:
             server.start()
         except OSError as err:

@@ -43,8 +43,10 @@ class WebhookServer:
 
     def __init__(self, port: int, cert_dir: str | Path, lookups: Lookups,
                  host: str = "127.0.0.1", on_review: ReviewHook | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, drain_seconds: float = 0.0):
         self.host = host
+        self.drain_seconds = drain_seconds
+        self.draining = False  # set by stop(): answers close their connections from then on
         self.port = port
         self.cert_dir = Path(cert_dir)
         self.lookups = lookups
@@ -109,10 +111,20 @@ class WebhookServer:
             return context
 
     def stop(self) -> None:
-        """Stop accepting, close open connections and release the port."""
+        """Drain, then stop accepting, close open connections and release the port.
+
+        The apiserver keeps its connections to a webhook open and reuses them, and it does
+        not retry a review whose connection the server closed under it. So for up to
+        ``drain_seconds`` the server goes on answering, with ``Connection: close`` on every
+        answer: each connection in use ends after its answer, cleanly, and the apiserver
+        opens its next one to a Pod that is not stopping. Only connections idle for the
+        whole drain are then cut."""
         server, thread = self._server, self._thread
         if server is None:
             return
+        server.draining = self.draining = True
+        if self.drain_seconds > 0:
+            server.drain(self.drain_seconds)
         self._server = self._thread = None
         server.shutdown()
         server.close_connections()
@@ -135,6 +147,8 @@ class _TLSServer(ThreadingHTTPServer):
         self.webhook = webhook
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._closed = threading.Condition(self._lock)
+        self.draining = False
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
@@ -163,8 +177,16 @@ class _TLSServer(ThreadingHTTPServer):
         finally:
             with self._lock:
                 self._connections.discard(tls)
+                self._closed.notify_all()
             _shutdown(tls)
             tls.close()
+
+    def drain(self, seconds: float) -> None:
+        """Answer with ``Connection: close`` from now on, and wait until every open
+        connection has ended or ``seconds`` have passed."""
+        with self._lock:
+            self.draining = True
+            self._closed.wait_for(lambda: not self._connections, timeout=seconds)
 
     def close_connections(self) -> None:
         """Wake every connection thread; each closes its own socket."""
@@ -280,6 +302,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if self.server.draining:
+            self.close_connection = True
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()

@@ -362,7 +362,7 @@ def test_an_operator_rollout_refuses_no_trainjob_create(deployed, manager, names
                 create(worker, trainjob(name, namespace, managed_by=None, suspend=True))
                 created.append(name)
             except ApiException as err:
-                refused.append(f"{name}: {err.status} {(err.body or '')[:300]}")
+                refused.append(f"{name}: {err.status} {(err.body or '')[:1000]}")
             if index % 5 == 0:
                 create(manager, trainjob(f"rollout-{index}", namespace, "--run-for", "1s"))
                 via_manager.append(f"rollout-{index}")

@@ -14,6 +14,7 @@ import json
 import secrets
 import ssl
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -621,3 +622,35 @@ def test_the_initializer_cannot_change(webhook, namespace):
     assert "spec.initializer" in body["message"] and "immutable" in body["message"]
     assert webhook.get(namespace, "fetched")["spec"]["initializer"]["dataset"][
         "storageUri"] == "hf://a/b"
+
+
+def test_a_stopping_server_answers_on_open_connections_and_closes_each_after_its_answer(
+        webhook):
+    """The apiserver reuses its connections and does not retry a review cut short: while
+    it drains, a stopping server still answers on a connection already open, with
+    `Connection: close`, and stop() returns once that connection has ended, well before
+    the drain's limit."""
+    server = WebhookServer(0, webhook.server.cert_dir, ApiLookups(webhook.worker.api),
+                           drain_seconds=30)
+    server.start()
+    context = ssl.create_default_context(cafile=str(webhook.ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    conn.request("GET", "/healthz")
+    first = conn.getresponse()
+    assert (first.status, first.read(), first.getheader("Connection")) == (200, b"ok", None)
+
+    stopping = threading.Thread(target=server.stop)
+    started = time.monotonic()
+    stopping.start()
+    eventually(lambda: server.draining, bool,
+               expected="the server draining after stop()", timeout=5)
+    conn.request("GET", "/healthz")  # on the connection opened before the stop
+    second = conn.getresponse()
+    assert (second.status, second.read(), second.getheader("Connection")) == (
+        200, b"ok", "close")
+    stopping.join(timeout=20)
+    assert not stopping.is_alive(), "stop() still waiting after the only connection ended"
+    assert time.monotonic() - started < 20
+    with pytest.raises(OSError):
+        http.client.HTTPSConnection("127.0.0.1", server.port, context=context,
+                                    timeout=5).request("GET", "/healthz")
