@@ -129,14 +129,14 @@ class ServiceProcess:
         finally:
             conn.close()
 
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples (all label sets) from the operator's /metrics."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples from the process's /metrics: every label set, or
+        those that have ``labels``."""
         _, text = self.get("/metrics")
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples
+                   if sample.name == name
+                   and all(sample.labels.get(key) == value for key, value in labels.items()))
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -10,9 +10,9 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher.capacity import SCORING_STRATEGIES
 from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT, ConfigError,
                                DispatcherConfig, is_loopback, load_config)
+from dispatcher.placement.capacity import SCORING_STRATEGIES
 from trainjob import command_line, logs
 from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
                                 KUEUE_NAMESPACE)
@@ -179,7 +179,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     from dispatcher import dashboard
     from dispatcher.controller import DispatcherController
-    from dispatcher.kueue_presence import KueueOnManager, origin_conflict, origin_mismatch
+    from dispatcher.standalone.beside_kueue import KueueOnManager, origin_conflict, origin_mismatch
 
     # Standalone mode makes remote copies, which must not look like Kueue's; in kueue mode
     # Kueue makes them all and the dispatcher follows them by Kueue's origin.

@@ -23,16 +23,17 @@ from collections.abc import Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
 
-from dispatcher import garbage_collection
 from dispatcher.config import DispatcherConfig
-from dispatcher.metrics import DispatcherMetrics
-from dispatcher.job_timing import JobTimings
-from dispatcher.kueue_nominator import WorkloadNominator
-from dispatcher.kueue_presence import KueueOnManager
-from dispatcher.worker_quota import CLUSTERQUEUES, LOCALQUEUES
-from dispatcher.placer import Placer
-from dispatcher.reconciler import DispatchReconciler
-from dispatcher.registry import WorkerCluster, WorkerRegistry
+from dispatcher.kueue.nominator import WorkloadNominator
+from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
+from dispatcher.placement.placer import Placer
+from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES
+from dispatcher.standalone import garbage_collection
+from dispatcher.standalone.beside_kueue import KueueOnManager
+from dispatcher.standalone.job_timing import JobTimings
+from dispatcher.standalone.reconciler import DispatchReconciler
+from dispatcher.workers.cluster import WorkerCluster
+from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob import managed_by
 from trainjob import required_apis
@@ -90,6 +91,12 @@ class DispatcherController:
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
                                            self.recorder, self.metrics, self.kueue_mode_idle) \
             if config.mode == "kueue" else None
+        # Only the queue whose workers run reports (Kueue mode never works self.queue off).
+        if self.nominator is None:
+            self.queue.instrument(self.metrics.controllers.queue(DISPATCH_CONTROLLER))
+        else:
+            self.nominator.queue.instrument(
+                self.metrics.controllers.queue(NOMINATION_CONTROLLER))
         self._workers = workers
         self._threads: list[threading.Thread] = []
         # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
@@ -101,13 +108,15 @@ class DispatcherController:
         self.elector = None
         if config.leader_elect:
             identity = f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+            lease = f"trainjob-dispatcher-{config.origin}"
             self.elector = LeaderElector(
-                manager, config.namespace, f"trainjob-dispatcher-{config.origin}", identity,
+                manager, config.namespace, lease, identity,
                 lease_duration=config.lease_duration_seconds,
                 renew_deadline=config.renew_deadline_seconds,
                 retry_period=config.retry_period_seconds,
                 on_started_leading=self._started_leading,
-                on_stopped_leading=self._stopped_leading)
+                on_stopped_leading=self._stopped_leading,
+                metric=self.metrics.controllers.leader(lease))
 
     # --- event routing --------------------------------------------------------------
 
@@ -179,14 +188,17 @@ class DispatcherController:
         log.info("leading: dispatching")
         if self.nominator is not None:
             # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
-            self._threads = start_workers(self.nominator.queue, self.nominator.reconcile,
-                                          self._workers, "nominate", self._on_error)
+            self._threads = start_workers(
+                self.nominator.queue, self.nominator.reconcile, self._workers, "nominate",
+                self._on_error, metrics=self.metrics.controllers.reconciles(NOMINATION_CONTROLLER))
             for obj in self.nominator.workloads.list():
                 self.nominator.queue.add((obj["metadata"]["namespace"],
                                           obj["metadata"]["name"]))
             return
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
-                                      "dispatch", self._on_error)
+                                      "dispatch", self._on_error,
+                                      metrics=self.metrics.controllers.reconciles(
+                                          DISPATCH_CONTROLLER))
         if self.config.gc_interval_seconds > 0:
             self._scheduler.add_job(self.collect_garbage, "interval",
                                     seconds=self.config.gc_interval_seconds,

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.registry import WorkerCluster
 from dispatcher.job_state import job_summary, workloads_by_job
+from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob import managed_by
 from trainjob.conditions import format_time

@@ -1,20 +1,28 @@
-"""The dispatcher's Prometheus metrics, on a registry of its own."""
+"""The dispatcher's Prometheus metrics: its own, and the controller-runtime ones
+(``trainjob.controller_metrics``), on the one registry the process serves."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from dispatcher.job_state import job_state
 from trainjob import constants as c
 from trainjob import managed_by
+from trainjob.controller_metrics import ApiRequest, ControllerMetrics, process_registry
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# Controller names (the ``controller`` and work queue ``name`` labels): standalone mode
+# reconciles manager TrainJobs, Kueue mode nominates workers for Workloads.
+DISPATCH_CONTROLLER = "trainjob-dispatcher"
+NOMINATION_CONTROLLER = "workload-nominator"
 
 
 class DispatcherMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
+        self.controllers = ControllerMetrics(self.registry)
         self.dispatch_latency = Histogram(
             "dispatcher_dispatch_latency_seconds",
             "From a manager TrainJob becoming eligible to its remote copy existing",
@@ -50,9 +58,16 @@ class DispatcherMetrics:
             ["cluster", "verb", "code"], registry=self.registry)
 
     def observer(self, cluster: str):
-        """A request observer for one cluster's client."""
-        counter = self.api_requests
-        return lambda verb, code: counter.labels(cluster=cluster, verb=verb, code=code).inc()
+        """A request observer for one cluster's client: dispatcher_api_requests_total by
+        cluster, and the rest_client_* metrics by apiserver address."""
+        counter, controllers = self.api_requests, self.controllers
+
+        def observe(request: ApiRequest) -> None:
+            code = "error" if request.status is None else str(request.status)
+            counter.labels(cluster=cluster, verb=request.verb, code=code).inc()
+            controllers.observe_request(request)
+
+        return observe
 
     def count_jobs(self, jobs) -> None:
         """Publish, at scrape time, manager TrainJobs by state and cluster, computed from

@@ -70,7 +70,7 @@ JOBSET_SUSPENDED = "Suspended"
 # MultiKueue conventions.
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 # The dispatcher's own origin (standalone mode). Not Kueue's default: a standalone dispatcher
-# beside Kueue must not label its copies as Kueue does (dispatcher/kueue_presence.py).
+# beside Kueue must not label its copies as Kueue does (dispatcher/standalone/beside_kueue.py).
 DEFAULT_ORIGIN = "trainjob-dispatcher"
 # Kueue's multiKueue.origin when its Configuration sets none; kueue mode's default, since
 # there the origin must be Kueue's.
@@ -93,6 +93,10 @@ PLACEMENT_ANNOTATION = "trainjob-dispatcher.io/cluster"
 # The User-Agent of every request each component makes (its name, then the client's).
 DISPATCHER_USER_AGENT = "trainjob-dispatcher"
 OPERATOR_USER_AGENT = "training-operator"
+# The field manager of every write the dispatcher makes (manager TrainJobs and Workloads,
+# MultiKueueCluster conditions, copies on workers): Kueue mode reads its nomination time
+# back from this entry of a Workload's managed fields.
+DISPATCHER_FIELD_MANAGER = "trainjob-dispatcher"
 DISPATCH_FINALIZER = "trainjob-dispatcher.io/remote-cleanup"
 MANAGER_UID_ANNOTATION = "trainjob-dispatcher.io/manager-uid"
 REQUESTS_ANNOTATION = "trainjob-dispatcher.io/requests"

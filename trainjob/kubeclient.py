@@ -17,11 +17,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
+from trainjob.controller_metrics import ApiRequest
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 # Threads share one client per cluster; urllib3's default pool (5 x CPUs) would make
@@ -53,7 +55,8 @@ class TokenBucket:
         return wait
 
 
-RequestObserver = Callable[[str, str], None]
+# Told of every request a client makes (``trainjob.controller_metrics.ApiRequest``).
+RequestObserver = Callable[[ApiRequest], None]
 
 # Without a timeout, a request to an apiserver that accepted the connection but stopped
 # answering (a frozen process, a half-open connection) blocks its thread forever. Watches
@@ -63,8 +66,8 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 
 class RateLimitedApiClient(client.ApiClient):
     """An ApiClient whose every request (watches included, once per start) first takes a
-    token from the cluster's bucket, and is reported to ``observer(verb, code)`` (code
-    "error" when no HTTP answer came back)."""
+    token from the cluster's bucket, and is reported to ``observer`` (verb, apiserver,
+    HTTP status or none, latency and time spent waiting for a token)."""
 
     def __init__(self, configuration: client.Configuration, limiter: TokenBucket | None,
                  observer: RequestObserver | None = None,
@@ -76,19 +79,23 @@ class RateLimitedApiClient(client.ApiClient):
         self.request_timeout = ((min(5.0, request_timeout), request_timeout)
                                 if request_timeout else None)
 
-    def call_api(self, method, *args, **kwargs):
-        if self.limiter is not None:
-            self.limiter.acquire()
+    def call_api(self, method, url, *args, **kwargs):
+        waited = self.limiter.acquire() if self.limiter is not None else None
         if kwargs.get("_request_timeout") is None and self.request_timeout is not None:
             kwargs["_request_timeout"] = self.request_timeout
-        code = "error"
+        status = None
+        started = time.monotonic()
         try:
-            response = super().call_api(method, *args, **kwargs)
-            code = str(getattr(response, "status", "error"))
+            response = super().call_api(method, url, *args, **kwargs)
+            status = getattr(response, "status", None)
             return response
+        except ApiException as err:
+            status = err.status or None  # an answer (e.g. 429 after retries), or none (0)
+            raise
         finally:
             if self.observer is not None:
-                self.observer(method, code)
+                self.observer(ApiRequest(method, urlsplit(url).netloc, status,
+                                         time.monotonic() - started, waited))
 
 
 def api_client(kubeconfig: str | Path | dict | KubeconfigSource | None = None,

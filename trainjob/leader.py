@@ -46,6 +46,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 if TYPE_CHECKING:
+    from trainjob.controller_metrics import LeaderMetric
     from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ def stop_writing(stopping: bool, lost_leadership: threading.Event,
 
 
 class LeaderElector:
-    """Campaign for the Lease ``namespace/name`` as ``identity`` on a background thread."""
+    """Campaign for the Lease ``namespace/name`` as ``identity`` on a background thread;
+    ``metric`` (leader_election_master_status) shows whether a term is running."""
 
     def __init__(
         self,
@@ -93,6 +95,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         on_started_leading: Callable[[], None],
         on_stopped_leading: Callable[[], None],
+        metric: LeaderMetric | None = None,
     ):
         if not identity:
             raise ValueError("identity must not be empty")
@@ -111,6 +114,8 @@ class LeaderElector:
         self.retry_period = retry_period
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
+        # leader_election_master_status: 1 through a term, else 0 (a standby shows 0).
+        self._metric = metric
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -224,6 +229,8 @@ class LeaderElector:
         with self._lock:
             self._leading = True
             self._valid_until = started + self.renew_deadline
+        if self._metric is not None:
+            self._metric.leading(True)
         log.info("%s: became leader (lease %s/%s)", self.identity, self.namespace, self.name)
         self._call(self._on_started_leading, "on_started_leading")
 
@@ -231,6 +238,8 @@ class LeaderElector:
         with self._lock:
             was_leading, self._leading = self._leading, False
         if was_leading:
+            if self._metric is not None:
+                self._metric.leading(False)
             log.info("%s: stopped leading (lease %s/%s)", self.identity, self.namespace,
                      self.name)
             self._call(self._on_stopped_leading, "on_stopped_leading")

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from trainjob import logs
+from trainjob import controller_metrics as results
+from trainjob.controller_metrics import ReconcileMetrics
 from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
 from trainjob.required_apis import MissingResources
@@ -45,10 +47,14 @@ class Server(Protocol):
 
 def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, name: str,
                   on_error: Callable[[Hashable, Exception, bool, float], None],
-                  observe: Callable[[float], None] | None = None) -> list[threading.Thread]:
+                  observe: Callable[[float], None] | None = None,
+                  metrics: ReconcileMetrics | None = None) -> list[threading.Thread]:
     """``count`` threads taking keys from ``queue`` and calling ``reconcile(*key)``. A
     failure is retried with per-key backoff, never dropped; ``on_error(key, err, first,
-    delay)`` is told (``first`` once per streak of failures)."""
+    delay)`` is told (``first`` once per streak of failures). Each reconcile's duration goes
+    to ``observe``, and its result and duration to ``metrics``."""
+    if metrics is not None:
+        metrics.max_concurrent.set(count)
 
     def work() -> None:
         while True:
@@ -56,7 +62,10 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
                 key = queue.get()
             except ShutDown:
                 return
+            if metrics is not None:
+                metrics.active.inc()
             started = time.perf_counter()
+            result = results.SUCCESS
             namespace, name = key if isinstance(key, tuple) and len(key) == 2 else ("", key)
             try:
                 with logs.context(namespace=namespace, name=name):
@@ -64,13 +73,19 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
                         reconcile(*key)
                         queue.forget(key)
                     except Requeue as again:
+                        result = results.REQUEUE_AFTER if again.delay > 0 else results.REQUEUE
                         queue.add_after(key, again.delay)
                     except Exception as err:  # noqa: BLE001 - must not kill a worker
+                        result = results.ERROR
                         first = queue.failures(key) == 0
                         on_error(key, err, first, queue.add_rate_limited(key))
             finally:
+                elapsed = time.perf_counter() - started
                 if observe is not None:
-                    observe(time.perf_counter() - started)
+                    observe(elapsed)
+                if metrics is not None:
+                    metrics.finished(result, elapsed)
+                    metrics.active.dec()
                 queue.done(key)
 
     threads = [threading.Thread(target=work, name=f"{name}-{i}", daemon=True)

@@ -5,6 +5,8 @@
   again when the worker calls ``done``.
 * ``add_after`` delays a key; ``add_rate_limited`` delays it with per-key exponential
   backoff (reset by ``forget``), so a failing object is retried without hot-looping.
+* With ``metrics`` (``trainjob.controller_metrics.QueueMetrics``) it reports its depth, adds,
+  waiting and processing times and retries as client-go's work queues do.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainjob.controller_metrics import QueueMetrics
 
 
 class ShutDown(Exception):
@@ -22,7 +28,8 @@ class ShutDown(Exception):
 
 
 class WorkQueue:
-    def __init__(self, base_delay: float = 0.05, max_delay: float = 60.0):
+    def __init__(self, base_delay: float = 0.05, max_delay: float = 60.0,
+                 metrics: QueueMetrics | None = None):
         self._lock = threading.Condition()
         self._queue: deque[Hashable] = deque()
         self._dirty: set[Hashable] = set()
@@ -33,25 +40,45 @@ class WorkQueue:
         self._base_delay = base_delay
         self._max_delay = max_delay
         self._shutting_down = False
+        self._metrics = metrics
+
+    def instrument(self, metrics: QueueMetrics) -> None:
+        """Report to ``metrics`` from now on (for a queue made by code that does not know
+        the process's metrics); keys already waiting count as added now."""
+        with self._lock:
+            self._metrics = metrics
+            for key in self._dirty:
+                metrics.added(key)
+
+    def _mark_dirty(self, key: Hashable) -> None:
+        """``key`` is due and was not waiting: queue it unless a worker holds it (then
+        ``done`` queues it). Called with the lock held."""
+        self._dirty.add(key)
+        if self._metrics is not None:
+            self._metrics.added(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._lock.notify()
 
     def add(self, key: Hashable) -> None:
         with self._lock:
             if self._shutting_down or key in self._dirty:
                 return
-            self._dirty.add(key)
-            if key not in self._processing:
-                self._queue.append(key)
-                self._lock.notify()
+            self._mark_dirty(key)
 
     def add_after(self, key: Hashable, delay: float) -> None:
-        if delay <= 0:
-            self.add(key)
-            return
+        """Add ``key`` once ``delay`` seconds have passed (a retry, in the metrics)."""
         with self._lock:
             if self._shutting_down:
                 return
-            heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
-            self._lock.notify()
+            if self._metrics is not None:
+                self._metrics.retried()
+            if delay > 0:
+                heapq.heappush(self._delayed,
+                               (time.monotonic() + delay, next(self._counter), key))
+                self._lock.notify()
+                return
+        self.add(key)
 
     def add_rate_limited(self, key: Hashable) -> float:
         """Requeue ``key`` after its next backoff delay; returns that delay."""
@@ -76,9 +103,7 @@ class WorkQueue:
         while self._delayed and self._delayed[0][0] <= now:
             _, _, key = heapq.heappop(self._delayed)
             if key not in self._dirty:
-                self._dirty.add(key)
-                if key not in self._processing:
-                    self._queue.append(key)
+                self._mark_dirty(key)
         return self._delayed[0][0] - now if self._delayed else None
 
     def get(self, timeout: float | None = None) -> Hashable:
@@ -92,6 +117,8 @@ class WorkQueue:
                     key = self._queue.popleft()
                     self._dirty.discard(key)
                     self._processing.add(key)
+                    if self._metrics is not None:
+                        self._metrics.taken(key)
                     return key
                 if self._shutting_down:
                     raise ShutDown()
@@ -105,6 +132,8 @@ class WorkQueue:
     def done(self, key: Hashable) -> None:
         with self._lock:
             self._processing.discard(key)
+            if self._metrics is not None:
+                self._metrics.done(key)
             if key in self._dirty:
                 self._queue.append(key)
                 self._lock.notify()

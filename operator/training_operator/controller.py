@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from training_operator.metrics import OperatorMetrics
+from training_operator.metrics import CONTROLLER, OperatorMetrics
 from training_operator.reconciler import Caches, TrainJobReconciler
 from training_operator.webhook import CacheLookups
 from trainjob import constants as c, required_apis, runtime_ref
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
+from trainjob.kubeclient import RateLimitedApiClient, describe_error
 from trainjob.leader import LeaderElector, stop_writing
 from trainjob.runtime.extension_points import Plugin
 from trainjob.runtime.plugins import registered
@@ -74,7 +74,9 @@ class OperatorController:
         self.api = api
         self.namespace = namespace
         self.metrics = metrics or OperatorMetrics()
-        self.queue = WorkQueue()
+        if isinstance(api, RateLimitedApiClient) and api.observer is None:
+            api.observer = self.metrics.controllers.observe_request  # rest_client_*
+        self.queue = WorkQueue(metrics=self.metrics.controllers.queue(CONTROLLER))
         self.trainjobs = Informer("trainjobs", _custom_list(
             api, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS, namespace))
         self.jobsets = Informer("jobsets", _custom_list(
@@ -105,7 +107,8 @@ class OperatorController:
                 api, lease.namespace, lease.name, identity,
                 lease_duration=lease.lease_duration, renew_deadline=lease.renew_deadline,
                 retry_period=lease.retry_period, on_started_leading=self._started_leading,
-                on_stopped_leading=self._stopped_leading)
+                on_stopped_leading=self._stopped_leading,
+                metric=self.metrics.controllers.leader(lease.name))
         self.trainjobs.add_handler(self._on_trainjob)
         self.jobsets.add_handler(self._on_jobset)
         self.runtimes.add_handler(self._on_runtime)
@@ -170,7 +173,8 @@ class OperatorController:
             log.info("leading: reconciling")
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "reconcile", self._on_error,
-                                      self.metrics.reconcile_duration.observe)
+                                      self.metrics.reconcile_duration.observe,
+                                      self.metrics.controllers.reconciles(CONTROLLER))
         for job in self.trainjobs.list():
             self._on_trainjob("SYNC", None, job)
 

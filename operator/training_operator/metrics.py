@@ -1,14 +1,22 @@
-"""The operator's Prometheus metrics, on a registry of its own (several operators can run
-in one test process without clashing)."""
+"""The operator's Prometheus metrics: its own, and the controller-runtime ones
+(``trainjob.controller_metrics``), on the one registry the process serves (a registry per
+operator, not prometheus_client's global one: several operators can run in one test process
+without clashing)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
+
+from trainjob.controller_metrics import ControllerMetrics, process_registry
+
+# The controller's name (the ``controller`` and work queue ``name`` labels).
+CONTROLLER = "trainjob"
 
 
 class OperatorMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
+        self.controllers = ControllerMetrics(self.registry)
         self.reconcile_duration = Histogram(
             "training_operator_reconcile_duration_seconds", "Time to reconcile one TrainJob",
             registry=self.registry,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -521,6 +522,52 @@ def test_metrics_count_jobs_requests_and_latencies(dispatch_env, namespace):
         assert family in text, f"{family} missing from /metrics"
     assert leader.metric("dispatcher_jobs") >= 1
     assert leader.metric("dispatcher_api_requests_total") > 0
+
+
+def test_both_processes_serve_the_controller_runtime_metrics(dispatch_env, namespace):
+    """The names Go controllers' dashboards and alerts use, with process and Python
+    metrics, on each process's one registry: the dispatcher (leader, standalone mode) and
+    the operator on the worker the job went to."""
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("standard"))
+    worker_name, _ = wait_placed(env, namespace, "standard")
+    worker = env.multicluster[worker_name]
+    eventually(lambda: get(worker, namespace, "standard", c.JOBSETS,
+                           (c.JOBSET_GROUP, c.JOBSET_VERSION)),
+               lambda found: found is not None,
+               expected=f"the operator on {worker_name} to create JobSet {namespace}/standard")
+    worker_host = urlsplit(worker.api.configuration.host).netloc
+    operator = env.operators[worker_name]
+    for process, controller in ((env.dispatcher, "trainjob-dispatcher"),
+                                (operator, "trainjob")):
+        assert process.metric("process_cpu_seconds_total") > 0
+        assert process.metric("process_resident_memory_bytes") > 0
+        assert process.metric("python_info") == 1
+        assert process.metric("workqueue_adds_total", name=controller,
+                              controller=controller) > 0
+        assert process.metric("workqueue_queue_duration_seconds_count", name=controller) > 0
+        assert process.metric("controller_runtime_max_concurrent_reconciles",
+                              controller=controller) > 0
+        # A reconcile is counted once it returns, a moment after its write.
+        eventually(lambda: process.metric("controller_runtime_reconcile_total",
+                                          controller=controller, result="success"),
+                   lambda count: count > 0,
+                   expected=f"successful {controller} reconciles counted")
+        assert process.metric("controller_runtime_reconcile_time_seconds_count",
+                              controller=controller) > 0
+        # The dispatcher created the copy on the worker, the operator its JobSet there.
+        assert process.metric("rest_client_requests_total", code="201", method="POST",
+                              host=worker_host) > 0, f"{controller}: no POST to {worker_host}"
+        assert process.metric("rest_client_request_duration_seconds_count", verb="POST",
+                              host=worker_host) > 0
+    assert env.dispatcher.metric("leader_election_master_status",
+                                 name=f"trainjob-dispatcher-{c.DEFAULT_ORIGIN}") == 1
+    # The dispatcher's worker clients are rate limited; the operator's client is not.
+    assert env.dispatcher.metric("rest_client_rate_limiter_duration_seconds_count",
+                                 verb="POST", host=worker_host) > 0
+    assert operator.metric("rest_client_rate_limiter_duration_seconds_count") == 0
+    _, text = operator.get("/metrics")
+    assert "\nleader_election_master_status{" not in text  # no --leader-elect here
 
 
 def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):

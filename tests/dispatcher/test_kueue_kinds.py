@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, kueue_queues
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
 from clusters.testing import ServiceProcess, audited_writes, eventually
-from dispatcher import kueue_workloads
+from dispatcher.kueue import workloads as kueue_workloads
 from trainjob import constants as c
 
 # The MultiKueueConfig and AdmissionCheck test_kueue.py sets up too: the same objects,

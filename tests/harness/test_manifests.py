@@ -220,7 +220,7 @@ def test_operator_webhook_service_and_deployment_fit_together():
 @pytest.mark.parametrize("overlay", ["dispatcher", "manager", "manager-beside-kueue"])
 def test_the_standalone_dispatcher_does_not_take_kueues_origin(overlay):
     """A standalone dispatcher with Kueue's origin refuses to start where Kueue runs
-    (``kueue_presence.origin_conflict``: each would take the other's copies for its own).
+    (``beside_kueue.origin_conflict``: each would take the other's copies for its own).
     The shipped one has an origin of its own, and its Role lets it renew the Lease named
     after that origin."""
     objects = kustomize.render(overlay)
@@ -598,6 +598,6 @@ def test_compose_control_planes_use_the_files_init_writes(tmp_path):
     access = yaml.safe_load((tmp_path / "worker-1" / "dispatcher-access.kubeconfig").read_text())
     assert access["clusters"][0]["cluster"]["server"] == "https://apiserver-worker-1:6443"
     assert "apiserver-worker-1" in services
-    from dispatcher.kubeconfig_policy import check_kubeconfig
+    from dispatcher.workers.kubeconfig_policy import check_kubeconfig
 
     assert check_kubeconfig(yaml.safe_dump(access)).ok

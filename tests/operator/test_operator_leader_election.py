@@ -18,6 +18,7 @@ TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 JOBSET = (c.JOBSET_GROUP, c.JOBSET_VERSION)
 JOBSETS_CREATED = "training_operator_jobsets_created_total"
 RECONCILES = "training_operator_reconcile_duration_seconds_count"
+MASTER_STATUS = "leader_election_master_status"
 
 
 def create_trainjob(worker, namespace: str, name: str, runtime: str) -> None:
@@ -55,6 +56,11 @@ def test_one_operator_reconciles_and_the_standby_takes_over(multicluster, namesp
     held = client.CoordinationV1Api(worker.api).read_namespaced_lease(lease_name(namespace),
                                                                       namespace)
     assert held.spec.holder_identity, "expected the Lease held"
+    # controller-runtime's gauge, by Lease name: 1 on the leader, 0 on the standby (set
+    # a moment after /readyz says leader).
+    eventually(lambda: [process.metric(MASTER_STATUS, name=lease_name(namespace))
+                        for process in (leader, standby)], lambda seen: seen == [1, 0],
+               expected=f"{MASTER_STATUS} 1 on the leader, 0 on the standby")
 
     create_trainjob(worker, namespace, "ha-0", runtime)
     eventually(lambda: jobset(worker, namespace, "ha-0"), lambda found: found is not None,
@@ -69,6 +75,8 @@ def test_one_operator_reconciles_and_the_standby_takes_over(multicluster, namesp
     leader.stop(kill=True)  # as a crash: the Lease is not given up, it runs out
     eventually(lambda: standby.readyz(), lambda answer: answer == (200, "leader"),
                timeout=20, expected="the standby leading once the Lease ran out")
+    eventually(lambda: standby.metric(MASTER_STATUS, name=lease_name(namespace)),
+               lambda status: status == 1, expected=f"{MASTER_STATUS} 1 on the new leader")
     create_trainjob(worker, namespace, "ha-1", runtime)
     eventually(lambda: jobset(worker, namespace, "ha-1"), lambda found: found is not None,
                expected=f"JobSet {namespace}/ha-1 built by the new leader")

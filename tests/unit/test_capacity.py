@@ -6,7 +6,8 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.capacity import MOST_ALLOCATED, WorkerCapacity, admits, pod_requests, tolerates
+from dispatcher.placement.capacity import (MOST_ALLOCATED, WorkerCapacity, admits, pod_requests,
+                                          tolerates)
 from trainjob.constants import JOBSET_NAME_LABEL
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"

@@ -15,8 +15,8 @@ from dispatcher import dashboard
 from dispatcher.config import DispatcherConfig
 from dispatcher.controller import DispatcherController
 from dispatcher.dashboard import build_state, display_amount
-from dispatcher.registry import WorkerCluster
 from dispatcher.job_state import job_state
+from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob.observability import ObservabilityServer
 

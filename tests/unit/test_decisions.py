@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher import decisions as d
+from dispatcher.standalone import decisions as d
 from trainjob import constants as c
+from trainjob.conditions import format_time
 
 NOW = 1_000_000.0
 SETTINGS = d.Settings(origin="multikueue", worker_lost_timeout=60, retention=30)
@@ -14,7 +15,7 @@ UID = "manager-uid"
 
 
 def stamp(seconds_ago: float) -> str:
-    return d.format_time(NOW - seconds_ago)
+    return format_time(NOW - seconds_ago)
 
 
 def manager(placed: str | None = "w1", *, conditions=(), finalizer: bool | None = None,

@@ -5,7 +5,8 @@ import yaml
 
 from dispatcher.config import ConfigError, load_config
 from trainjob import constants as c
-from dispatcher.kubeconfig_policy import BAD_KUBECONFIG, INSECURE_KUBECONFIG, check_kubeconfig
+from dispatcher.workers.kubeconfig_policy import (BAD_KUBECONFIG, INSECURE_KUBECONFIG,
+                                                 check_kubeconfig)
 
 
 def test_defaults_follow_multikueue():

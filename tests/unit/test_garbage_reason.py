@@ -1,6 +1,6 @@
 """Which remote copies the garbage collector removes (pure)."""
 
-from dispatcher.garbage_collection import garbage_reason
+from dispatcher.standalone.garbage_collection import garbage_reason
 from trainjob import constants as c
 
 

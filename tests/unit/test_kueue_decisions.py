@@ -7,9 +7,9 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher import kueue_decisions as kd
-from dispatcher import kueue_workloads as wl
-from dispatcher.need import Need
+from dispatcher.kueue import decisions as kd
+from dispatcher.kueue import workloads as wl
+from dispatcher.placement.need import Need
 from trainjob.conditions import format_time
 
 NOW = 1_000_000.0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from decimal import Decimal as D
 
-from dispatcher import kueue_quota as kq
-from dispatcher import kueue_workloads as wl
-from dispatcher.capacity import WorkerCapacity
-from dispatcher.placer import Need, Placer
-from dispatcher.registry import WorkerCluster
-from dispatcher.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from dispatcher.kueue import workloads as wl
+from dispatcher.placement import kueue_quota as kq
+from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.placement.need import Need
+from dispatcher.placement.placer import Placer
+from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from dispatcher.workers.cluster import WorkerCluster
 from worker_fakes import Cache, Registry
 
 WHERE = "ClusterQueue cq (LocalQueue ns/q)"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from dispatcher import decisions as d
-from dispatcher import kueue_workloads as wl
-from dispatcher.kueue_presence import kueue_claim
-from dispatcher.mirror import build_remote
+from dispatcher.kueue import workloads as wl
+from dispatcher.standalone import decisions as d
+from dispatcher.standalone.beside_kueue import kueue_claim
+from dispatcher.standalone.mirror import build_remote
 from trainjob import constants as c
 
 CHECK = "multikueue-check"

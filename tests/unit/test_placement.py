@@ -4,9 +4,10 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.capacity import WorkerCapacity
-from dispatcher.placement import (POLICIES, BestFit, Candidate, FirstFit, Placement, WorstFit,
-                                  describe_reasons, format_amount, place_trainjob)
+from dispatcher.placement.amounts import format_amount
+from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.placement.chooser import Placement, describe_reasons, place_trainjob
+from dispatcher.placement.policy import POLICIES, BestFit, Candidate, FirstFit, WorstFit
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info
@@ -275,3 +276,24 @@ def test_needs_come_from_the_operators_podset_totals():
     placement = place_trainjob(totals.requests, totals.pods, candidates, BestFit())
     assert placement == Placement(cluster="worker-2",
                                   reasons={"worker-1": "needs 8 nvidia.com/gpu, 4 free"})
+
+
+# --- what the Placer gives the chooser -------------------------------------------------
+
+def test_a_candidates_own_needs_stand_for_the_jobs_totals():
+    # Each worker holds its own copy of the runtime: the job can ask more of one than of
+    # another. Ranking weighs the largest need of those that fit.
+    candidates = [Candidate("small-runtime", 0, needs(cpu=16), needs=needs(cpu=4), pods=1),
+                  Candidate("big-runtime", 1, needs(cpu=64), needs=needs(cpu=80), pods=1),
+                  Candidate("roomy", 2, needs(cpu=64), needs=needs(cpu=4), pods=1)]
+    placement = place_trainjob({}, 0, candidates, BestFit())
+    assert placement == Placement(cluster="small-runtime",
+                                  reasons={"big-runtime": "needs 80 cpu, 64 free"})
+
+
+def test_a_shortfall_names_the_rules_that_keep_nodes_out():
+    candidates = [Candidate("w", 0, needs(cpu=2), excluded_nodes=(
+        "Nodes excluded: 1 with taint gpu=true:NoSchedule (not tolerated)"))]
+    assert place_trainjob(needs(cpu=4), 1, candidates).reasons == {
+        "w": "needs 4 cpu, 2 free (Nodes excluded: 1 with taint gpu=true:NoSchedule "
+             "(not tolerated))"}

@@ -7,10 +7,10 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher import placer as placer_module
-from dispatcher.capacity import WorkerCapacity
-from dispatcher.placer import Placer
-from dispatcher.registry import WorkerCluster
+from dispatcher.placement import placer as placer_module
+from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.placement.placer import Placer
+from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob.api import TrainJob
 from worker_fakes import Cache, Registry
@@ -105,3 +105,25 @@ def test_a_copy_this_dispatcher_did_not_make_leaves_the_reservation_alone():
     assert placer.follow_copy("worker-1", ("ns", "a"), "DELETED", kueues_copy) is True
     assert not one.capacity.reserved(("ns", "a"))
 
+
+
+def test_the_placer_chooses_with_the_chooser_and_names_what_keeps_nodes_out():
+    one = worker("worker-1", 0, runtime("u1", "5", "48"))  # 2 pods of 48 cpu: 96 on 64
+    one.capacity.on_node("ADDED", None, {
+        "metadata": {"name": "gpu-node", "labels": {}},
+        "spec": {"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "64", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
+    two = worker("worker-2", 1, runtime("u2", "5", "2"))
+    gone = worker("worker-3", 2, runtime("u3", "5", "2"))
+    gone.active = False
+    placer = Placer(Registry(one, two, gone), "best-fit")
+    chosen, need = placer.place(job("a"))
+    assert (chosen.name, need.requests) == ("worker-2", {"cpu": D(4)})
+    placer.release(chosen, ("ns", "a"))
+    two.active = False
+    assert placer.place(job("a")) == (
+        "worker-1: needs 96 cpu, 64 free (Nodes excluded: 1 with taint gpu=true:NoSchedule "
+        "(not tolerated)); worker-2: not connected (ClientConnectionFailed: not probed yet); "
+        "worker-3: not connected (ClientConnectionFailed: not probed yet)")
+    assert Placer(Registry(), "best-fit").place(job("a")) == "no worker cluster is registered"

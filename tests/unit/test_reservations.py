@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from decimal import Decimal as D
 
-from dispatcher.capacity import WorkerCapacity
-from dispatcher.need import Need
-from dispatcher.placer import Placer
-from dispatcher.registry import WorkerCluster
-from dispatcher.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.placement.need import Need
+from dispatcher.placement.placer import Placer
+from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from dispatcher.workers.cluster import WorkerCluster
 from worker_fakes import Cache, Registry
 
 WORKLOAD = ("ns", "job-j-1")

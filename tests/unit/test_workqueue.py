@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from trainjob.controller_metrics import ControllerMetrics, process_registry
 from trainjob.workqueue import ShutDown, WorkQueue
 
 
@@ -64,3 +65,75 @@ def test_shutdown_wakes_waiting_workers():
     thread.join(2)
     assert outcome == ["stopped"]
 
+
+
+# ---------------------------------------------------------------- metrics (client-go's)
+
+QUEUE = {"name": "jobs", "controller": "jobs"}
+
+
+def instrumented(**kwargs):
+    registry = process_registry()
+    queue = WorkQueue(metrics=ControllerMetrics(registry).queue("jobs"), **kwargs)
+    return queue, lambda name, **labels: registry.get_sample_value(name, {**QUEUE, **labels})
+
+
+def test_adds_count_keys_that_were_not_waiting_and_depth_follows_them():
+    queue, sample = instrumented()
+    for key in ("a", "a", "b"):
+        queue.add(key)
+    assert sample("workqueue_adds_total") == 2  # the second "a" coalesced
+    assert sample("workqueue_depth", priority="") == 2
+    key = queue.get(timeout=1)
+    assert sample("workqueue_depth", priority="") == 1
+    assert sample("workqueue_queue_duration_seconds_count") == 1
+    queue.add(key)  # changed while processed: added again, waits for done
+    assert (sample("workqueue_adds_total"), sample("workqueue_depth", priority="")) == (3, 2)
+    queue.done(key)
+    assert sample("workqueue_work_duration_seconds_count") == 1
+    assert {queue.get(timeout=1), queue.get(timeout=1)} == {"a", "b"}
+    assert sample("workqueue_depth", priority="") == 0
+    assert sample("workqueue_queue_duration_seconds_count") == 3
+
+
+def test_delayed_and_rate_limited_adds_are_retries_and_count_as_adds_when_due():
+    queue, sample = instrumented(base_delay=0.01)
+    queue.add_after("later", 0.05)
+    queue.add_rate_limited("failed")
+    assert sample("workqueue_retries_total") == 2
+    assert sample("workqueue_adds_total") == 0  # not due yet
+    assert {queue.get(timeout=2), queue.get(timeout=2)} == {"later", "failed"}
+    assert sample("workqueue_adds_total") == 2
+    queue.shutdown()
+    queue.add_after("after shutdown", 0.05)
+    assert sample("workqueue_retries_total") == 2
+
+
+def test_work_in_progress_is_measured_when_read():
+    queue, sample = instrumented()
+    queue.add("slow")
+    queue.add("slower")
+    slower = queue.get(timeout=1)
+    time.sleep(0.05)
+    slow = queue.get(timeout=1)
+    time.sleep(0.05)
+    longest = sample("workqueue_longest_running_processor_seconds")
+    unfinished = sample("workqueue_unfinished_work_seconds")
+    assert longest >= 0.1 and unfinished >= longest + 0.05, (longest, unfinished)
+    queue.done(slower)
+    queue.done(slow)
+    assert sample("workqueue_longest_running_processor_seconds") == 0
+    assert sample("workqueue_unfinished_work_seconds") == 0
+    assert sample("workqueue_work_duration_seconds_sum") >= 0.15
+
+
+def test_a_queue_made_elsewhere_counts_its_waiting_keys_once_instrumented():
+    registry = process_registry()
+    queue = WorkQueue()
+    queue.add("before")
+    queue.instrument(ControllerMetrics(registry).queue("jobs"))
+    queue.add("after")
+    key = queue.get(timeout=1)
+    queue.add(key)  # being processed: waits for done
+    depth = registry.get_sample_value("workqueue_depth", {**QUEUE, "priority": ""})
+    assert (registry.get_sample_value("workqueue_adds_total", QUEUE), depth) == (3, 2)

@@ -1,5 +1,6 @@
-"""The dispatcher's reconciler for one manager TrainJob: it performs what
-``decisions.decide`` chose.
+"""Standalone mode's reconciler for one manager TrainJob: it performs what
+``decisions.decide`` chose (placing through the Placer, copies through ``remote_copies``,
+status through ``status_sync``).
 
 Level-triggered: every call reads the manager object and the remote copy from caches and
 moves one step towards the desired state. The order of writes makes it crash-safe:
@@ -9,29 +10,32 @@ moves one step towards the desired state. The order of writes makes it crash-saf
    with 409 instead of placing twice);
 2. the remote copy is created (POST; 409 means it exists: adopted when it is our copy of
    this very manager object);
-3. remote status changes are copied onto the manager (the whole ``.status``, PUT with the
-   resourceVersion; on 409 re-read and retry, never overwrite blindly);
+3. remote status changes are copied onto the manager (``status_sync``: the whole
+   ``.status``, PUT with the resourceVersion; on 409 re-read and retry, never overwrite
+   blindly);
 4. teardown (deletion, suspension, finish) deletes the remote first and releases the
    finalizer/placement after it is gone.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import decisions, remote
 from dispatcher.config import DispatcherConfig
-from dispatcher.job_timing import JobTimings
-from dispatcher.kueue_presence import KueueOnManager
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.placement import message_shape
-from dispatcher.placer import Need, Placer
-from dispatcher.registry import WorkerCluster, WorkerRegistry
+from dispatcher.placement.chooser import message_shape
+from dispatcher.placement.need import Need
+from dispatcher.placement.placer import Placer
+from dispatcher.standalone import decisions, remote_copies
+from dispatcher.standalone.beside_kueue import KueueOnManager
+from dispatcher.standalone.job_timing import JobTimings
+from dispatcher.standalone.status_sync import StatusSync
+from dispatcher.workers.cluster import WorkerCluster
+from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob import logs
@@ -42,8 +46,6 @@ from trainjob.runtime.podsets import format_quantity
 from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
-
-FIELD_MANAGER = remote.FIELD_MANAGER
 
 CONDITION_PLACED = decisions.CONDITION_PLACED
 CONDITION_WORKER_REACHABLE = decisions.CONDITION_WORKER_REACHABLE
@@ -67,6 +69,7 @@ class DispatchReconciler:
         self.config = config
         self.recorder = recorder
         self.metrics = metrics
+        self.status = StatusSync(self.custom, trainjobs, metrics, timings)
         self.settings = decisions.Settings(origin=config.origin,
                                            worker_lost_timeout=config.worker_lost_timeout_seconds,
                                            retention=config.retention_seconds)
@@ -132,7 +135,7 @@ class DispatchReconciler:
                 if retry is not None:
                     raise Requeue(retry, why)
             case decisions.CopyStatus(status=status):
-                self._write_status(raw, status, mirrored=True)
+                self.status.copy_back(raw, status)
             case decisions.RemoveFinalizer():
                 self._remove_finalizer(raw)
             case decisions.Unplace():
@@ -140,7 +143,7 @@ class DispatchReconciler:
             case decisions.Replace(reason=reason, message=message):
                 self._replace(raw, reason, message)
             case decisions.MarkUnreachable(message=message, since=since, wait=wait):
-                self._set_condition(raw, {
+                self.status.set_condition(raw, {
                     "type": CONDITION_WORKER_REACHABLE, "status": "False",
                     "reason": REASON_WORKER_UNREACHABLE, "message": message,
                     "lastTransitionTime": conditions.format_time(since)})
@@ -148,7 +151,7 @@ class DispatchReconciler:
                 raise Requeue(wait, "waiting for the worker-lost timeout")
             case decisions.MarkRemoved(message=message):
                 log.warning("TrainJob %s/%s: %s", *key, message)
-                self._set_condition(raw, {
+                self.status.set_condition(raw, {
                     "type": CONDITION_WORKER_REACHABLE, "status": "False",
                     "reason": decisions.REASON_WORKER_REMOVED, "message": message,
                     "lastTransitionTime": conditions.format_time()})
@@ -164,19 +167,13 @@ class DispatchReconciler:
     def _key(raw: dict) -> tuple[str, str]:
         return raw["metadata"]["namespace"], raw["metadata"]["name"]
 
-    def _set_condition(self, raw: dict, condition: dict) -> None:
-        """Write ``condition`` over the one of its type, keeping the rest of the status."""
-        status = raw.get("status") or {}
-        self._write_status(raw, {**status, "conditions": conditions.upsert(
-            conditions.conditions(raw), condition)})
-
     def _replace(self, raw: dict, reason: str, why: str) -> None:
         """Forget the placement so the job is placed again (on any eligible worker). The
         status the old copy reported goes too: it described a run that is over, and the
         new copy's status replaces it as soon as there is one."""
         message = f"{why}; placing the job again"
         log.warning("TrainJob %s/%s: %s", *self._key(raw), message)
-        self._write_status(raw, {"conditions": [{
+        self.status.write(raw, {"conditions": [{
             "type": CONDITION_PLACED, "status": "False", "reason": reason,
             "message": message, "lastTransitionTime": conditions.format_time()}]})
         self.recorder.event(raw, WARNING, reason, message)
@@ -201,7 +198,8 @@ class DispatchReconciler:
         try:
             written = self.custom.patch_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+                meta["name"], patch, field_manager=c.DISPATCHER_FIELD_MANAGER,
+                _content_type="application/merge-patch+json")
         except BaseException:
             self.placer.release(worker, key)  # not placed after all (e.g. 409: changed meanwhile)
             raise
@@ -220,9 +218,9 @@ class DispatchReconciler:
         if current and current.get("status") == "False" and \
                 message_shape(current.get("message", "")) == message_shape(message):
             return
-        self._set_condition(raw, {"type": CONDITION_PLACED, "status": "False",
-                                  "reason": REASON_NO_WORKER, "message": message,
-                                  "lastTransitionTime": conditions.format_time()})
+        self.status.set_condition(raw, {"type": CONDITION_PLACED, "status": "False",
+                                        "reason": REASON_NO_WORKER, "message": message,
+                                        "lastTransitionTime": conditions.format_time()})
         self.recorder.event(raw, WARNING, REASON_NO_WORKER, message)
         log.info("TrainJob %s/%s pending: %s", *self._key(raw), message)
 
@@ -233,30 +231,30 @@ class DispatchReconciler:
         outcome = self._copies(worker).create(
             manager, {k: format_quantity(v) for k, v in need.requests.items()}, need.pods)
         match outcome:
-            case remote.Created(copy=created):
+            case remote_copies.Created(copy=created):
                 worker.cache(c.TRAINJOBS).observe(created)
-            case remote.NamespaceGoing():
+            case remote_copies.NamespaceGoing():
                 # Placement sees that in the worker's namespace cache next round.
                 raise Requeue(1.0, f"namespace {key[0]} is being deleted on {worker.name}")
-            case remote.Refused(message=message):
+            case remote_copies.Refused(message=message):
                 # Retrying the same spec there cannot help: place elsewhere, until the
                 # spec changes (a new generation).
                 self._exclude(manager, worker, manager["metadata"].get("generation"),
                               f"refused the copy: {message}", "RemoteRejected")
                 return
-            case remote.NameTaken():
+            case remote_copies.NameTaken():
                 self._exclude(manager, worker, None,
                               f"TrainJob {key[0]}/{key[1]} exists there and is not a copy "
                               "made by this dispatcher", decisions.REASON_NAME_TAKEN)
                 return
-            case remote.Stale():
+            case remote_copies.Stale():
                 raise Requeue(decisions.STALE_COPY_RETRY,
                               "stale remote copy of an earlier job being deleted")
         self.timings.dispatched(key)
 
-    def _copies(self, worker: WorkerCluster) -> remote.RemoteCopies:
-        return remote.RemoteCopies(worker.api, worker.name, self.config.origin, self.metrics,
-                                   worker.sent_deletes)
+    def _copies(self, worker: WorkerCluster) -> remote_copies.RemoteCopies:
+        return remote_copies.RemoteCopies(worker.api, worker.name, self.config.origin,
+                                          self.metrics, worker.sent_deletes)
 
     def _exclude(self, manager: dict, worker: WorkerCluster, generation: int | None,
                  why: str, reason: str) -> None:
@@ -268,31 +266,6 @@ class DispatchReconciler:
                             f"worker {worker.name}: {why}; placing elsewhere")
         log.warning("TrainJob %s/%s: worker %s %s", *key, worker.name, why)
         self._clear_placement(manager)
-
-    def _write_status(self, manager: dict, status: dict, mirrored: bool = False) -> None:
-        """Replace the manager's whole status; on a conflict re-read and try again."""
-        meta = manager["metadata"]
-        body = copy.deepcopy(manager)
-        for attempt in range(5):
-            body["status"] = status
-            try:
-                written = self.custom.replace_namespaced_custom_object_status(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                    meta["name"], body, field_manager=FIELD_MANAGER)
-                self.trainjobs.observe(written)
-                self.metrics.manager_writes.labels(kind="status").inc()
-                if mirrored:
-                    self.timings.mirrored((meta["namespace"], meta["name"]))
-                return
-            except ApiException as err:
-                if err.status != 409:
-                    raise
-                body = self.custom.get_namespaced_custom_object(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                    meta["name"])
-                if body["metadata"].get("uid") != meta.get("uid"):
-                    return  # a different object now: its own reconcile will handle it
-        raise Requeue(0.5, "status write kept conflicting")
 
     # --- writes to the manager object ----------------------------------------------
 
@@ -315,7 +288,8 @@ class DispatchReconciler:
         try:
             written = self.custom.patch_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+                meta["name"], patch, field_manager=c.DISPATCHER_FIELD_MANAGER,
+                _content_type="application/merge-patch+json")
         except ApiException as err:
             if err.status == 404:
                 return

@@ -1,12 +1,14 @@
-"""The garbage-collection sweep: remote copies that no manager job accounts for.
+"""Standalone mode's garbage-collection sweep: remote copies that no manager job accounts
+for (in Kueue mode, Kueue collects its own).
 
 A copy on a worker is garbage when it carries our origin label and its manager object is
 gone, is being deleted, is a different object now (another UID), or is placed on another
 worker (the copy a lost worker kept). "Another worker" means another cluster: a job placed
-under a second name of the same cluster (see the registry's identities) is not a stray. Objects without our origin label are never looked
-at: the worker's TrainJob cache only holds ours, and each candidate is checked again.
-The sweep reads caches only (the worker caches were listed page by page), so it costs
-one DELETE per copy removed and nothing else.
+under a second name of the same cluster (``workers/duplicates.py``) is not a stray.
+Objects without our origin label are never looked at: the worker's TrainJob cache only
+holds ours, and each candidate is checked again. The sweep reads caches only (the worker
+caches were listed page by page), so it costs one DELETE per copy removed and nothing
+else.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import mirror
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.registry import WorkerRegistry
-from dispatcher.remote import RemoteCopies
+from dispatcher.standalone import mirror
+from dispatcher.standalone.remote_copies import RemoteCopies
+from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob import logs
 from trainjob.informer import Informer

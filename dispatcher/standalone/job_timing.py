@@ -1,6 +1,7 @@
-"""Per-job timings for metrics and the dashboard: when a job became eligible for dispatch
-(the start of the dispatch-latency histogram) and when a worker's status change was seen
-(the start of the status-sync-lag histogram). Observability only: no decision reads them.
+"""Standalone mode's per-job timings for metrics and the dashboard: when a job became
+eligible for dispatch (the start of the dispatch-latency histogram) and when a worker's
+status change was seen (the start of the status-sync-lag histogram). Observability only:
+no decision reads them.
 """
 
 from __future__ import annotations

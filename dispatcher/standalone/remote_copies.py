@@ -1,4 +1,4 @@
-"""Every write the dispatcher makes to a worker's TrainJobs: create (or adopt) a copy, and
+"""Every write standalone mode makes to a worker's TrainJobs: create (or adopt) a copy, and
 delete one, only ever when it is ours (``mirror.is_ours``: our origin label and our
 manager-UID annotation). The reconciler and the garbage collector both write through
 here, so there is one ownership test.
@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import mirror
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.standalone import mirror
 from trainjob import constants as c
 from trainjob.kubeclient import error_message, namespace_terminating
 
-FIELD_MANAGER = "trainjob-dispatcher"
 # A worker's answers to a create that mean "not this spec, not here": bad request,
 # forbidden (an admission webhook's default denial, or RBAC), invalid.
 REFUSALS = (400, 403, 422)
@@ -92,7 +91,7 @@ class RemoteCopies:
         try:
             created = self.custom.create_namespaced_custom_object(
                 c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body,
-                field_manager=FIELD_MANAGER)
+                field_manager=c.DISPATCHER_FIELD_MANAGER)
             self.metrics.worker_writes.labels(cluster=self.worker, kind="create").inc()
             return Created(created)
         except ApiException as err:

@@ -22,8 +22,8 @@ from decimal import Decimal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import kueue_quota as kq
-from dispatcher.amounts import format_amount
+from dispatcher.placement import kueue_quota as kq
+from dispatcher.placement.amounts import format_amount
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error

@@ -3,7 +3,7 @@ observed (no API calls, no clock, no memory of its own).
 
 ``decide`` reads the Workload, its sizes (from its podSets), the registered workers, the
 MultiKueue admission checks and the time, and returns exactly one action; the nominator
-(``kueue_nominator``) performs it. When a worker is to be chosen it says ``Choose``: the
+(``nominator``) performs it. When a worker is to be chosen it says ``Choose``: the
 Placer weighs the workers' Node room and their Kueue's quota verdicts (under its lock, so
 choices made at once see each other's reservations) and reserves the room of the one it
 picks; ``nominate`` turns its answers into the next action.
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher import kueue_workloads as wl
-from dispatcher.need import Need
-from dispatcher.placement import message_shape
+from dispatcher.kueue import workloads as wl
+from dispatcher.placement.chooser import message_shape
+from dispatcher.placement.need import Need
 from trainjob.conditions import format_time
 
 Obj = dict[str, Any]
@@ -54,7 +54,7 @@ class Sizes:
 
 def sizes(workload: Obj, size: Callable[[Obj, bool], Need | str]) -> Sizes:
     """The Workload's ``Sizes``; ``size(workload, at_min_count)`` sizes it (the nominator
-    passes ``kueue_workloads.podset_need`` behind a cache)."""
+    passes ``workloads.podset_need`` behind a cache)."""
     least = size(workload, True) if wl.partially_admissible(workload) else None
     return Sizes(size(workload, False), least)
 

@@ -1,7 +1,7 @@
 """Resource amounts as the dispatcher's messages show them (pure).
 
-Its own module because both the capacity picture (``capacity``) and the placement rules
-(``placement``) word amounts, and placement reads capacity's ``PODS``: kept in either,
+Its own module because both the capacity picture (``capacity``) and the choice of a worker
+(``chooser``) word amounts, and the chooser reads capacity's ``PODS``: kept in either,
 the two would import each other.
 """
 

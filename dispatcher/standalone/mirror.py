@@ -1,4 +1,6 @@
-"""The remote copy of a manager TrainJob, and how to tell whose a remote object is."""
+"""Building the remote copy (the mirror) of a manager TrainJob, and telling whose a remote
+object is. Pure: the writes are ``remote_copies``'s, the status copied back
+``status_sync``'s."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Where a TrainJob can run and how much room it holds there: eligibility, needs, and
-the choice of a worker with its reservation made in the same step.
+"""Where a TrainJob's worker is chosen: eligibility, the job's needs on each worker, each
+worker's room (Node room, pod-by-pod packing, Kueue quota), then the one choice
+(``chooser.place_trainjob``) with the reservation made in the same step.
 
 A reservation keeps a placed job's footprint counted on its worker until its pods show up
 (``WorkerCapacity`` then counts the pods instead). The Placer owns the one writer of
@@ -22,11 +23,13 @@ from decimal import Decimal
 from cachetools import LRUCache
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher import mirror
-from dispatcher.need import Need
-from dispatcher.placement import POLICIES, Candidate, describe_reasons, shortfalls
-from dispatcher.registry import WorkerCluster, WorkerRegistry
-from dispatcher.reservations import Reservations
+from dispatcher.placement.chooser import describe_reasons, place_trainjob, shortfalls
+from dispatcher.placement.need import Need
+from dispatcher.placement.policy import POLICIES, Candidate
+from dispatcher.placement.reservations import Reservations
+from dispatcher.standalone import mirror
+from dispatcher.workers.cluster import WorkerCluster
+from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
@@ -101,51 +104,51 @@ class Placer:
                 ) -> tuple[WorkerCluster, Need, dict | None] | str:
         """The worker for the job, its need there and where its pods were packed (the
         reservation's per-Node plan); or why nothing fits."""
+        if not workers:
+            return "no worker cluster is registered"
         candidates, needs, plans, unread = [], {}, {}, []
         for worker in workers.values():
             problem, need = asked[worker.name]
-            free: dict[str, Decimal] = {}
-            if need is not None:
-                # Needs can differ per worker (each has its own copy of the runtime): each
-                # worker is weighed against its own.
-                needs[worker.name] = need
-                free = worker.capacity.free(need.node_selector, need.tolerations)
-                short = shortfalls(need.requests, need.pods, free)
-                if not short:
-                    # Room in sum: each pod must also fit on one Node.
-                    plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                                need.tolerations)
-                    if isinstance(plan, str):
-                        problem = plan
-                    else:
-                        plans[worker.name] = plan
-                if problem is None:
-                    problem, free, unknown = _quota_room(key, worker, need, free, short)
-                    if unknown:
-                        unread.append(f"{worker.name}: {problem}")
-                if problem is None and short:
-                    problem = "needs " + " and ".join(short)
-                    # Say which rule keeps Nodes out, not only what the rest lack.
-                    if rules := worker.capacity.excluded_by_rules(need.node_selector,
-                                                                  need.tolerations):
-                        problem += f" ({rules})"
-            candidates.append(Candidate(worker.name, worker.order, free, problem))
-        if not candidates:
-            return "no worker cluster is registered"
-        fitting = {cand.name: cand for cand in candidates if cand.problem is None}
-        if not fitting:
-            return describe_reasons({cand.name: cand.problem for cand in candidates})
+            if need is None:
+                candidates.append(Candidate(worker.name, worker.order, {}, problem))
+                continue
+            # Needs can differ per worker (each has its own copy of the runtime): each
+            # worker is weighed against its own.
+            needs[worker.name] = need
+            free = worker.capacity.free(need.node_selector, need.tolerations)
+            short = shortfalls(need.requests, need.pods, free)
+            if not short:
+                # Room in sum: each pod must also fit on one Node.
+                plan = worker.capacity.pack(need.each_pod, need.node_selector,
+                                            need.tolerations)
+                if isinstance(plan, str):
+                    problem = plan
+                else:
+                    plans[worker.name] = plan
+            if problem is None:
+                problem, free, unknown = _quota_room(key, worker, need, free, short)
+                if unknown:
+                    unread.append(f"{worker.name}: {problem}")
+            excluded_nodes = ""
+            if problem is None and short:
+                # Say which rule keeps Nodes out, not only what the rest lack.
+                excluded_nodes = worker.capacity.excluded_by_rules(
+                    need.node_selector, need.tolerations) or ""
+            candidates.append(Candidate(worker.name, worker.order, free, problem,
+                                        need.requests, need.pods, excluded_nodes))
+        # Each eligible candidate carries its own need: no job-wide totals to give.
+        placement = place_trainjob({}, 0, candidates, self.policy)
+        if placement.cluster is None:
+            return describe_reasons(placement.reasons)
         if unread:
             # A worker whose Nodes have room and whose Kueue queues are still being read
             # may be the better fit: decide once they are read (moments after a start or a
             # reconnect; the end of that first list looks at waiting jobs again).
             return "; ".join(unread)
         log.debug("%s/%s candidates: %s", *key,
-                  {cand.name: cand.problem or {k: str(v) for k, v in cand.free.items()}
-                   for cand in candidates})
-        # Needs differ between workers only when their runtimes differ; rank by the largest.
-        chosen = self.policy.choose(_largest(needs[n].requests for n in fitting),
-                                    list(fitting.values())) or next(iter(fitting))
+                  {cand.name: placement.reasons.get(cand.name) or {
+                      k: str(v) for k, v in cand.free.items()} for cand in candidates})
+        chosen = placement.cluster
         return workers[chosen], needs[chosen], plans.get(chosen)
 
     def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
@@ -272,10 +275,3 @@ def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, 
     return None, {resource: min(amount, verdict.free.get(resource, amount))
                   for resource, amount in free.items()}, False
 
-
-def _largest(requests_list) -> dict[str, Decimal]:
-    merged: dict[str, Decimal] = {}
-    for requests in requests_list:
-        for resource, amount in requests.items():
-            merged[resource] = max(merged.get(resource, Decimal(0)), amount)
-    return merged

@@ -1,4 +1,5 @@
-"""What one worker cluster can still run, kept current by its Node and Pod informers.
+"""Where a worker's room is counted: what one worker cluster can still run, Node by Node,
+kept current by its Node and Pod informers.
 
 Handlers update per-node totals as events arrive, so a placement decision is a walk over
 nodes in memory, never a re-list. Jobs the dispatcher has just placed are reserved until
@@ -24,7 +25,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.amounts import format_amount
+from dispatcher.placement.amounts import format_amount
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
@@ -466,7 +467,7 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     # The job a reservation is keyed by: the JobSet (a TrainJob's is named after it), or,
-    # for a batch Job Kueue dispatched, the Job (a Workload's owner, kueue_workloads.job_key).
+    # for a batch Job Kueue dispatched, the Job (a Workload's owner, kueue/workloads.py job_key).
     owner = labels.get(c.JOBSET_NAME_LABEL) or labels.get(BATCH_JOB_NAME_LABEL)
     job = (meta.get("namespace") or "", owner) if owner else None
     return _PodUse(node=node, job=job, requests=pod_requests(pod))

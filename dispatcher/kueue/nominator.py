@@ -7,13 +7,13 @@ status sync and garbage collection itself. This module chooses that worker, with
 placement and capacity code as standalone mode (``Placer``): the job's needs come from the
 Workload's podSets, each worker's room from its Nodes and Pods and, where its Kueue's API
 is served, from the quota of the ClusterQueue its LocalQueue of the Workload's
-``spec.queueName`` points at (``worker_quota``, ``kueue_quota``).
+``spec.queueName`` points at (``placement/worker_quota.py``, ``placement/kueue_quota.py``).
 
-The rules are a decision table (``kueue_decisions``: the Workload, its sizes, the workers
+The rules are a decision table (``kueue/decisions.py``: the Workload, its sizes, the workers
 and the time in, one action out); this module performs the actions (API writes, requeues,
 Events, metrics) and holds the job's room through the Placer's ``reservations``, as
-standalone mode's reconciler performs ``decisions``. What the rules rely on lives in API
-objects, so a restart resumes:
+standalone mode's reconciler performs ``standalone/decisions.py``. What the rules rely on
+lives in API objects, so a restart resumes:
 
 * the nomination is written to the Workload's status (a merge patch guarded by the
   resourceVersion), and when it was written is read back from the Workload's managed
@@ -28,7 +28,7 @@ objects, so a restart resumes:
   is it sized by ``minCount`` (Kueue admits it with fewer pods rather than let it wait).
   Its worker holds the whole size either way, so other jobs are not packed into room its
   Kueue may still give it;
-* a Workload that cannot be sized (``kueue_workloads.podset_need`` says why) is
+* a Workload that cannot be sized (``workloads.podset_need`` says why) is
   nominated to every worker, as Kueue's all-at-once dispatcher would, so it never waits
   for a nomination that cannot come; why is said in an ``Unsizable`` Event and in the
   Workload's ``trainjob-dispatcher.io/Sized=False`` condition, written with the
@@ -56,14 +56,14 @@ from cachetools import LRUCache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher import kueue_decisions as kd
-from dispatcher import kueue_workloads as wl
 from dispatcher.config import DispatcherConfig
-from dispatcher.kueue_presence import RECHECK_SECONDS
+from dispatcher.kueue import decisions as kd
+from dispatcher.kueue import workloads as wl
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.need import Need
-from dispatcher.placer import Placer
-from dispatcher.registry import WorkerRegistry
+from dispatcher.placement.need import Need
+from dispatcher.placement.placer import Placer
+from dispatcher.standalone.beside_kueue import RECHECK_SECONDS
+from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob.conditions import upsert
 from trainjob.events import NORMAL, WARNING, EventRecorder
@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 WORKLOADS = "workloads"
 ADMISSIONCHECKS = "admissionchecks"
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
-FIELD_MANAGER = "trainjob-dispatcher"
 WORKLOAD_API_VERSION = f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}"
 # A write that lost to one of Kueue's (409): decide again on the Workload's new state.
 CONFLICT_RETRY = 0.05
@@ -85,7 +84,7 @@ Key = tuple[str, str]
 
 
 class WorkloadNominator:
-    """Performs ``kueue_decisions`` for each manager Workload (see the module docstring for
+    """Performs ``kueue.decisions`` for each manager Workload (see the module docstring for
     what it keeps in memory)."""
 
     def __init__(self, manager: client.ApiClient, registry: WorkerRegistry, placer: Placer,
@@ -99,7 +98,7 @@ class WorkloadNominator:
         self.reservations = placer.reservations
         self.config = config
         self.settings = kd.Settings(admission_timeout=config.admission_timeout_seconds,
-                                    field_manager=FIELD_MANAGER)
+                                    field_manager=c.DISPATCHER_FIELD_MANAGER)
         self.recorder = recorder
         self.metrics = metrics
         self.queue = WorkQueue()
@@ -107,7 +106,7 @@ class WorkloadNominator:
                                     c.KUEUE_VERSION)
         # Our own managed-fields entry says when we nominated (the rest is left out).
         self.workloads = Informer("manager/workloads", functools.partial(list_of, WORKLOADS),
-                                  keep_field_managers=(FIELD_MANAGER,))
+                                  keep_field_managers=(c.DISPATCHER_FIELD_MANAGER,))
         self.checks = Informer("manager/admissionchecks",
                                functools.partial(list_of, ADMISSIONCHECKS))
         self.workloads.add_handler(self._on_workload)
@@ -141,7 +140,7 @@ class WorkloadNominator:
 
     def requeue_waiting(self) -> None:
         """Look again at every Workload a change of room may move
-        (``kueue_decisions.needs_another_look``); this runs on every change of room on any
+        (``decisions.needs_another_look``); this runs on every change of room on any
         worker."""
         checks = self.multikueue_checks()
         for obj in self.workloads.list():
@@ -250,7 +249,8 @@ class WorkloadNominator:
                 c.KUEUE_GROUP, c.KUEUE_VERSION, meta["namespace"], WORKLOADS, meta["name"],
                 {"metadata": {"resourceVersion": meta["resourceVersion"]},
                  "status": {"nominatedClusterNames": [nomination.worker]}},
-                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+                field_manager=c.DISPATCHER_FIELD_MANAGER,
+                _content_type="application/merge-patch+json")
         except BaseException as err:
             # Not nominated after all: the room the Placer reserved goes.
             self.placer.release(self.registry.get(nomination.worker), job)
@@ -280,7 +280,8 @@ class WorkloadNominator:
                 {"metadata": {"resourceVersion": meta["resourceVersion"]},
                  "status": {"nominatedClusterNames": list(nomination.names),
                             "conditions": conditions}},
-                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+                field_manager=c.DISPATCHER_FIELD_MANAGER,
+                _content_type="application/merge-patch+json")
         except ApiException as err:
             if err.status == 409:
                 raise Requeue(CONFLICT_RETRY, "the Workload changed meanwhile") from None
@@ -300,7 +301,8 @@ class WorkloadNominator:
             c.KUEUE_GROUP, c.KUEUE_VERSION, meta["namespace"], WORKLOADS, meta["name"],
             {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {
                 wl.TRIED_ANNOTATION: ",".join(tried) or None}}},
-            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json")
+            field_manager=c.DISPATCHER_FIELD_MANAGER,
+            _content_type="application/merge-patch+json")
         self.workloads.observe(written)
         return written
 

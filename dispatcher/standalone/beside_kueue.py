@@ -1,5 +1,8 @@
-"""Kueue on the manager cluster: whether it runs there, how it is configured, and which
-TrainJobs it manages. The dispatcher never competes with it:
+"""A standalone dispatcher beside Kueue on the manager cluster: whether Kueue runs there,
+how it is configured, and which TrainJobs it manages, so the dispatcher never competes
+with it (the reconciler leaves those jobs to Kueue). Kueue mode reads the same
+configuration to tell whether Kueue waits for this dispatcher (``--mode kueue`` idles
+otherwise):
 
 * **Kueue runs on the manager** when the manager serves Kueue's Workload API
   (``kueue.x-k8s.io/v1beta2`` ``workloads``): only a Kueue installation brings that CRD (the
@@ -8,9 +11,10 @@ TrainJobs it manages. The dispatcher never competes with it:
 * **A TrainJob is Kueue's** (when Kueue runs) if it carries the ``kueue.x-k8s.io/queue-name``
   label (what a user sets to queue it; Kueue's webhook also sets it from a namespace's
   default LocalQueue) or names ``kueue.x-k8s.io/prebuilt-workload-name`` (a copy Kueue
-  made; an annotation since Kueue 0.19, a label before), or if Kueue's Configuration has ``manageJobsWithoutQueueName: true`` (then every
-  TrainJob is; its namespace selector is not second-guessed). Kueue's ``kueue.x-k8s.io/manager``
-  runtime patch says nothing: its webhook adds it to every TrainJob, queued or not.
+  made; an annotation since Kueue 0.19, a label before), or if Kueue's Configuration has
+  ``manageJobsWithoutQueueName: true`` (then every TrainJob is; its namespace selector is
+  not second-guessed). Kueue's ``kueue.x-k8s.io/manager`` runtime patch says nothing: its
+  webhook adds it to every TrainJob, queued or not.
 * **Kueue's configuration** is read from the ConfigMap its release installs
   (``kueue-manager-config`` in Kueue's namespace, key ``controller_manager_config.yaml``);
   without one, Kueue's defaults apply (origin ``multikueue``, the AllAtOnce dispatcher).

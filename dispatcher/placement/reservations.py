@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from dispatcher.need import Need
-from dispatcher.registry import WorkerCluster, WorkerRegistry
+from dispatcher.placement.need import Need
+from dispatcher.workers.cluster import WorkerCluster
+from dispatcher.workers.registry import WorkerRegistry
 
 JobKey = tuple[str, str]
 

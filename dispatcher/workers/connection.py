@@ -1,0 +1,67 @@
+"""Connecting to a worker: its API client (rate-limited, with the dispatcher's user agent)
+and the caches the dispatcher reads there, each feeding the worker's room
+(``WorkerCapacity``) and then the dispatcher's handler; in Kueue mode also the reader of
+its Kueue's queues (``WorkerQuota``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from kubernetes import client
+
+from dispatcher.config import DispatcherConfig
+from dispatcher.placement.worker_quota import WorkerQuota
+from dispatcher.workers.cluster import WorkerCluster, WorkerEvent
+from trainjob import constants as c
+from trainjob.informer import Informer
+from trainjob.kubeclient import api_client
+
+# cluster name -> request observer for its client (the metrics of its API requests)
+Observer = Callable[[str], Callable[[str, str], None]]
+
+
+def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
+            observer: Observer | None, on_event: WorkerEvent) -> None:
+    """Open ``worker``'s client from ``kubeconfig`` and start its caches."""
+    worker.api = api_client(kubeconfig, qps=config.client.qps, burst=config.client.burst,
+                            request_timeout=config.client.timeout_seconds,
+                            user_agent=c.DISPATCHER_USER_AGENT,
+                            observer=observer(worker.name) if observer else None)
+    custom = client.CustomObjectsApi(worker.api)
+    core = client.CoreV1Api(worker.api)
+    origin = f"{c.MULTIKUEUE_ORIGIN_LABEL}={config.origin}"
+    sources = {
+        c.TRAINJOBS: functools.partial(custom.list_cluster_custom_object, c.TRAINER_GROUP,
+                                       c.TRAINER_VERSION, c.TRAINJOBS, label_selector=origin),
+        c.TRAININGRUNTIMES: functools.partial(
+            custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION,
+            c.TRAININGRUNTIMES),
+        c.CLUSTERTRAININGRUNTIMES: functools.partial(
+            custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION,
+            c.CLUSTERTRAININGRUNTIMES),
+        "namespaces": core.list_namespace,
+        "nodes": core.list_node,
+        "pods": functools.partial(core.list_pod_for_all_namespaces,
+                                  field_selector="status.phase!=Succeeded,status.phase!=Failed"),
+    }
+    for resource, list_fn in sources.items():
+        informer = Informer(f"{worker.name}/{resource}", list_fn)
+        informer.add_handler(functools.partial(_route, worker, resource, on_event))
+        worker.informers[resource] = informer
+        informer.start()
+    if config.mode == "kueue":
+        # Kept apart from the informers above: a worker without Kueue, or whose queues
+        # the dispatcher may not read, is still a worker (placed by Node room).
+        worker.quota = WorkerQuota(worker.name, worker.api, functools.partial(
+            on_event, worker.name))
+
+
+def _route(worker: WorkerCluster, resource: str, on_event: WorkerEvent, kind: str,
+           old: dict | None, new: dict | None) -> None:
+    """Nodes and pods change the worker's room first; then the dispatcher hears of it."""
+    if resource == "nodes":
+        worker.capacity.on_node(kind, old, new)
+    elif resource == "pods":
+        worker.capacity.on_pod(kind, old, new)
+    on_event(worker.name, resource, kind, old, new)
