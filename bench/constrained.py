@@ -360,7 +360,7 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
               (create_batch_job_call if job.kind == BATCH_JOB else create_call)(
                   namespace, submit(job.body())))
              for job in jobs]
-    finished = (c.CONDITION_COMPLETE, c.CONDITION_FAILED)
+    finished = c.FINISHED_CONDITIONS
     try:
         with _PoolWatch({w: env.apis[w] for w in pool_workers}, namespace,
                         _pool_allocatable(pool_workers),

@@ -128,7 +128,7 @@ def run_demo(state_dir: Path, run_seconds: float = 15.0, timeout: float = 300) -
                 last = table
             ours = [j for j in jobs if (j.get("spec") or {}).get("managedBy") ==
                     c.MANAGED_BY_MULTIKUEUE]
-            if ours and all(_state(j) in (c.CONDITION_COMPLETE, c.CONDITION_FAILED)
+            if ours and all(_state(j) in c.FINISHED_CONDITIONS
                             for j in ours):
                 finished = True
                 break

@@ -29,7 +29,7 @@ def condition(obj: dict, type_: str) -> dict:
 def job_state(job: dict) -> str:
     """The state a person wants to see: finished, pending (with reason), or the newest
     condition that is true."""
-    for wanted in (c.CONDITION_COMPLETE, c.CONDITION_FAILED):
+    for wanted in c.FINISHED_CONDITIONS:
         if condition(job, wanted).get("status") == "True":
             return wanted
     if (job.get("spec") or {}).get("suspend"):
@@ -59,7 +59,7 @@ def kueue_job_state(job: dict, workload: dict) -> tuple[str, str]:
     the worker Kueue assigned, or the workers nominated for it (kueue mode's choice)."""
     status = workload.get("status") or {}
     worker = status.get("clusterName") or ""
-    for wanted in (c.CONDITION_COMPLETE, c.CONDITION_FAILED):
+    for wanted in c.FINISHED_CONDITIONS:
         if condition(job, wanted).get("status") == "True":
             return wanted, worker
     if worker:

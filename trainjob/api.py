@@ -161,7 +161,7 @@ class TrainJob(_Model):
 
     @property
     def finished(self) -> bool:
-        return self.is_true(c.CONDITION_COMPLETE) or self.is_true(c.CONDITION_FAILED)
+        return any(self.is_true(type_) for type_ in c.FINISHED_CONDITIONS)
 
 
 class EnvInjectionTarget(_Model):

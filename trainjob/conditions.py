@@ -44,25 +44,26 @@ def is_true(obj: Obj | None, type_: str) -> bool:
 
 
 def upsert(existing: list[dict], condition: dict) -> list[dict]:
-    """``existing`` with ``condition`` in place of the one of its type (appended when
-    new). The transition time is kept when the status did not change, as the API's own
-    conventions ask."""
+    """``existing`` with ``condition`` in place of the one of its type, at its position
+    (appended when new). The transition time is kept when the status did not change, as
+    the API's own conventions ask."""
     current = next((x for x in existing if x.get("type") == condition["type"]), None)
-    if current is not None and current.get("status") == condition.get("status") and \
-            current.get("lastTransitionTime"):
+    if current is None:
+        return [*existing, condition]
+    if current.get("status") == condition.get("status") and current.get("lastTransitionTime"):
         condition = {**condition, "lastTransitionTime": current["lastTransitionTime"]}
-    return [x for x in existing if x.get("type") != condition["type"]] + [condition]
+    return [condition if x is current else x for x in existing]
 
 
 def finished(obj: Obj | None) -> bool:
     """A TrainJob (or its copy) that is Complete or Failed."""
-    return is_true(obj, c.CONDITION_COMPLETE) or is_true(obj, c.CONDITION_FAILED)
+    return any(is_true(obj, type_) for type_ in c.FINISHED_CONDITIONS)
 
 
 def finished_time(obj: Obj | None) -> float | None:
     """When it finished (the transition time of its Complete or Failed condition)."""
     for condition in conditions(obj):
-        if condition.get("type") in (c.CONDITION_COMPLETE, c.CONDITION_FAILED) and \
+        if condition.get("type") in c.FINISHED_CONDITIONS and \
                 condition.get("status") == "True":
             return parse_time(condition.get("lastTransitionTime"))
     return None

@@ -50,11 +50,15 @@ MODEL_INITIALIZER = "model-initializer"
 CONDITION_SUSPENDED = "Suspended"
 CONDITION_COMPLETE = "Complete"
 CONDITION_FAILED = "Failed"
+# A TrainJob with either of these True is finished, for good.
+FINISHED_CONDITIONS = (CONDITION_COMPLETE, CONDITION_FAILED)
 REASON_SUSPENDED = "Suspended"
 REASON_RESUMED = "Resumed"
 # The dispatcher's own conditions on a manager TrainJob (the rest of its status is the
 # copy's), and their reasons.
 CONDITION_PLACED = "Placed"
+# Placed=True (and the Event of a placement): the job has a worker, named in the message.
+REASON_PLACED = "Placed"
 CONDITION_WORKER_REACHABLE = "WorkerReachable"
 REASON_NO_WORKER = "NoWorkerFits"
 REASON_REMOTE_DELETED = "RemoteDeleted"

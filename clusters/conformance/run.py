@@ -169,7 +169,7 @@ def _unsettled(side: Side, namespace: str, names: list[str]) -> tuple[list[str],
         job = _trainjob(side, namespace, name)
         if job is None:
             continue
-        if _condition_true(job, c.CONDITION_COMPLETE) or _condition_true(job, c.CONDITION_FAILED):
+        if any(_condition_true(job, type_) for type_ in c.FINISHED_CONDITIONS):
             continue
         if job["spec"].get("suspend") or name in stuck:
             continue

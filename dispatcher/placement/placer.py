@@ -32,8 +32,13 @@ from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
+from trainjob import runtime_ref
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info
+
+# The informer cache on a worker that holds each kind of runtime.
+_RUNTIME_RESOURCES = {c.TRAININGRUNTIME_KIND: c.TRAININGRUNTIMES,
+                      c.CLUSTERTRAININGRUNTIME_KIND: c.CLUSTERTRAININGRUNTIMES}
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +163,14 @@ class Placer:
         problem = self._ineligible((namespace, name), job.metadata.generation, worker)
         if problem:
             return problem, None
-        ref = job.spec.runtime_ref
-        if ref.kind == c.TRAININGRUNTIME_KIND:
-            runtime = worker.cache(c.TRAININGRUNTIMES).get(namespace, ref.name)
-        else:
-            runtime = worker.cache(c.CLUSTERTRAININGRUNTIMES).get("", ref.name)
+        try:
+            key, runtime = runtime_ref.find(job.spec.runtime_ref, namespace,
+                                            lambda kind, ns, name: worker.cache(
+                                                _RUNTIME_RESOURCES[kind]).get(ns, name))
+        except runtime_ref.UnsupportedRuntimeRef as refused:
+            return str(refused), None
         if runtime is None:
-            return f"{ref.kind} {ref.name} not found", None
+            return f"{key} not found", None
         meta = job.metadata
         # A job not read from an apiserver (no uid or version) is worked out every time.
         need_key = ((meta.uid, meta.resource_version, self._digest(worker, runtime))

@@ -120,7 +120,7 @@ def _sync(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
                            message=f"the copy on {worker.name} was deleted by someone else")
         return CreateRemote()
     done = conditions.finished(remote)
-    remote_status = remote.get("status") or {}
+    remote_status = mirror.manager_status(remote.get("status") or {}, manager, worker.name, now)
     manager_status = manager.get("status") or {}
     # The worker answers (we are here): a WorkerReachable=False of ours goes at once, even
     # when the copy has no status yet to replace it with.

@@ -1,6 +1,6 @@
-"""Building the remote copy (the mirror) of a manager TrainJob, and telling whose a remote
-object is. Pure: the writes are ``remote_copies``'s, the status copied back
-``status_sync``'s."""
+"""Building the remote copy (the mirror) of a manager TrainJob, the status the manager shows
+for it, and telling whose a remote object is. Pure: the writes are ``remote_copies``'s,
+the status copied back ``status_sync``'s."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import copy
 import json
 from typing import Any
 
+from trainjob import conditions
 from trainjob import constants as c
 
 # Manager-only annotations that must not travel to the worker.
@@ -72,3 +73,22 @@ def footprint(remote: dict[str, Any]) -> tuple[dict[str, str], int] | None:
         return (dict(data["requests"]), int(data["pods"])) if data else None
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def manager_status(remote_status: dict[str, Any], manager: dict[str, Any], worker: str,
+                   now: float) -> dict[str, Any]:
+    """The status a placed manager TrainJob shows: its copy's whole status, plus the
+    dispatcher's ``Placed=True`` naming the worker (kept from the manager when it already
+    says so, so that copying the same status again writes nothing). A copy that has
+    reported nothing yet gives nothing: Placed=True rides on the first status copy rather
+    than costing a write of its own."""
+    if not remote_status:
+        return {}
+    message = f"placed on worker cluster {worker}"
+    placed = {"type": c.CONDITION_PLACED, "status": "True", "reason": c.REASON_PLACED,
+              "message": message, "lastTransitionTime": conditions.format_time(now)}
+    current = conditions.find(manager, c.CONDITION_PLACED)
+    if current and current.get("status") == "True" and current.get("message") == message:
+        placed = current
+    own = [x for x in remote_status.get("conditions") or [] if x.get("type") != c.CONDITION_PLACED]
+    return {**remote_status, "conditions": [*own, placed]}

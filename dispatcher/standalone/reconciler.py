@@ -206,7 +206,7 @@ class DispatchReconciler:
         self.trainjobs.observe(written)
         logs.bind(cluster=worker.name)
         self.metrics.manager_writes.labels(kind="placement").inc()
-        self.recorder.event(raw, NORMAL, "Placed", f"placed on worker cluster {worker.name}")
+        self.recorder.event(raw, NORMAL, c.REASON_PLACED, f"placed on worker cluster {worker.name}")
         log.info("TrainJob %s/%s placed on %s", *key, worker.name)
         self._create_remote(written, worker, need)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.conditions import format_time
+from trainjob.conditions import format_time, upsert
 
 CONDITION_CREATED = "Created"
 REASON_JOBSET_CREATED = "JobSetCreated"
@@ -36,19 +36,14 @@ class Transition:
 
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
                   message: str, transitions: list[Transition]) -> None:
-    """Upsert a condition in place; record a Transition when status/reason/message change."""
-    for existing in conditions:
-        if existing.get("type") == type_:
-            if (existing.get("status"), existing.get("reason"), existing.get("message")) == (
-                    status, reason, message):
-                return
-            if existing.get("status") != status:
-                existing["lastTransitionTime"] = now()
-            existing.update(status=status, reason=reason, message=message)
-            transitions.append(Transition(type_, status, reason, message))
-            return
-    conditions.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": now()})
+    """Set a condition in ``conditions`` (the shared upsert rule); record a Transition when
+    its status, reason or message changes."""
+    existing = next((x for x in conditions if x.get("type") == type_), None)
+    if existing is not None and (existing.get("status"), existing.get("reason"),
+                                 existing.get("message")) == (status, reason, message):
+        return
+    conditions[:] = upsert(conditions, {"type": type_, "status": status, "reason": reason,
+                                        "message": message, "lastTransitionTime": now()})
     transitions.append(Transition(type_, status, reason, message))
 
 

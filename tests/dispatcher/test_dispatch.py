@@ -53,10 +53,15 @@ def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
     assert sorted(manager_obj["status"]["jobsStatus"], key=lambda j: j["name"]) == [
         {"name": name, "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}
         for name in (c.DATASET_INITIALIZER, c.MODEL_INITIALIZER, c.NODE)]
-    # The whole status is the worker's.
+    # Placed=True names the worker; the rest of the status is the worker's, whole.
+    placed = condition(manager_obj, c.CONDITION_PLACED) or {}
+    assert (placed.get("status"), placed.get("reason"), placed.get("message")) == (
+        "True", c.REASON_PLACED, f"placed on worker cluster {worker_name}"), placed
     remote_status = get(worker, namespace, "full")
     if remote_status is not None:
-        assert remote_status["status"] == manager_obj["status"]
+        copied = [x for x in manager_obj["status"]["conditions"]
+                  if x["type"] != c.CONDITION_PLACED]
+        assert {**manager_obj["status"], "conditions": copied} == remote_status["status"]
 
 
 def test_training_operator_jobs_on_the_manager_are_never_touched(dispatch_env, namespace):

@@ -41,7 +41,8 @@ from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject, Problems
 from trainjob.runtime.node_resources import gpus_per_node, whole_number
-from trainjob.runtime.plugins import flux_curve, flux_scripts, register
+from trainjob.runtime.plugin_registry import register
+from trainjob.runtime.plugins import flux_curve, flux_scripts
 from trainjob.runtime.pod_template import merge_by_name
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 

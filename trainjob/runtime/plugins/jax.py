@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.plugins import register, rendezvous
+from trainjob.runtime.plugin_registry import register
+from trainjob.runtime.plugins import rendezvous
 from trainjob.runtime.podsets import RuntimeInfo
 
 

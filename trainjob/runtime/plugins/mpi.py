@@ -41,7 +41,7 @@ from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject, Problems
 from trainjob.runtime.node_resources import gpus_per_node, whole_number
-from trainjob.runtime.plugins import register
+from trainjob.runtime.plugin_registry import register
 from trainjob.runtime.pod_template import apply_node_settings, merge_by_name, merge_env
 from trainjob.runtime.podsets import PodSet, RuntimeInfo, RuntimePolicy
 

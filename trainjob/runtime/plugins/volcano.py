@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject, Problems
-from trainjob.runtime.plugins import pod_group, register
+from trainjob.runtime.plugin_registry import register
+from trainjob.runtime.plugins import pod_group
 from trainjob.runtime.podsets import RuntimeInfo
 
 API_VERSION = "scheduling.volcano.sh/v1beta1"

@@ -8,7 +8,8 @@ from __future__ import annotations
 from trainjob import constants as c
 from trainjob.api import TrainJob
 from trainjob.runtime.node_resources import gpus_per_node
-from trainjob.runtime.plugins import register, rendezvous
+from trainjob.runtime.plugin_registry import register
+from trainjob.runtime.plugins import rendezvous
 from trainjob.runtime.pod_template import merge_env
 from trainjob.runtime.podsets import RuntimeInfo
 
