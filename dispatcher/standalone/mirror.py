@@ -91,4 +91,5 @@ def manager_status(remote_status: dict[str, Any], manager: dict[str, Any], worke
     if current and current.get("status") == "True" and current.get("message") == message:
         placed = current
     own = [x for x in remote_status.get("conditions") or [] if x.get("type") != c.CONDITION_PLACED]
-    return {**remote_status, "conditions": [*own, placed]}
+    # First, so that the newest condition (the State column) stays the copy's.
+    return {**remote_status, "conditions": [placed, *own]}

@@ -79,13 +79,13 @@ CASES = [
     ("placed, no copy yet", manager(), worker(), d.CreateRemote, False),
     ("copy without status", manager(), worker(copy()), d.InSync, False),
     ("copy reports", manager(), worker(copy(conditions=[CREATED])), d.CopyStatus, False),
-    ("mirrored", manager(conditions=[CREATED, PLACED]), worker(copy(conditions=[CREATED])),
+    ("mirrored", manager(conditions=[PLACED, CREATED]), worker(copy(conditions=[CREATED])),
      d.InSync, False),
     ("mirrored, Placed=True not shown yet", manager(conditions=[CREATED]),
      worker(copy(conditions=[CREATED])), d.CopyStatus, False),
     ("copy finished", manager(conditions=[CREATED]), worker(copy(conditions=[COMPLETE])),
      d.CopyStatus, True),
-    ("finished, retention over", manager(conditions=[COMPLETE, PLACED]),
+    ("finished, retention over", manager(conditions=[PLACED, COMPLETE]),
      worker(copy(conditions=[COMPLETE])), d.DeleteRemote, True),
     ("finished, copy gone", manager(conditions=[COMPLETE]), worker(), d.RemoveFinalizer,
      True),
@@ -155,9 +155,9 @@ def test_the_copied_status_is_the_copys_plus_placed_true_naming_the_worker():
     action = decide(manager(conditions=[cond("Placed", "False", "NoWorkerFits", 90)]),
                     worker(copy(conditions=[CREATED])))
     assert isinstance(action, d.CopyStatus)
-    assert action.status["conditions"] == [CREATED, {
+    assert action.status["conditions"] == [{
         "type": "Placed", "status": "True", "reason": "Placed",
-        "message": "placed on worker cluster w1", "lastTransitionTime": stamp(0)}]
+        "message": "placed on worker cluster w1", "lastTransitionTime": stamp(0)}, CREATED]
     # Copied again later: the same Placed=True (its time kept), so nothing to write.
     mirrored = manager(conditions=action.status["conditions"])
     assert isinstance(d.decide(mirrored, worker(copy(conditions=[CREATED])), NOW + 30,
@@ -166,7 +166,7 @@ def test_the_copied_status_is_the_copys_plus_placed_true_naming_the_worker():
 
 def test_retention_waits_for_what_is_left_of_it():
     done_recently = cond(c.CONDITION_COMPLETE, seconds_ago=10)
-    action = decide(manager(conditions=[done_recently, PLACED]),
+    action = decide(manager(conditions=[PLACED, done_recently]),
                     worker(copy(conditions=[done_recently])))
     assert isinstance(action, d.Wait) and action.seconds == pytest.approx(20)
 
