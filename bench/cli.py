@@ -58,8 +58,9 @@ incomplete; a controller that does not start is named with its log file.
 Output (--output): results.json (every figure, the environment, the dispatcher's
 configuration), table.md, latency.png, scaling.png, comparison.png, logs/. This
 dispatcher's scenarios take 5-10 minutes on two cores; the comparison as long again and
-more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (100 jobs; rates 10 and 50
-for 5 s; 500 mirrored; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
+more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (a 500-job burst, 500 status
+changes, rates 10 and 50 for 10 s, so each p99 is the 5th largest of 500 samples at most;
+1,000 mirrored; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
 
 def _ints(text: str) -> tuple[int, ...]:
