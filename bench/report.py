@@ -348,6 +348,7 @@ def _dispatcher_table(results: dict) -> str:
         lines.append(f"| steady {step['rate']} jobs/s for {step['seconds']:g} s "
                      f"({step['achieved_arrival_rate']} achieved) | latency p50 / p90 / p99 /"
                      f" max ms | {_lat(step['latency'])} |")
+        lines.extend(_step_rows(step.get("steps", {}).get("Place")))
     under = [s["rate"] for s in results["steady"]
              if s["latency"]["p99_ms"] is not None and s["latency"]["p99_ms"] < 1000
              and not s["missing"]]
@@ -356,6 +357,7 @@ def _dispatcher_table(results: dict) -> str:
     sync = results["sync"]
     lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s | lag p50 / p90 / "
                  f"p99 / max ms | {_lat(sync['lag'])} |")
+    lines.extend(_step_rows(sync.get("steps", {}).get("CopyStatus")))
     cost = burst["api"]["per_job"]
     lines.append(f"| API cost per dispatched job | manager TrainJob writes / worker TrainJob "
                  f"writes / Event writes | {cost['manager_trainjob_writes']} / "
@@ -389,6 +391,18 @@ def _dispatcher_table(results: dict) -> str:
                      f"{step['dispatcher']['cpu_share']}, machine busy "
                      f"{step['cpu']['host_busy_share']:.0%}) |")
     return "\n".join(lines)
+
+
+def _step_rows(steps: dict | None) -> list[str]:
+    """One row: each step of the reconciles of a scenario, mean wall / mean CPU ms and the
+    bucket bound of its wall p99."""
+    if not steps:
+        return []
+    cells = [f"{step} {figures.get('wall_mean_ms', 0):.2f} / {figures.get('cpu_mean_ms', 0):.2f}"
+             f" (p99 <= {figures.get('wall_p99_ms_at_most')})"
+             for step, figures in steps.items()]
+    return ["| | per reconcile, mean wall / CPU ms (wall p99 bucket) | " + "; ".join(cells)
+            + " |"]
 
 
 def _longest(constrained: dict) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from bench import apicost
+from bench import apicost, steps
 from bench.environment import BenchClusters
 from bench.footprint import CpuAccount, FootprintWindow
 from bench.load import LoadRunner, creates
@@ -304,6 +304,12 @@ def idle(ctx: BenchContext, mirrored: int) -> dict:
     return {"mirrored_jobs": mirrored, **window.figures()}
 
 
+def _steps(ctx: BenchContext) -> steps.Snapshot | None:
+    """The running dispatcher's step histograms (None when this dispatcher is not running,
+    e.g. a Kueue contender)."""
+    return steps.snapshot(ctx.env.dispatcher) if ctx.env.dispatcher is not None else None
+
+
 # --- steady arrival --------------------------------------------------------------------------
 
 def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float | None = None,
@@ -316,6 +322,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     count = max(1, int(rate * seconds))
     names = job_names("job", count)
     keys = [(namespace, n) for n in names]
+    before = _steps(ctx)
     with FootprintWindow(ctx.controller_pid) as window:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
                                      submit=submit), rate=rate)
@@ -330,6 +337,8 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
         "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
         "dispatcher": window.figures(),
     }
+    if before is not None:
+        figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
     log.info("steady %d jobs/s: p50 %s ms, p99 %s ms", rate, figures["latency"]["p50_ms"],
              figures["latency"]["p99_ms"])
     return figures
@@ -366,6 +375,7 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     calls = [(ctx.kubeconfig(worker), _status_flip(*key)) for key, worker in placed]
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters)
+    steps_before = _steps(ctx)
     run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
     wanted = {key for key, _ in placed}
     manager = ctx.timelines.manager
@@ -395,6 +405,9 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
         if placed else None,
         "manager_requests": apicost.as_table(manager_delta),
     }
+    if steps_before is not None:
+        figures["steps"] = {"CopyStatus": steps.breakdown(steps_before, _steps(ctx),
+                                                          "CopyStatus")}
     log.info("status sync of %d: p50 %s ms, p99 %s ms, %s manager writes each", len(placed),
              figures["lag"]["p50_ms"], figures["lag"]["p99_ms"],
              figures["manager_writes_per_status_change"])

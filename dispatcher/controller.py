@@ -86,7 +86,8 @@ class DispatcherController:
         self.timings = JobTimings(self.metrics)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
                                              self.placer, self.timings, config, self.recorder,
-                                             self.metrics, self.kueue)
+                                             self.metrics, self.kueue,
+                                             queued_for=self.queue.waited)
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
                                            self.recorder, self.metrics, self.kueue_mode_idle) \

@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from dispatcher.job_state import job_state
 from trainjob import constants as c
 from trainjob import managed_by
+from trainjob import step_timing
 from trainjob.controller_metrics import ApiRequest, ControllerMetrics, process_registry
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -53,6 +54,11 @@ class DispatcherMetrics:
             "dispatcher_nomination_timeouts_total",
             "Kueue mode: nominated workers that did not admit within the admission timeout",
             registry=self.registry)
+        self.reconcile_steps = step_timing.histogram(
+            self.registry, "dispatcher_reconcile_step_seconds",
+            "Time of each step of a reconcile, by the action it performed (Place, "
+            "CopyStatus, ...): queue wait, decide, place, patch, create, write; wall time "
+            "and the reconciling thread's CPU time")
         self.api_requests = Counter(
             "dispatcher_api_requests_total", "API requests by cluster, verb and HTTP code",
             ["cluster", "verb", "code"], registry=self.registry)

@@ -172,14 +172,17 @@ class QueueMetrics:
         with self._lock:
             self._added_at.setdefault(key, time.monotonic())
 
-    def taken(self, key: Hashable) -> None:
+    def taken(self, key: Hashable) -> float | None:
+        """A worker took ``key``: returns how long it waited in the queue (None: not known)."""
         self._depth.dec()
         now = time.monotonic()
         with self._lock:
             self._started_at[key] = now
             added = self._added_at.pop(key, None)
-        if added is not None:
-            self._queue_duration.observe(now - added)
+        if added is None:
+            return None
+        self._queue_duration.observe(now - added)
+        return now - added
 
     def done(self, key: Hashable) -> None:
         with self._lock:

@@ -41,6 +41,8 @@ class WorkQueue:
         self._max_delay = max_delay
         self._shutting_down = False
         self._metrics = metrics
+        # Per worker thread: how long the key it took last had waited (``waited``).
+        self._taken = threading.local()
 
     def instrument(self, metrics: QueueMetrics) -> None:
         """Report to ``metrics`` from now on (for a queue made by code that does not know
@@ -117,8 +119,8 @@ class WorkQueue:
                     key = self._queue.popleft()
                     self._dirty.discard(key)
                     self._processing.add(key)
-                    if self._metrics is not None:
-                        self._metrics.taken(key)
+                    self._taken.waited = self._metrics.taken(key) \
+                        if self._metrics is not None else None
                     return key
                 if self._shutting_down:
                     raise ShutDown()
@@ -128,6 +130,11 @@ class WorkQueue:
                         raise TimeoutError()
                     wait = remaining if wait is None else min(wait, remaining)
                 self._lock.wait(wait)
+
+    def waited(self) -> float | None:
+        """Seconds the key this thread took last had waited since it was added (None when
+        the queue reports no metrics, or this thread took none)."""
+        return getattr(self._taken, "waited", None)
 
     def done(self, key: Hashable) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -39,6 +40,7 @@ from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob import logs
+from trainjob import step_timing
 from trainjob.api import TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
@@ -57,8 +59,11 @@ class DispatchReconciler:
     def __init__(self, manager: client.ApiClient, trainjobs: Informer,
                  registry: WorkerRegistry, placer: Placer, timings: JobTimings,
                  config: DispatcherConfig, recorder: EventRecorder, metrics: DispatcherMetrics,
-                 kueue: KueueOnManager | None = None):
+                 kueue: KueueOnManager | None = None,
+                 queued_for: Callable[[], float | None] = lambda: None):
         self.custom = client.CustomObjectsApi(manager)
+        # How long the key being reconciled waited in the work queue (this thread's).
+        self._queued_for = queued_for
         self.kueue = kueue
         # Jobs already told (in an Event) that they are left to Kueue: key -> UID.
         self._left_to_kueue: dict[tuple[str, str], str] = {}
@@ -77,18 +82,25 @@ class DispatchReconciler:
     # --- entry point ----------------------------------------------------------------
 
     def reconcile(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        raw = self.trainjobs.get(namespace, name)
-        placed = decisions.placement(raw) if raw is not None else None
-        logs.bind(cluster=placed)
-        worker = self.registry.get(placed) if placed else None
-        kueue_claim = self.kueue.claim(raw) if raw is not None and self.kueue else None
-        action = decisions.decide(raw, self._worker_state(placed, worker, key), time.time(),
-                                  self.settings, kueue_claim)
-        if action.release:
-            self.placer.release(worker, key)
-        log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
-        self._perform(action, key, raw, worker)
+        steps = step_timing.start(self.metrics.reconcile_steps, self._queued_for())
+        performed = "Undecided"
+        try:
+            key = (namespace, name)
+            raw = self.trainjobs.get(namespace, name)
+            placed = decisions.placement(raw) if raw is not None else None
+            logs.bind(cluster=placed)
+            worker = self.registry.get(placed) if placed else None
+            kueue_claim = self.kueue.claim(raw) if raw is not None and self.kueue else None
+            action = decisions.decide(raw, self._worker_state(placed, worker, key),
+                                      time.time(), self.settings, kueue_claim)
+            if action.release:
+                self.placer.release(worker, key)
+            steps.lap("decide")
+            performed = action.name
+            log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
+            self._perform(action, key, raw, worker)
+        finally:
+            steps.finish(performed)
 
     def _worker_state(self, placed: str | None, worker: WorkerCluster | None,
                       key: tuple[str, str]) -> decisions.WorkerState | None:
@@ -136,6 +148,7 @@ class DispatchReconciler:
                     raise Requeue(retry, why)
             case decisions.CopyStatus(status=status):
                 self.status.copy_back(raw, status)
+                step_timing.lap("write")
             case decisions.RemoveFinalizer():
                 self._remove_finalizer(raw)
             case decisions.Unplace():
@@ -186,6 +199,7 @@ class DispatchReconciler:
         key = (meta["namespace"], meta["name"])
         self.timings.eligible(key)
         decision = self.placer.place(TrainJob.model_validate(raw))
+        step_timing.lap("place")
         if isinstance(decision, str):
             self._pending(raw, decision)
             return
@@ -204,6 +218,7 @@ class DispatchReconciler:
             self.placer.release(worker, key)  # not placed after all (e.g. 409: changed meanwhile)
             raise
         self.trainjobs.observe(written)
+        step_timing.lap("patch")
         logs.bind(cluster=worker.name)
         self.metrics.manager_writes.labels(kind="placement").inc()
         self.recorder.event(raw, NORMAL, c.REASON_PLACED, f"placed on worker cluster {worker.name}")
@@ -230,6 +245,7 @@ class DispatchReconciler:
         key = self._key(manager)
         outcome = self._copies(worker).create(
             manager, {k: format_quantity(v) for k, v in need.requests.items()}, need.pods)
+        step_timing.lap("create")
         match outcome:
             case remote_copies.Created(copy=created):
                 worker.cache(c.TRAINJOBS).observe(created)

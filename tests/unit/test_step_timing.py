@@ -1,0 +1,63 @@
+"""Reconcile step timing: each step's wall and CPU time under the action performed, and
+the queue wait the work queue measured for the key."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from trainjob import step_timing
+from trainjob.controller_metrics import ControllerMetrics
+from trainjob.workqueue import WorkQueue
+
+
+def _samples(registry: CollectorRegistry, suffix: str) -> dict[tuple, float]:
+    return {(s.labels["action"], s.labels["step"], s.labels["clock"]): s.value
+            for family in registry.collect() for s in family.samples
+            if s.name == "steps_seconds" + suffix}
+
+
+def test_each_step_is_observed_under_the_action_with_wall_and_cpu_time():
+    registry = CollectorRegistry()
+    histogram = step_timing.histogram(registry, "steps_seconds", "test")
+    steps = step_timing.start(histogram, queued=0.25)
+    sum(range(200_000))  # CPU spent in the first step
+    step_timing.lap("decide")
+    threading.Event().wait(0.05)  # a wait: wall time, (almost) no CPU
+    step_timing.lap("patch")
+    steps.finish("Place")
+    counts, sums = _samples(registry, "_count"), _samples(registry, "_sum")
+    assert counts == {("Place", step, clock): 1.0
+                      for step in ("decide", "patch", "rest") for clock in ("wall", "cpu")
+                      } | {("Place", "queue", "wall"): 1.0}, counts
+    assert sums[("Place", "queue", "wall")] == 0.25
+    assert sums[("Place", "decide", "cpu")] > 0
+    assert sums[("Place", "patch", "wall")] >= 0.05
+    assert sums[("Place", "patch", "cpu")] < sums[("Place", "patch", "wall")] / 2, (
+        "waiting must cost wall time, not CPU", sums)
+
+
+def test_a_lap_without_a_timed_reconcile_on_this_thread_does_nothing():
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(step_timing.lap("x")))
+    thread.start()
+    thread.join()
+    assert outcome == [None]
+
+
+def test_the_queue_tells_each_worker_how_long_its_key_waited():
+    registry = CollectorRegistry()
+    queue = WorkQueue()
+    assert queue.waited() is None
+    queue.instrument(ControllerMetrics(registry).queue("test"))
+    queue.add("a")
+    threading.Event().wait(0.02)
+    assert queue.get() == "a"
+    waited = queue.waited()
+    assert waited is not None and waited >= 0.02, waited
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(queue.waited()))
+    thread.start()
+    thread.join()
+    assert seen == [None], "another thread took no key"
