@@ -129,13 +129,13 @@ class ServiceProcess:
         finally:
             conn.close()
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, metric: str, /, **labels: str) -> float:
         """Sum of a metric's samples from the process's /metrics: every label set, or
-        those that have ``labels``."""
+        those that have ``labels`` (``name`` among them: the sample name is positional)."""
         _, text = self.get("/metrics")
         return sum(sample.value for family in text_string_to_metric_families(text)
                    for sample in family.samples
-                   if sample.name == name
+                   if sample.name == metric
                    and all(sample.labels.get(key) == value for key, value in labels.items()))
 
     def stop(self, kill: bool = False) -> None:
