@@ -182,8 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "make the worker count irrelevant)")
     parser.add_argument("--profile", action="store_true", default=None,
                         help="record the dispatcher with py-spy during the burst and the "
-                        "fill (profile-burst.svg, profile-fill.svg), and during the "
-                        "comparison's bursts of C and D (profile-compare-C.svg, ...)")
+                        "fill (profile-burst.svg, profile-fill.svg), the steady steps and "
+                        "the status sync (collapsed stacks, on-CPU with the GIL and wall "
+                        "clock: profile-steady-50-gil.txt, profile-sync-wall.txt, ...), and "
+                        "during the comparison's bursts of C and D (profile-compare-C.svg, "
+                        "...). Figures of a profiled run include the profiler's cost")
     parser.add_argument("--dispatcher-args", type=lambda text: tuple(shlex.split(text)),
                         metavar="FLAGS",
                         help="extra flags for every dispatcher the run starts, as one "

@@ -128,28 +128,41 @@ def _dispatched(ctx: BenchContext, keys: list[Key]) -> dict:
             "placements": dict(sorted(placements.items()))}
 
 
+# py-spy's views of a process: on-CPU stacks of the thread holding the GIL (what costs
+# CPU), and every thread's stack whether running or waiting (where wall time goes).
+PROFILE_VIEWS = {"gil": ("--gil",), "wall": ("--idle",)}
+
+
 @contextlib.contextmanager
-def _profiled(pid: int, path: Path, enabled: bool):
-    """py-spy record of ``pid`` while the block runs (a flame graph SVG), when enabled."""
+def _profiled(pid: int, path: Path | None, enabled: bool, views: tuple[str, ...] = ()):
+    """py-spy record of ``pid`` while the block runs, when enabled: a flame graph SVG at
+    ``path``, or for each of ``views`` collapsed stacks (``<path stem>-<view>.txt``, one
+    line per stack with its sample count) that flame graph tools and a text search read."""
     tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not enabled:
+    if not enabled or path is None:
         yield None
         return
     if not Path(tool).exists():
         raise RuntimeError("--profile needs py-spy (pip install py-spy)")
-    recorder = subprocess.Popen([tool, "record", "--pid", str(pid), "--rate", "100",
-                                 "--output", str(path), "--format", "flamegraph",
-                                 "--nonblocking"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    runs = [(path, "flamegraph", ())] if not views else [
+        (path.with_name(f"{path.stem}-{view}.txt"), "raw", PROFILE_VIEWS[view])
+        for view in views]
+    recorders = [subprocess.Popen([tool, "record", "--pid", str(pid), "--rate", "100",
+                                   "--output", str(out), "--format", fmt, "--nonblocking",
+                                   *flags],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for out, fmt, flags in runs]
     try:
         yield path
     finally:
-        recorder.send_signal(signal.SIGINT)
-        try:
-            recorder.wait(60)
-        except subprocess.TimeoutExpired:
-            recorder.kill()
-            recorder.wait()
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)
+        for recorder in recorders:
+            try:
+                recorder.wait(60)
+            except subprocess.TimeoutExpired:
+                recorder.kill()
+                recorder.wait()
 
 
 # --- the ceiling ---------------------------------------------------------------------------
@@ -323,7 +336,9 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     names = job_names("job", count)
     keys = [(namespace, n) for n in names]
     before = _steps(ctx)
-    with FootprintWindow(ctx.controller_pid) as window:
+    profile = ctx.output / f"profile-steady-{rate}" if before is not None else None
+    with FootprintWindow(ctx.controller_pid) as window, \
+            _profiled(ctx.controller_pid, profile, ctx.settings.profile, ("gil", "wall")):
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
                                      submit=submit), rate=rate)
         missing = ctx.timelines.wait_remotes(set(keys), wait(count))
@@ -376,12 +391,14 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters)
     steps_before = _steps(ctx)
-    run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
     wanted = {key for key, _ in placed}
     manager = ctx.timelines.manager
-    missing = ctx.timelines.wait(
-        lambda: {k for k in wanted if (*k, SYNC_CONDITION) not in manager.condition_seen},
-        _wait_timeout(len(wanted)))
+    with _profiled(ctx.dispatcher_pid, ctx.output / "profile-sync", ctx.settings.profile,
+                   ("gil", "wall")):
+        run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
+        missing = ctx.timelines.wait(
+            lambda: {k for k in wanted if (*k, SYNC_CONDITION) not in manager.condition_seen},
+            _wait_timeout(len(wanted)))
     after = _settled(env, clusters)
     lags, watch_lags = [], []
     for index, (key, worker) in enumerate(placed):
