@@ -10,7 +10,8 @@ from dispatcher.job_state import job_state
 from trainjob import constants as c
 from trainjob import managed_by
 from trainjob import step_timing
-from trainjob.controller_metrics import ApiRequest, ControllerMetrics, process_registry
+from trainjob.controller_metrics import (ApiRequest, ControllerMetrics, children,
+                                         process_registry)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -66,11 +67,11 @@ class DispatcherMetrics:
     def observer(self, cluster: str):
         """A request observer for one cluster's client: dispatcher_api_requests_total by
         cluster, and the rest_client_* metrics by apiserver address."""
-        counter, controllers = self.api_requests, self.controllers
+        counter, controllers = children(self.api_requests), self.controllers
 
         def observe(request: ApiRequest) -> None:
             code = "error" if request.status is None else str(request.status)
-            counter.labels(cluster=cluster, verb=request.verb, code=code).inc()
+            counter(cluster, request.verb, code).inc()
             controllers.observe_request(request)
 
         return observe

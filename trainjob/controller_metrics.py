@@ -10,6 +10,7 @@ not prometheus_client's global one, so several controllers can run in one test p
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Hashable
@@ -31,6 +32,13 @@ SUCCESS, ERROR, REQUEUE, REQUEUE_AFTER = "success", "error", "requeue", "requeue
 RESULTS = (SUCCESS, ERROR, REQUEUE, REQUEUE_AFTER)
 # client-go's code label for a request that got no HTTP answer.
 NO_ANSWER = "<error>"
+
+
+def children(metric):
+    """``metric.labels`` remembered per label values: the lookup checks and converts every
+    value under a lock, and the hot paths (each API request, each reconcile step) ask for
+    the same few children again and again. Label sets here are few and bounded."""
+    return functools.lru_cache(maxsize=None)(metric.labels)
 
 
 def process_registry() -> CollectorRegistry:
@@ -111,6 +119,9 @@ class ControllerMetrics:
             "rest_client_rate_limiter_duration_seconds", "Client side rate limiter latency in "
             "seconds. Broken down by verb, and host.", ["verb", "host"], registry=registry,
             buckets=REST_CLIENT_BUCKETS)
+        self._request_child = children(self._requests)
+        self._duration_child = children(self._request_duration)
+        self._limiter_child = children(self._rate_limiter_duration)
 
         self._leader = Gauge(
             "leader_election_master_status", "Gauge of if the reporting system is master of "
@@ -143,11 +154,10 @@ class ControllerMetrics:
     def observe_request(self, request: ApiRequest) -> None:
         """Count one API request: a request observer for ``trainjob.kubeclient``."""
         code = NO_ANSWER if request.status is None else str(request.status)
-        self._requests.labels(code, request.verb, request.host).inc()
-        self._request_duration.labels(request.verb, request.host).observe(request.seconds)
+        self._request_child(code, request.verb, request.host).inc()
+        self._duration_child(request.verb, request.host).observe(request.seconds)
         if request.waited is not None:
-            self._rate_limiter_duration.labels(request.verb, request.host).observe(
-                request.waited)
+            self._limiter_child(request.verb, request.host).observe(request.waited)
 
 
 class QueueMetrics:

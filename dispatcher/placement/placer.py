@@ -62,9 +62,10 @@ class Placer:
         # Choose and reserve under one lock: concurrent placements must each see the
         # reservations of the others, or a burst piles onto the same worker.
         self._lock = threading.Lock()
-        # A job's need on a runtime, by (job uid, job resourceVersion, runtime digest):
-        # building it is most of a placement's CPU, and workers usually hold the same
-        # runtime, so one build serves them all (and a retried placement).
+        # A job's need on a runtime, by (job content digest, runtime digest): building it
+        # is most of a placement's CPU; workers usually hold the same runtime, and jobs
+        # are often made from one template (a sweep, a benchmark), so one build serves
+        # them all, and a retried placement.
         self._needs: LRUCache = LRUCache(maxsize=4096)
         # Runtime digests by (worker, runtime uid, runtime resourceVersion).
         self._digests: LRUCache = LRUCache(maxsize=1024)
@@ -171,15 +172,13 @@ class Placer:
             return str(refused), None
         if runtime is None:
             return f"{key} not found", None
-        meta = job.metadata
-        # A job not read from an apiserver (no uid or version) is worked out every time.
-        need_key = ((meta.uid, meta.resource_version, self._digest(worker, runtime))
-                    if meta.uid and meta.resource_version else None)
+        need_key = (_content(job), self._digest(worker, runtime))
         with self._cache_lock:
-            known = self._needs.get(need_key) if need_key else None
+            known = self._needs.get(need_key)
         if known is None:
             known = _need(job, runtime)
-            if need_key:
+            if not isinstance(known, str):
+                # Only needs: a refusal may name the job, and it is rare anyway.
                 with self._cache_lock:
                     self._needs[need_key] = known
         return (known, None) if isinstance(known, str) else (None, known)
@@ -247,6 +246,17 @@ class Placer:
 
     def forget(self, key: JobKey) -> None:
         self.excluded.pop(key, None)
+
+
+def _content(job: TrainJob) -> bytes:
+    """What a job's need depends on: its spec, labels and annotations (not the placement
+    annotation, which placing adds). Not its name or namespace: they name pods and hosts
+    but change no request, count, node selector or toleration."""
+    annotations = {k: v for k, v in job.metadata.annotations.items()
+                   if k != c.PLACEMENT_ANNOTATION}
+    content = json.dumps([job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+                          job.metadata.labels, annotations], sort_keys=True)
+    return hashlib.blake2b(content.encode(), digest_size=16).digest()
 
 
 def _need(job: TrainJob, runtime: dict) -> Need | str:

@@ -24,13 +24,13 @@ def test_the_breakdown_counts_only_what_happened_between_the_readings():
     registry = CollectorRegistry()
     histogram = step_timing.histogram(registry, steps.METRIC, "test")
     page = _Page(registry)
-    histogram.labels(action="Place", step="patch", clock="wall").observe(2.0)  # before
+    histogram("Place", "patch", "wall").observe(2.0)  # before
     before = steps.snapshot(page)
     for seconds in [0.003] * 99 + [0.2]:
-        histogram.labels(action="Place", step="patch", clock="wall").observe(seconds)
-        histogram.labels(action="Place", step="patch", clock="cpu").observe(0.0005)
-    histogram.labels(action="Place", step="queue", clock="wall").observe(0.001)
-    histogram.labels(action="CopyStatus", step="write", clock="wall").observe(0.01)
+        histogram("Place", "patch", "wall").observe(seconds)
+        histogram("Place", "patch", "cpu").observe(0.0005)
+    histogram("Place", "queue", "wall").observe(0.001)
+    histogram("CopyStatus", "write", "wall").observe(0.01)
     result = steps.breakdown(before, steps.snapshot(page), "Place")
     assert list(result) == ["queue", "patch"], "steps in the order a job takes them"
     patch = result["patch"]

@@ -1,4 +1,4 @@
-"""The Placer (pure): a job's need worked out once per job version and runtime content,
+"""The Placer (pure): a job's need worked out once per job content and runtime content,
 and reservations that follow the copies this dispatcher made."""
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ def worker(name: str, order: int, training_runtime: dict) -> WorkerCluster:
                                     c.CLUSTERTRAININGRUNTIMES: Cache(training_runtime)})
 
 
-def job(name: str, uid: str | None = "uid-1", version: str | None = "10") -> TrainJob:
+def job(name: str, uid: str | None = "uid-1", version: str | None = "10", nodes: int = 2,
+        annotations: dict | None = None) -> TrainJob:
     return TrainJob.model_validate({
         "apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
-        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version},
-        "spec": {"runtimeRef": {"name": "plain"}, "trainer": {"numNodes": 2}}})
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version,
+                     "annotations": annotations or {}},
+        "spec": {"runtimeRef": {"name": "plain"}, "trainer": {"numNodes": nodes}}})
 
 
 @pytest.fixture
@@ -81,16 +83,24 @@ def test_a_changed_runtime_or_job_is_worked_out_again(builds):
     assert placer.need_on(job("a"), two)[1].requests["cpu"] == D(32)
     assert placer.need_on(job("a"), one)[1].requests["cpu"] == D(4)
     assert builds == ["a", "a"]
-    placer.need_on(job("a", version="11"), one)
+    # A new version with a changed spec is worked out again; one that changed nothing
+    # the need depends on (the placement annotation, say) is not.
+    assert placer.need_on(job("a", version="11", nodes=3), one)[1].pods == 3
+    assert builds == ["a", "a", "a"]
+    placer.need_on(job("a", version="12", nodes=3,
+                       annotations={c.PLACEMENT_ANNOTATION: "worker-1"}), one)
     assert builds == ["a", "a", "a"]
 
 
-def test_jobs_not_read_from_an_apiserver_are_never_confused(builds):
+def test_jobs_made_from_one_template_share_a_build_and_different_ones_never_do(builds):
     one = worker("worker-1", 0, runtime("u1", "5", "2"))
     placer = Placer(Registry(one), "best-fit")
-    placer.need_on(job("a", uid=None, version=None), one)
-    placer.need_on(job("b", uid=None, version=None), one)
-    assert builds == ["a", "b"]
+    assert placer.need_on(job("a", uid="u-a"), one)[1].pods == 2
+    assert placer.need_on(job("b", uid="u-b", version="3"), one)[1].pods == 2
+    assert builds == ["a"], "the same spec in another job needs no second build"
+    assert placer.need_on(job("c", uid=None, version=None, nodes=4), one)[1].pods == 4
+    assert placer.need_on(job("d", uid="u-d", annotations={"team": "x"}), one)[1].pods == 2
+    assert builds == ["a", "c", "d"]
 
 
 def test_a_copy_this_dispatcher_did_not_make_leaves_the_reservation_alone():
