@@ -125,14 +125,24 @@ class DispatcherController:
     def _ours(obj: dict | None) -> bool:
         return managed_by.dispatched(obj)
 
+    @staticmethod
+    def _echo(old: dict | None, new: dict | None) -> bool:
+        """The watch delivering a version this process wrote and already put in the cache
+        (``Informer.observe``): the reconcile that wrote it acted on it, or was requeued,
+        so the event brings nothing new. Skipping it saves a reconcile per write."""
+        return old is not None and new is not None and \
+            old["metadata"].get("resourceVersion") == new["metadata"].get("resourceVersion")
+
     def _on_manager_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
-        if self._ours(obj):
+        if self._ours(obj) and not self._echo(old, new):
             self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def _on_worker_event(self, worker_name: str, resource: str, kind: str,
                          old: dict | None, new: dict | None) -> None:
         if resource == c.TRAINJOBS:
+            if self._echo(old, new):
+                return
             obj = new or old
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             if new is not None and (old or {}).get("status") != new.get("status"):

@@ -49,6 +49,14 @@ from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
 
+# Actions whose writes the caches hold at once (``observe``): the job's next step can be
+# decided right after them. (A delete is done when the watch says so: not followed up.)
+_FOLLOWED_UP = (decisions.Place, decisions.CreateRemote, decisions.CopyStatus,
+                decisions.RemoveFinalizer, decisions.Unplace, decisions.Replace,
+                decisions.MarkRemoved, decisions.Exclude)
+# Decisions after which nothing happens until something changes.
+_AT_REST = (decisions.InSync, decisions.Ignore, decisions.Forget, decisions.LeaveToKueue)
+
 CONDITION_PLACED = decisions.CONDITION_PLACED
 CONDITION_WORKER_REACHABLE = decisions.CONDITION_WORKER_REACHABLE
 REASON_NO_WORKER = decisions.REASON_NO_WORKER
@@ -86,21 +94,37 @@ class DispatchReconciler:
         performed = "Undecided"
         try:
             key = (namespace, name)
-            raw = self.trainjobs.get(namespace, name)
-            placed = decisions.placement(raw) if raw is not None else None
-            logs.bind(cluster=placed)
-            worker = self.registry.get(placed) if placed else None
-            kueue_claim = self.kueue.claim(raw) if raw is not None and self.kueue else None
-            action = decisions.decide(raw, self._worker_state(placed, worker, key),
-                                      time.time(), self.settings, kueue_claim)
+            raw, worker, action = self._decide(key)
+            logs.bind(cluster=decisions.placement(raw) if raw is not None else None)
             if action.release:
                 self.placer.release(worker, key)
             steps.lap("decide")
             performed = action.name
             log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
             self._perform(action, key, raw, worker)
+            if isinstance(action, _FOLLOWED_UP):
+                self._follow_up(key)
         finally:
             steps.finish(performed)
+
+    def _follow_up(self, key: tuple[str, str]) -> None:
+        """After a write: decide again on the caches, which hold what was written, and
+        come back at once unless the job is at rest. The watch's echo of this process's
+        own write is not a reason to reconcile (the controller skips it), so this is what
+        takes a job on to its next step (a finished copy's retention, a job placed again)."""
+        _, _, after = self._decide(key)
+        if not isinstance(after, _AT_REST):
+            raise Requeue(0, f"next step: {after.name}")
+
+    def _decide(self, key: tuple[str, str]) -> tuple[dict | None, WorkerCluster | None,
+                                                     decisions.Action]:
+        """The job, its worker and the next step, from the caches."""
+        raw = self.trainjobs.get(*key)
+        placed = decisions.placement(raw) if raw is not None else None
+        worker = self.registry.get(placed) if placed else None
+        kueue_claim = self.kueue.claim(raw) if raw is not None and self.kueue else None
+        return raw, worker, decisions.decide(raw, self._worker_state(placed, worker, key),
+                                             time.time(), self.settings, kueue_claim)
 
     def _worker_state(self, placed: str | None, worker: WorkerCluster | None,
                       key: tuple[str, str]) -> decisions.WorkerState | None:
