@@ -103,17 +103,19 @@ class DispatchReconciler:
             log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
             self._perform(action, key, raw, worker)
             if isinstance(action, _FOLLOWED_UP):
-                self._follow_up(key)
+                self._follow_up(key, action)
         finally:
             steps.finish(performed)
 
-    def _follow_up(self, key: tuple[str, str]) -> None:
+    def _follow_up(self, key: tuple[str, str], done: decisions.Action) -> None:
         """After a write: decide again on the caches, which hold what was written, and
         come back at once unless the job is at rest. The watch's echo of this process's
         own write is not a reason to reconcile (the controller skips it), so this is what
         takes a job on to its next step (a finished copy's retention, a job placed again)."""
         _, _, after = self._decide(key)
-        if not isinstance(after, _AT_REST):
+        # The same step again means no progress (a job that stays pending): the events
+        # that can change that (room freed, a worker back) bring it back, not a loop.
+        if not isinstance(after, _AT_REST) and type(after) is not type(done):
             raise Requeue(0, f"next step: {after.name}")
 
     def _decide(self, key: tuple[str, str]) -> tuple[dict | None, WorkerCluster | None,

@@ -588,3 +588,21 @@ def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):
         expected=f"a 'placed on' line about {namespace}/logged in the dispatcher log")
     placed = next(line for line in lines if "placed on" in line)
     assert placed.endswith(suffix), placed
+
+
+def test_a_pending_job_is_not_reconciled_over_and_over(dispatch_env, namespace):
+    """A job no worker can hold waits for an event that may change that: the reconcile
+    that finds it still pending does not put it straight back on the queue."""
+    env = dispatch_env
+    create(env.manager, namespace, trainjob("too-big", requests={"cpu": "1000"}))
+    eventually(lambda: get(env.manager, namespace, "too-big"),
+               lambda obj: (condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits",
+               expected="Placed=False NoWorkerFits on a job no worker can hold")
+
+    def reconciles() -> float:
+        return env.dispatcher.metric("controller_runtime_reconcile_total",
+                                     controller="trainjob-dispatcher")
+
+    start = reconciles()
+    holds_for(reconciles, lambda count: count - start < 20, seconds=3,
+              expected=f"at most a few reconciles in 3 s of waiting (from {start})")
