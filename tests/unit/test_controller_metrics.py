@@ -3,12 +3,12 @@ results and workers (through the shared reconcile workers), API requests that go
 and both processes' registries side by side in one Python process."""
 
 import threading
-import time
 
 from kubernetes import client
 from prometheus_client import generate_latest
 
 from clusters.controlplane import free_port
+from clusters.testing import eventually
 from dispatcher.metrics import DispatcherMetrics
 from training_operator.metrics import OperatorMetrics
 from trainjob.controller_metrics import ControllerMetrics, process_registry
@@ -63,12 +63,12 @@ def test_reconciles_are_counted_by_result_with_workers_in_use():
             queue.add((key,))
         # blocks, fails once then succeeds, waits, asks again at once then succeeds.
         done = {"success": 3, "error": 1, "requeue_after": 1, "requeue": 1}
-        for _ in range(250):
-            if all(sample("controller_runtime_reconcile_total", result=result) >= count
-                   for result, count in done.items()) and not sample(
-                       "controller_runtime_active_workers"):
-                break
-            time.sleep(0.02)
+        eventually(lambda: ({result: sample("controller_runtime_reconcile_total", result=result)
+                             for result in done},
+                            sample("controller_runtime_active_workers")),
+                   lambda seen: all(seen[0][r] >= n for r, n in done.items()) and not seen[1],
+                   expected=f"reconciles counted {done} and no worker active", timeout=5,
+                   interval=0.02)
         assert {result: sample("controller_runtime_reconcile_total", result=result)
                 for result in done} == done
         assert sample("controller_runtime_reconcile_errors_total") == 1

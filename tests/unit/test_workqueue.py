@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from clusters.testing import eventually
+
 from trainjob.controller_metrics import ControllerMetrics, process_registry
 from trainjob.workqueue import ShutDown, WorkQueue
 
@@ -114,9 +116,14 @@ def test_work_in_progress_is_measured_when_read():
     queue.add("slow")
     queue.add("slower")
     slower = queue.get(timeout=1)
-    time.sleep(0.05)
+    # The gauges are computed when read: wait on them, not on a clock of our own.
+    eventually(lambda: sample("workqueue_longest_running_processor_seconds"),
+               lambda seconds: seconds >= 0.05,
+               expected="the first key in progress for 50 ms", timeout=5, interval=0.01)
     slow = queue.get(timeout=1)
-    time.sleep(0.05)
+    eventually(lambda: sample("workqueue_unfinished_work_seconds"),
+               lambda seconds: seconds >= 0.15,
+               expected="two keys in progress for 150 ms in sum", timeout=5, interval=0.01)
     longest = sample("workqueue_longest_running_processor_seconds")
     unfinished = sample("workqueue_unfinished_work_seconds")
     assert longest >= 0.1 and unfinished >= longest + 0.05, (longest, unfinished)
