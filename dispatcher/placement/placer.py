@@ -76,7 +76,8 @@ class Placer:
     def place(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
         """Choose a worker and reserve the job's room there; or say why nothing fits."""
         key = (job.metadata.namespace or "", job.metadata.name)
-        return self._place(key, lambda worker: self.need_on(job, worker))
+        content = _content(job)  # the same for every worker: digested once
+        return self._place(key, lambda worker: self.need_on(job, worker, content))
 
     def place_need(self, key: JobKey, need: Need,
                    skip: dict[str, str]) -> tuple[WorkerCluster, Need] | str:
@@ -157,9 +158,10 @@ class Placer:
         chosen = placement.cluster
         return workers[chosen], needs[chosen], plans.get(chosen)
 
-    def need_on(self, job: TrainJob, worker: WorkerCluster) -> tuple[str | None, Need | None]:
+    def need_on(self, job: TrainJob, worker: WorkerCluster,
+                content: bytes | None = None) -> tuple[str | None, Need | None]:
         """(None, what the job needs there) when ``worker`` is eligible, else (why not,
-        None)."""
+        None). ``content``: the job's content digest, when the caller has it already."""
         namespace, name = job.metadata.namespace or "", job.metadata.name
         problem = self._ineligible((namespace, name), job.metadata.generation, worker)
         if problem:
@@ -172,7 +174,7 @@ class Placer:
             return str(refused), None
         if runtime is None:
             return f"{key} not found", None
-        need_key = (_content(job), self._digest(worker, runtime))
+        need_key = (content or _content(job), self._digest(worker, runtime))
         with self._cache_lock:
             known = self._needs.get(need_key)
         if known is None:
