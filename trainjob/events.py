@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from trainjob import writes
 from trainjob.conditions import format_time
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ NORMAL, WARNING = "Normal", "Warning"
 class EventRecorder:
     def __init__(self, api: client.ApiClient, component: str, instance: str = "",
                  max_queued: int = 10_000):
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self._component = component
         self._instance = instance or component
         self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
@@ -58,6 +59,10 @@ class EventRecorder:
             log.warning("event queue full; dropped %s %s for %s/%s", type_, reason,
                         meta.get("namespace"), meta.get("name"))
 
+    def queued(self) -> int:
+        """Events waiting to be written (approximately: the writer takes them meanwhile)."""
+        return self._queue.qsize()
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every queued Event was written (or given up on)."""
         done = threading.Event()
@@ -72,7 +77,8 @@ class EventRecorder:
                 continue
             for attempt in range(3):
                 try:
-                    self._core.create_namespaced_event(body["metadata"]["namespace"], body)
+                    writes.create(self._api, "", "v1", body["metadata"]["namespace"],
+                                  "events", body)
                     self.written += 1
                     break
                 except ApiException as err:

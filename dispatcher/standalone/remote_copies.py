@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone import mirror
 from trainjob import constants as c
+from trainjob import writes
 from trainjob.kubeclient import error_message, namespace_terminating
 
 # A worker's answers to a create that mean "not this spec, not here": bad request,
@@ -89,9 +90,9 @@ class RemoteCopies:
         meta = manager["metadata"]
         body = mirror.build_remote(manager, self.origin, requests, pods)
         try:
-            created = self.custom.create_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body,
-                field_manager=c.DISPATCHER_FIELD_MANAGER)
+            created = writes.create(self.custom.api_client, c.TRAINER_GROUP,
+                                    c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS, body,
+                                    field_manager=c.DISPATCHER_FIELD_MANAGER)
             self.metrics.worker_writes.labels(cluster=self.worker, kind="create").inc()
             return Created(created)
         except ApiException as err:

@@ -9,7 +9,6 @@ meanwhile (another UID) is left to its own reconcile.
 
 from __future__ import annotations
 
-import copy
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -18,6 +17,7 @@ from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone.job_timing import JobTimings
 from trainjob import conditions
 from trainjob import constants as c
+from trainjob import writes
 from trainjob.informer import Informer
 from trainjob.service import Requeue
 
@@ -48,13 +48,16 @@ class StatusSync:
     def write(self, manager: dict, status: dict, mirrored: bool = False) -> None:
         """Replace the manager's whole status; on a conflict re-read and try again."""
         meta = manager["metadata"]
-        body = copy.deepcopy(manager)
+        body = manager
         for attempt in range(ATTEMPTS):
-            body["status"] = status
+            # A shallow copy: only the status is replaced, and the cached object stays
+            # as the server sent it.
+            body = {**body, "status": status}
             try:
-                written = self.custom.replace_namespaced_custom_object_status(
-                    c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                    meta["name"], body, field_manager=c.DISPATCHER_FIELD_MANAGER)
+                written = writes.replace_status(
+                    self.custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                    meta["namespace"], c.TRAINJOBS, body,
+                    field_manager=c.DISPATCHER_FIELD_MANAGER)
                 self.trainjobs.observe(written)
                 self.metrics.manager_writes.labels(kind="status").inc()
                 if mirrored:
