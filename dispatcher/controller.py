@@ -76,6 +76,7 @@ class DispatcherController:
         self.trainjobs.add_handler(self._on_manager_trainjob)
         self.metrics.count_jobs(self.trainjobs.list)
         self.recorder = EventRecorder(manager, "trainjob-dispatcher", instance)
+        self.metrics.count_events(self.recorder.queued)
         self.kueue = KueueOnManager(manager, config.kueue_namespace)
         self.registry = WorkerRegistry(manager, config, self._on_worker_event,
                                        self._on_worker_state, may_write=lambda: self.leading,
@@ -178,12 +179,8 @@ class DispatcherController:
         if self.nominator is not None:
             self.nominator.requeue_waiting()
             return
-        for job in self.trainjobs.list():
-            meta = job["metadata"]
-            if self._ours(job) and not (meta.get("annotations") or {}).get(
-                    c.PLACEMENT_ANNOTATION) and not (job.get("spec") or {}).get("suspend") \
-                    and not self.kueue.claim(job):
-                self.queue.add((meta["namespace"], meta["name"]))
+        for key in self.reconciler.waiting_for_room():
+            self.queue.add(key)
 
     # --- running --------------------------------------------------------------------
 

@@ -142,6 +142,8 @@ class WorkerCapacity:
         Only ``reservations.Reservations`` calls this and ``release``."""
         amounts = {**requests, PODS: Decimal(pods)}
         with self._lock:
+            if not planned and self._reserved.get(job_key) == amounts:
+                return  # the same footprint again (each event of its copy): nothing moves
             if planned:
                 self._planned[job_key] = planned
             elif self._reserved.get(job_key) != amounts:

@@ -13,6 +13,7 @@ Nothing writes them another way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -73,11 +74,13 @@ class Placer:
 
     # --- choosing ----------------------------------------------------------------------
 
-    def place(self, job: TrainJob) -> tuple[WorkerCluster, Need] | str:
-        """Choose a worker and reserve the job's room there; or say why nothing fits."""
-        key = (job.metadata.namespace or "", job.metadata.name)
-        content = _content(job)  # the same for every worker: digested once
-        return self._place(key, lambda worker: self.need_on(job, worker, content))
+    def place(self, job: TrainJob | dict) -> tuple[WorkerCluster, Need] | str:
+        """Choose a worker and reserve the job's room there; or say why nothing fits.
+        ``job``: the TrainJob as the API returns it (or its model)."""
+        raw = _raw(job)
+        key = (raw["metadata"].get("namespace") or "", raw["metadata"]["name"])
+        content = _content(raw)  # the same for every worker: digested once
+        return self._place(key, lambda worker: self.need_on(raw, worker, content))
 
     def place_need(self, key: JobKey, need: Need,
                    skip: dict[str, str]) -> tuple[WorkerCluster, Need] | str:
@@ -114,6 +117,11 @@ class Placer:
         if not workers:
             return "no worker cluster is registered"
         candidates, needs, plans, unread = [], {}, {}, []
+        # Workers with room in sum whose pods are not packed yet: packing is most of a
+        # choice's CPU, so only the worker the policy picks is packed (then the next one
+        # if its pods do not fit), unless quota is weighed too (Kueue mode: a pod that
+        # fits on no Node is the reason given before the quota's).
+        unpacked: dict[str, Candidate] = {}
         for worker in workers.values():
             problem, need = asked[worker.name]
             if need is None:
@@ -124,14 +132,10 @@ class Placer:
             needs[worker.name] = need
             free = worker.capacity.free(need.node_selector, need.tolerations)
             short = shortfalls(need.requests, need.pods, free)
-            if not short:
+            lazy = not short and (need.queue is None or worker.quota is None)
+            if not short and not lazy:
                 # Room in sum: each pod must also fit on one Node.
-                plan = worker.capacity.pack(need.each_pod, need.node_selector,
-                                            need.tolerations)
-                if isinstance(plan, str):
-                    problem = plan
-                else:
-                    plans[worker.name] = plan
+                problem = self._pack(worker, need, plans)
             if problem is None:
                 problem, free, unknown = _quota_room(key, worker, need, free, short)
                 if unknown:
@@ -141,11 +145,21 @@ class Placer:
                 # Say which rule keeps Nodes out, not only what the rest lack.
                 excluded_nodes = worker.capacity.excluded_by_rules(
                     need.node_selector, need.tolerations) or ""
-            candidates.append(Candidate(worker.name, worker.order, free, problem,
-                                        need.requests, need.pods, excluded_nodes))
-        # Each eligible candidate carries its own need: no job-wide totals to give.
-        placement = place_trainjob({}, 0, candidates, self.policy)
-        if placement.cluster is None:
+            candidate = Candidate(worker.name, worker.order, free, problem,
+                                  need.requests, need.pods, excluded_nodes)
+            candidates.append(candidate)
+            if lazy:
+                unpacked[worker.name] = candidate
+        while True:
+            # Each eligible candidate carries its own need: no job-wide totals to give.
+            placement = place_trainjob({}, 0, candidates, self.policy)
+            chosen = placement.cluster
+            if chosen not in unpacked:
+                break
+            unpacked.pop(chosen).problem = self._pack(workers[chosen], needs[chosen], plans)
+            if chosen in plans:
+                break
+        if chosen is None:
             return describe_reasons(placement.reasons)
         if unread:
             # A worker whose Nodes have room and whose Kueue queues are still being read
@@ -155,30 +169,44 @@ class Placer:
         log.debug("%s/%s candidates: %s", *key,
                   {cand.name: placement.reasons.get(cand.name) or {
                       k: str(v) for k, v in cand.free.items()} for cand in candidates})
-        chosen = placement.cluster
         return workers[chosen], needs[chosen], plans.get(chosen)
 
-    def need_on(self, job: TrainJob, worker: WorkerCluster,
+    @staticmethod
+    def _pack(worker: WorkerCluster, need: Need, plans: dict) -> str | None:
+        """Pack the job's pods on the worker's Nodes: the plan goes into ``plans``, or
+        the reason they do not all fit is returned."""
+        plan = worker.capacity.pack(need.each_pod, need.node_selector, need.tolerations)
+        if isinstance(plan, str):
+            return plan
+        plans[worker.name] = plan
+        return None
+
+    def need_on(self, job: TrainJob | dict, worker: WorkerCluster,
                 content: bytes | None = None) -> tuple[str | None, Need | None]:
         """(None, what the job needs there) when ``worker`` is eligible, else (why not,
         None). ``content``: the job's content digest, when the caller has it already."""
-        namespace, name = job.metadata.namespace or "", job.metadata.name
-        problem = self._ineligible((namespace, name), job.metadata.generation, worker)
+        raw = _raw(job)
+        meta = raw["metadata"]
+        namespace, name = meta.get("namespace") or "", meta["name"]
+        problem = self._ineligible((namespace, name), meta.get("generation"), worker)
         if problem:
             return problem, None
         try:
-            key, runtime = runtime_ref.find(job.spec.runtime_ref, namespace,
+            key, runtime = runtime_ref.find((raw.get("spec") or {}).get("runtimeRef") or {},
+                                            namespace,
                                             lambda kind, ns, name: worker.cache(
                                                 _RUNTIME_RESOURCES[kind]).get(ns, name))
         except runtime_ref.UnsupportedRuntimeRef as refused:
             return str(refused), None
         if runtime is None:
             return f"{key} not found", None
-        need_key = (content or _content(job), self._digest(worker, runtime))
+        need_key = (content or _content(raw), self._digest(worker, runtime))
         with self._cache_lock:
             known = self._needs.get(need_key)
         if known is None:
-            known = _need(job, runtime)
+            # The model only now: a job whose need is known is never validated again.
+            model = job if isinstance(job, TrainJob) else TrainJob.model_validate(raw)
+            known = _need(model, runtime)
             if not isinstance(known, str):
                 # Only needs: a refusal may name the job, and it is rare anyway.
                 with self._cache_lock:
@@ -243,21 +271,33 @@ class Placer:
             return False
         requests, pods = recorded
         self.reservations.restore(worker, key,
-                                  {k: parse_quantity(v) for k, v in requests.items()}, pods)
+                                  {k: _quantity(v) for k, v in requests.items()}, pods)
         return False
 
     def forget(self, key: JobKey) -> None:
         self.excluded.pop(key, None)
 
 
-def _content(job: TrainJob) -> bytes:
+# Every event of a copy carries its footprint as strings: copies of one template share
+# them, and parsing a quantity costs more than the rest of following the copy.
+_quantity = functools.lru_cache(maxsize=4096)(parse_quantity)
+
+
+def _raw(job: TrainJob | dict) -> dict:
+    return job if isinstance(job, dict) else job.model_dump(mode="json", by_alias=True,
+                                                             exclude_none=True)
+
+
+def _content(raw: dict) -> bytes:
     """What a job's need depends on: its spec, labels and annotations (not the placement
-    annotation, which placing adds). Not its name or namespace: they name pods and hosts
-    but change no request, count, node selector or toleration."""
-    annotations = {k: v for k, v in job.metadata.annotations.items()
+    annotation, which placing adds), as the API returned them. Not its name or namespace:
+    they name pods and hosts but change no request, count, node selector or toleration.
+    Two spellings of one spec digest apart: that only costs working the need out twice."""
+    meta = raw.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                    if k != c.PLACEMENT_ANNOTATION}
-    content = json.dumps([job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
-                          job.metadata.labels, annotations], sort_keys=True)
+    content = json.dumps([raw.get("spec"), meta.get("labels") or {}, annotations],
+                         sort_keys=True)
     return hashlib.blake2b(content.encode(), digest_size=16).digest()
 
 

@@ -4,7 +4,6 @@ the status copied back ``status_sync``'s."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -26,7 +25,8 @@ def build_remote(manager: dict[str, Any], origin: str, requests: dict[str, str],
     annotations[c.MANAGER_UID_ANNOTATION] = meta["uid"]
     annotations[c.REQUESTS_ANNOTATION] = json.dumps({"pods": pods, "requests": requests},
                                                     sort_keys=True)
-    spec = copy.deepcopy(manager.get("spec") or {})
+    # A shallow copy: only top-level fields change, and the body is only serialised.
+    spec = dict(manager.get("spec") or {})
     spec.pop("managedBy", None)
     # The manager's Kueue keeps its scheduling decisions in its own runtime patch; a
     # worker's Kueue adds its own, and two entries of one manager are refused (as Kueue's

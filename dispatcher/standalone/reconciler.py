@@ -20,6 +20,7 @@ moves one step towards the desired state. The order of writes makes it crash-saf
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -40,8 +41,7 @@ from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob import logs
-from trainjob import step_timing
-from trainjob.api import TrainJob
+from trainjob import step_timing, writes
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.runtime.podsets import format_quantity
@@ -83,6 +83,11 @@ class DispatchReconciler:
         self.recorder = recorder
         self.metrics = metrics
         self.status = StatusSync(self.custom, trainjobs, metrics, timings)
+        # Jobs whose last placement found no room (or quota still being read): the ones a
+        # change of room may move. Kept by the reconciles themselves, so a freed Node
+        # looks at these few again, not at every job the manager holds.
+        self._waiting: set[tuple[str, str]] = set()
+        self._waiting_lock = threading.Lock()
         self.settings = decisions.Settings(origin=config.origin,
                                            worker_lost_timeout=config.worker_lost_timeout_seconds,
                                            retention=config.retention_seconds)
@@ -99,6 +104,8 @@ class DispatchReconciler:
             if action.release:
                 self.placer.release(worker, key)
             steps.lap("decide")
+            if not isinstance(action, decisions.Place):
+                self._no_longer_waiting(key)
             performed = action.name
             log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
             self._perform(action, key, raw, worker)
@@ -106,6 +113,15 @@ class DispatchReconciler:
                 self._follow_up(key, action)
         finally:
             steps.finish(performed)
+
+    def waiting_for_room(self) -> list[tuple[str, str]]:
+        """The jobs a change of room may place (their last placement found none)."""
+        with self._waiting_lock:
+            return list(self._waiting)
+
+    def _no_longer_waiting(self, key: tuple[str, str]) -> None:
+        with self._waiting_lock:
+            self._waiting.discard(key)
 
     def _follow_up(self, key: tuple[str, str], done: decisions.Action) -> None:
         """After a write: decide again on the caches, which hold what was written, and
@@ -160,8 +176,7 @@ class DispatchReconciler:
             case decisions.Place():
                 self._place(raw)
             case decisions.CreateRemote():
-                job = TrainJob.model_validate(raw)
-                problem, need = self.placer.need_on(job, worker)
+                problem, need = self.placer.need_on(raw, worker)
                 if need is None:
                     raise Requeue(1.0, f"cannot create the remote copy on {worker.name}: "
                                        f"{problem}")
@@ -224,11 +239,14 @@ class DispatchReconciler:
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
         self.timings.eligible(key)
-        decision = self.placer.place(TrainJob.model_validate(raw))
+        decision = self.placer.place(raw)
         step_timing.lap("place")
         if isinstance(decision, str):
+            with self._waiting_lock:
+                self._waiting.add(key)
             self._pending(raw, decision)
             return
+        self._no_longer_waiting(key)
         worker, need = decision
         patch = {"metadata": {
             "resourceVersion": meta["resourceVersion"],
@@ -236,10 +254,10 @@ class DispatchReconciler:
             "finalizers": sorted(set(meta.get("finalizers") or []) | {c.DISPATCH_FINALIZER}),
         }}
         try:
-            written = self.custom.patch_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, field_manager=c.DISPATCHER_FIELD_MANAGER,
-                _content_type="application/merge-patch+json")
+            written = writes.merge_patch(
+                self.custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                meta["namespace"], c.TRAINJOBS, meta["name"], patch,
+                field_manager=c.DISPATCHER_FIELD_MANAGER)
         except BaseException:
             self.placer.release(worker, key)  # not placed after all (e.g. 409: changed meanwhile)
             raise
@@ -308,6 +326,9 @@ class DispatchReconciler:
                             f"worker {worker.name}: {why}; placing elsewhere")
         log.warning("TrainJob %s/%s: worker %s %s", *key, worker.name, why)
         self._clear_placement(manager)
+        # Placing it again is the next step, now with one candidate fewer: no event brings
+        # it back (the cleared placement's echo is this process's own write).
+        raise Requeue(0, f"worker {worker.name} {why}; placing elsewhere")
 
     # --- writes to the manager object ----------------------------------------------
 
@@ -328,10 +349,10 @@ class DispatchReconciler:
     def _patch_manager(self, manager: dict, patch: dict, kind: str) -> None:
         meta = manager["metadata"]
         try:
-            written = self.custom.patch_namespaced_custom_object(
-                c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
-                meta["name"], patch, field_manager=c.DISPATCHER_FIELD_MANAGER,
-                _content_type="application/merge-patch+json")
+            written = writes.merge_patch(
+                self.custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                meta["namespace"], c.TRAINJOBS, meta["name"], patch,
+                field_manager=c.DISPATCHER_FIELD_MANAGER)
         except ApiException as err:
             if err.status == 404:
                 return

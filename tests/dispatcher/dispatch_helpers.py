@@ -89,6 +89,19 @@ def wait_no_namespace_terminating(env) -> None:
 
 def complete_jobset(worker_cluster, namespace: str, name: str,
                     type_: str = "Completed", reason: str = "AllJobsCompleted") -> None:
+    """Finish the JobSet the worker's operator made for the copy, as the JobSet controller
+    would: once it exists (the copy may be only moments old)."""
+    def jobset():
+        try:
+            return worker_cluster.custom.get_namespaced_custom_object(
+                c.JOBSET_GROUP, c.JOBSET_VERSION, namespace, c.JOBSETS, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+    eventually(jobset, lambda obj: obj is not None, timeout=30,
+               expected=f"JobSet {namespace}/{name} made by the operator on "
+                        f"{worker_cluster.name}")
     worker_cluster.custom.patch_namespaced_custom_object_status(
         c.JOBSET_GROUP, c.JOBSET_VERSION, namespace, c.JOBSETS, name, {"status": {
             "conditions": [{"type": type_, "status": "True", "reason": reason,
