@@ -42,6 +42,10 @@ Scenarios, in this order:
             and manager writes per change
   steady    arrivals at 10, 50 and 100 jobs/s for 20 s each: latency percentiles
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
+The sync and each steady step run 3 times (--repeats), each after the machine settled (no
+Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
+a percentile is the median over the repeats, shown with their min and max. The idle
+windows also wait for the machine to settle.
   compare   on clusters of their own where the manager and every worker run Kueue, the
             same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,
             C Kueue with this dispatcher as its external dispatcher (--mode kueue) and
@@ -59,8 +63,9 @@ Output (--output): results.json (every figure, the environment, the dispatcher's
 configuration), table.md, latency.png, scaling.png, comparison.png, logs/. This
 dispatcher's scenarios take 5-10 minutes on two cores; the comparison as long again and
 more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (a 500-job burst, 500 status
-changes, rates 10 and 50 for 10 s, so each p99 is the 5th largest of 500 samples at most;
-1,000 mirrored; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
+changes, rates 10 and 50 for 10 s, so a repeat's p99 at 50 jobs/s or in the sync is the
+5th largest of 500 samples; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes
+minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -126,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"remote status writes per second (full {FULL.sync_rate:g})")
     scale.add_argument("--fill-to", type=int,
                        help=f"mirrored jobs for the large footprint figure (full {FULL.fill_to})")
+    scale.add_argument("--repeats", type=int,
+                       help="times the sync and each steady step run, each after the "
+                       f"machine settled (full and quick {FULL.repeats})")
     scale.add_argument("--idle-seconds", type=float,
                        help=f"length of an idle footprint window (full {FULL.idle_seconds:g})")
     scale.add_argument("--scaling-workers", type=_ints,
@@ -232,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
-        "sync_rate", "fill_to", "idle_seconds", "scaling_workers", "scaling_jobs",
+        "sync_rate", "fill_to", "idle_seconds", "repeats", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
         "dispatcher_args", "compare_scenarios", "constrained_kinds")})

@@ -156,7 +156,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 step = scenarios.steady(ctx, rate, workers,
                                         seconds=settings.compare_rate_seconds,
                                         namespace=namespace, submit=contender.submit,
-                                        wait=scenarios.short_wait)
+                                        wait=scenarios.short_wait, repeats=1,
+                                        settle=False)
                 _from_quota_reserved(ctx, step, namespace)
                 step["drain"] = _drain(ctx, namespace)
                 mine["steady"].append(step)

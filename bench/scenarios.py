@@ -7,6 +7,7 @@ import contextlib
 import logging
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from kubernetes import client
 
 from bench import apicost, steps
+from bench import repeats as repeats_
 from bench.environment import BenchClusters
 from bench.footprint import CpuAccount, FootprintWindow
 from bench.load import LoadRunner, creates
@@ -311,10 +313,13 @@ def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
 
 
 def idle(ctx: BenchContext, mirrored: int) -> dict:
-    """The dispatcher's footprint while nothing happens, with ``mirrored`` jobs placed."""
+    """The dispatcher's footprint while nothing happens, with ``mirrored`` jobs placed:
+    measured once what the previous scenario left (its Events, the apiservers' catching
+    up) is done."""
+    settled = repeats_.settle(ctx.env.dispatcher)
     with FootprintWindow(ctx.dispatcher_pid) as window:
         threading.Event().wait(ctx.settings.idle_seconds)
-    return {"mirrored_jobs": mirrored, **window.figures()}
+    return {"mirrored_jobs": mirrored, **window.figures(), "settle": settled}
 
 
 def _steps(ctx: BenchContext) -> steps.Snapshot | None:
@@ -326,37 +331,63 @@ def _steps(ctx: BenchContext) -> steps.Snapshot | None:
 # --- steady arrival --------------------------------------------------------------------------
 
 def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float | None = None,
-           namespace: str | None = None, submit=None, wait=_wait_timeout) -> dict:
-    """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'):
-    latency percentiles (copies waited for ``wait(count)`` after the last create)."""
+           namespace: str | None = None, submit=None, wait=_wait_timeout,
+           repeats: int | None = None, settle: bool = True) -> dict:
+    """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'),
+    ``repeats`` times (default the settings'), each after the machine settled (``settle``):
+    latency percentiles, each the median over the repeats, with their spread (copies
+    waited for ``wait(count)`` after the last create)."""
     seconds = seconds or ctx.settings.rate_seconds
-    namespace = namespace or f"bench-rate-{rate}"
-    ctx.env.create_namespace(namespace, ["manager", *workers])
-    count = max(1, int(rate * seconds))
-    names = job_names("job", count)
-    keys = [(namespace, n) for n in names]
+    repeats = repeats or ctx.settings.repeats
+    base = namespace or f"bench-rate-{rate}"
     before = _steps(ctx)
-    profile = ctx.output / f"profile-steady-{rate}" if before is not None else None
-    with FootprintWindow(ctx.controller_pid) as window, \
-            _profiled(ctx.controller_pid, profile, ctx.settings.profile, ("gil", "wall")):
-        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
-                                     submit=submit), rate=rate)
-        missing = ctx.timelines.wait_remotes(set(keys), wait(count))
-    seen = _dispatched(ctx, keys)
-    arrival_span = max(run.starts) - run.first_start
+    runs = []
+    with FootprintWindow(ctx.controller_pid) as window:
+        for index in range(repeats):
+            settled = repeats_.settle(ctx.env.dispatcher) if settle else None
+            runs.append(_steady_once(ctx, rate, workers, seconds,
+                                     base if repeats == 1 else f"{base}-{index + 1}",
+                                     submit, wait, profile=index == 0))
+            runs[-1]["settle"] = settled
+    samples = [x for run in runs for x in run["samples"]]
     figures = {
-        "rate": rate, "seconds": seconds, "jobs": count,
-        "achieved_arrival_rate": round((count - 1) / arrival_span, 1) if arrival_span else None,
-        "dispatched": len(seen["latencies"]), "missing": len(missing),
-        "latency": summary_ms(seen["latencies"]),
-        "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
+        "rate": rate, "seconds": seconds, "repeats": repeats,
+        "jobs": sum(run["jobs"] for run in runs),
+        "achieved_arrival_rate": statistics.median(
+            run["achieved_arrival_rate"] or 0.0 for run in runs),
+        "dispatched": len(samples), "missing": sum(run["missing"] for run in runs),
+        "latency": summary_ms(samples) if repeats == 1 else
+        repeats_.median_summary([summary_ms(run["samples"]) for run in runs]),
+        "latency_samples_ms": [round(x * 1000, 1) for x in samples],
+        "runs": [{"namespace": run["namespace"], "latency": summary_ms(run["samples"]),
+                  "achieved_arrival_rate": run["achieved_arrival_rate"],
+                  "missing": run["missing"], "settle": run["settle"]} for run in runs],
         "dispatcher": window.figures(),
     }
     if before is not None:
         figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
-    log.info("steady %d jobs/s: p50 %s ms, p99 %s ms", rate, figures["latency"]["p50_ms"],
-             figures["latency"]["p99_ms"])
+    log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (median of %d)", rate,
+             figures["latency"]["p50_ms"], figures["latency"]["p99_ms"], repeats)
     return figures
+
+
+def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: float,
+                 namespace: str, submit, wait, profile: bool) -> dict:
+    ctx.env.create_namespace(namespace, ["manager", *workers])
+    count = max(1, int(rate * seconds))
+    names = job_names("job", count)
+    keys = [(namespace, n) for n in names]
+    path = ctx.output / f"profile-steady-{rate}"
+    with _profiled(ctx.controller_pid, path, ctx.settings.profile and profile,
+                   ("gil", "wall")):
+        run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
+                                     submit=submit), rate=rate)
+        missing = ctx.timelines.wait_remotes(set(keys), wait(count))
+    arrival_span = max(run.starts) - run.first_start
+    return {"namespace": namespace, "jobs": count, "missing": len(missing),
+            "samples": _dispatched(ctx, keys)["latencies"],
+            "achieved_arrival_rate": round((count - 1) / arrival_span, 1)
+            if arrival_span else None}
 
 
 # --- status sync -----------------------------------------------------------------------------
@@ -364,10 +395,10 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
 SYNC_CONDITION = "Created"
 
 
-def _status_flip(namespace: str, name: str):
+def _status_flip(namespace: str, name: str, reason: str):
     now = format_time()
     body = {"status": {
-        "conditions": [{"type": SYNC_CONDITION, "status": "True", "reason": "JobSetCreated",
+        "conditions": [{"type": SYNC_CONDITION, "status": "True", "reason": reason,
                         "message": "JobSet created (status written by the benchmark)",
                         "lastTransitionTime": now}],
         "jobsStatus": [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0,
@@ -383,43 +414,36 @@ def _status_flip(namespace: str, name: str):
 
 def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     """Write each remote's status as the operator would (one write per job, paced) and time
-    the manager object showing it."""
+    the manager object showing it; the settings' ``repeats`` times, each after the machine
+    settled, each repeat a status with a reason of its own."""
     env = ctx.env
     placed = [(key, ctx.timelines.remote(key)) for key in keys]
     placed = [(key, where[0]) for key, where in placed if where is not None]
-    calls = [(ctx.kubeconfig(worker), _status_flip(*key)) for key, worker in placed]
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters)
     steps_before = _steps(ctx)
-    wanted = {key for key, _ in placed}
-    manager = ctx.timelines.manager
-    with _profiled(ctx.dispatcher_pid, ctx.output / "profile-sync", ctx.settings.profile,
-                   ("gil", "wall")):
-        run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
-        missing = ctx.timelines.wait(
-            lambda: {k for k in wanted if (*k, SYNC_CONDITION) not in manager.condition_seen},
-            _wait_timeout(len(wanted)))
+    runs = []
+    for index in range(ctx.settings.repeats):
+        settled = repeats_.settle(ctx.env.dispatcher)
+        runs.append(_sync_once(ctx, placed, f"JobSetCreated{index + 1}", index == 0))
+        runs[-1]["settle"] = settled
     after = _settled(env, clusters)
-    lags, watch_lags = [], []
-    for index, (key, worker) in enumerate(placed):
-        shown = manager.condition_seen.get((*key, SYNC_CONDITION))
-        if shown is None:
-            continue
-        lags.append(max(0.0, shown - run.starts[index]))
-        remote_seen = ctx.timelines.clusters[worker].condition_seen.get((*key, SYNC_CONDITION))
-        if remote_seen is not None:
-            watch_lags.append(max(0.0, shown - remote_seen))
     manager_delta = apicost.delta(before["manager"], after["manager"])
     status_writes = apicost.total(manager_delta, resource=TRAINJOBS, verbs=apicost.WRITE_VERBS)
+    changes = len(placed) * len(runs)
+    lags = [x for run in runs for x in run["lags"]]
     figures = {
-        "jobs": len(placed), "rate": ctx.settings.sync_rate, "synced": len(lags),
-        "missing": len(missing),
-        "lag": summary_ms(lags),
+        "jobs": len(placed), "rate": ctx.settings.sync_rate, "repeats": len(runs),
+        "synced": len(lags), "missing": sum(run["missing"] for run in runs),
+        "lag": summary_ms(lags) if len(runs) == 1 else
+        repeats_.median_summary([summary_ms(run["lags"]) for run in runs]),
         "lag_samples_ms": [round(x * 1000, 1) for x in lags],
-        "lag_from_remote_watch": summary_ms(watch_lags),
+        "lag_from_remote_watch": summary_ms([x for run in runs for x in run["watch_lags"]]),
+        "runs": [{"lag": summary_ms(run["lags"]), "missing": run["missing"],
+                  "settle": run["settle"]} for run in runs],
         "manager_trainjob_writes": status_writes,
-        "manager_writes_per_status_change": round(status_writes / len(placed), 3)
-        if placed else None,
+        "manager_writes_per_status_change": round(status_writes / changes, 3)
+        if changes else None,
         "manager_requests": apicost.as_table(manager_delta),
     }
     if steps_before is not None:
@@ -429,6 +453,31 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
              figures["lag"]["p50_ms"], figures["lag"]["p99_ms"],
              figures["manager_writes_per_status_change"])
     return figures
+
+
+def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], reason: str,
+               profile: bool) -> dict:
+    manager = ctx.timelines.manager
+    calls = [(ctx.kubeconfig(worker), _status_flip(*key, reason)) for key, worker in placed]
+    wanted = {key for key, _ in placed}
+    with _profiled(ctx.dispatcher_pid, ctx.output / "profile-sync",
+                   ctx.settings.profile and profile, ("gil", "wall")):
+        run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
+        missing = ctx.timelines.wait(
+            lambda: {k for k in wanted
+                     if (*k, SYNC_CONDITION, reason) not in manager.reason_seen},
+            _wait_timeout(len(wanted)))
+    lags, watch_lags = [], []
+    for index, (key, worker) in enumerate(placed):
+        shown = manager.reason_seen.get((*key, SYNC_CONDITION, reason))
+        if shown is None:
+            continue
+        lags.append(max(0.0, shown - run.starts[index]))
+        remote_seen = ctx.timelines.clusters[worker].reason_seen.get(
+            (*key, SYNC_CONDITION, reason))
+        if remote_seen is not None:
+            watch_lags.append(max(0.0, shown - remote_seen))
+    return {"lags": lags, "watch_lags": watch_lags, "missing": len(missing)}
 
 
 # --- scaling ---------------------------------------------------------------------------------

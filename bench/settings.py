@@ -16,6 +16,9 @@ class BenchSettings:
     sync_rate: float = 50.0           # remote status writes per second
     fill_to: int = 10000              # mirrored jobs for the large footprint figure
     idle_seconds: float = 10.0        # length of an idle footprint window
+    # Each steady step and the status sync run this many times, each after the machine
+    # settled; their figures are the median over the repeats, with min and max beside.
+    repeats: int = 3
     scaling_workers: tuple[int, ...] = (1, 2, 4, 8)
     scaling_jobs: int = 1000          # burst size per scaling step
     constrained_jobs: int = 60       # jobs of mixed sizes in the constrained-placement run
@@ -54,10 +57,11 @@ class BenchSettings:
 
 
 FULL = BenchSettings()
-# Quick runs keep 500 samples in the burst, the sync scenario and the 50 jobs/s step, so
+# Quick runs keep 500 samples in the burst, each sync repeat and each 50 jobs/s repeat, so
 # that a p99 is the 5th largest sample and not the largest: one stall does not decide it.
+# The repeats alone take the mirrored count past 2,000.
 QUICK = BenchSettings(burst_jobs=500, rates=(10, 50), rate_seconds=10.0, sync_jobs=500,
-                      fill_to=1000, idle_seconds=3.0, scaling_workers=(1, 2, 4),
+                      fill_to=2000, idle_seconds=3.0, scaling_workers=(1, 2, 4),
                       scaling_jobs=100, constrained_jobs=24, compare_jobs=40, constrained_timeout=120.0,
                       compare_rates=(10,), compare_rate_seconds=3.0)
 

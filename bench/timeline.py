@@ -43,6 +43,9 @@ class TrainJobTimeline:
         self.added: dict[Key, float] = {}
         self.deleted: dict[Key, list[float]] = {}  # every deletion seen, in order
         self.condition_seen: dict[tuple[str, str, str], float] = {}
+        # When a condition was first seen with a given reason: a status written again with
+        # another reason (a repeated sync step) is told apart from the first.
+        self.reason_seen: dict[tuple[str, str, str, str], float] = {}
         # Workloads: when a worker was first nominated (status.nominatedClusterNames).
         self.nominated: dict[Key, float] = {}
         self.relists = 0
@@ -140,6 +143,8 @@ class TrainJobTimeline:
             status = obj.get("status") or {}
             for condition in status.get("conditions") or []:
                 self.condition_seen.setdefault((*key, condition.get("type", "")), now)
+                self.reason_seen.setdefault(
+                    (*key, condition.get("type", ""), condition.get("reason", "")), now)
             if status.get("nominatedClusterNames"):
                 self.nominated.setdefault(key, now)
             self._changed.notify_all()
@@ -153,6 +158,8 @@ class TrainJobTimeline:
                 del self.deleted[key]
             for key in [k for k in self.condition_seen if k[0] == namespace]:
                 del self.condition_seen[key]
+            for key in [k for k in self.reason_seen if k[0] == namespace]:
+                del self.reason_seen[key]
             for key in [k for k in self.nominated if k[0] == namespace]:
                 del self.nominated[key]
 

@@ -76,6 +76,12 @@ class DispatcherMetrics:
 
         return observe
 
+    def count_events(self, queued) -> None:
+        """Publish, at scrape time, how many Events wait to be written (``queued()``): a
+        burst leaves a backlog that drains after the jobs are placed."""
+        Gauge("dispatcher_events_queued", "Kubernetes Events waiting to be written",
+              registry=self.registry).set_function(queued)
+
     def count_jobs(self, jobs) -> None:
         """Publish, at scrape time, manager TrainJobs by state and cluster, computed from
         ``jobs()`` (the dispatcher's cache)."""

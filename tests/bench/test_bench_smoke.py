@@ -15,7 +15,7 @@ import pytest
 
 TINY = ["--quick", "--suite", "dispatcher", "--jobs", "4", "--burst-workers", "2",
         "--scaling-workers", "1,2", "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
-        "--fill-to", "12", "--idle-seconds", "1"]
+        "--fill-to", "20", "--idle-seconds", "1", "--repeats", "2"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -23,6 +23,15 @@ def _ordered(summary: dict, name: str) -> None:
     values = [summary[k] for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")]
     assert all(v is not None and v >= 0 for v in values), f"{name}: {summary}"
     assert values == sorted(values), f"{name}: percentiles out of order: {summary}"
+
+
+def _repeated(step: dict, summary: dict, name: str) -> None:
+    """Two repeats, each after a settle, and the headline p99 their median."""
+    assert step["repeats"] == 2 and len(step["runs"]) == 2, f"{name}: {step.get('runs')}"
+    assert all("settled" in run["settle"] for run in step["runs"]), f"{name}: {step['runs']}"
+    spread = summary["spread"]["p99_ms"]
+    assert spread["min"] <= summary["p99_ms"] == spread["median"] <= spread["max"], \
+        f"{name}: {summary}"
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -93,17 +102,21 @@ def test_every_figure_is_there_and_sane(bench_run):
     for step in results["steady"]:
         assert (step["dispatched"], step["missing"]) == (step["jobs"], 0), step
         _ordered(step["latency"], f"steady {step['rate']}")
+        _repeated(step, step["latency"], f"steady {step['rate']}")
 
     sync = results["sync"]
-    assert (sync["synced"], sync["missing"]) == (4, 0), sync
+    # Each repeat writes every copy's status once more, with a reason of its own.
+    assert (sync["synced"], sync["missing"]) == (8, 0), sync
     _ordered(sync["lag"], "sync lag")
+    _repeated(sync, sync["lag"], "sync")
     assert sync["manager_writes_per_status_change"] >= 1, sync
 
     footprint = results["footprint"]
     for key in ("burst", "idle", "fill_burst", "fill_idle"):
         item = footprint[key]
         assert item["peak_rss_mb"] > 10 and item["cpu_seconds"] >= 0, (key, item)
-    assert footprint["fill_idle"]["mirrored_jobs"] == 12, footprint["fill_idle"]
+    assert footprint["fill_idle"]["mirrored_jobs"] == 20, footprint["fill_idle"]
+    assert "settled" in footprint["fill_idle"]["settle"], footprint["fill_idle"]
 
     assert [s["workers"] for s in results["scaling"]] == [1, 2]
     for step in results["scaling"]:

@@ -161,3 +161,18 @@ def test_a_job_runs_when_each_of_its_pods_has_run_on_one_worker():
     timelines.forget("ns")
     assert timelines.running(("ns", "a")) is None
     timelines.stop()
+
+
+def test_a_repeated_step_reports_the_median_of_its_repeats_and_their_spread():
+    from bench.repeats import median_summary
+    from bench.stats import summary_ms
+
+    runs = [summary_ms([0.010] * 98 + [0.050] * 2), summary_ms([0.012] * 98 + [0.400] * 2),
+            summary_ms([0.011] * 98 + [0.070] * 2)]
+    merged = median_summary(runs)
+    # One repeat's stall (400 ms) is shown in the spread, not taken as the figure.
+    assert merged["p99_ms"] == 70.0
+    assert merged["spread"]["p99_ms"] == {"min": 50.0, "median": 70.0, "max": 400.0}
+    assert merged["p50_ms"] == 11.0 and merged["count"] == 300 and merged["repeats"] == 3
+    # A repeat that saw nothing (every copy missing) does not count as a zero.
+    assert median_summary([summary_ms([]), summary_ms([0.020])])["p99_ms"] == 20.0

@@ -1,0 +1,69 @@
+"""Figures whose spread is known: a step repeated, each time after the machine settled.
+
+A latency tail on a two-core machine shared with four apiservers is decided by what else
+runs meanwhile: the Event backlog a burst leaves, an apiserver's garbage collection or
+etcd compaction. So before each repeat the benchmark waits until the dispatcher has no
+Event left to write and the machine's CPU is quiet, and a step's headline figure is the
+median over its repeats, reported with their minimum and maximum.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+
+from bench.footprint import host_cpu_times
+
+log = logging.getLogger(__name__)
+
+# Busy share of the machine's CPU, over one window, under which it counts as quiet: the
+# clusters' own idle work (leases, controllers' resyncs) stays well below it.
+QUIET_SHARE = 0.35
+QUIET_WINDOW = 1.0
+SETTLE_TIMEOUT = 60.0
+PERCENTILES = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms")
+
+
+def busy_share(window: float = QUIET_WINDOW) -> float:
+    """The machine's busy CPU share over the next ``window`` seconds."""
+    busy0, total0 = host_cpu_times()
+    threading.Event().wait(window)  # a measurement window, not a wait for something
+    busy1, total1 = host_cpu_times()
+    return (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+
+
+def settle(dispatcher=None, timeout: float = SETTLE_TIMEOUT) -> dict:
+    """Wait until ``dispatcher`` (a ServiceProcess, or None) has no Event queued and the
+    machine is quiet; how long that took and whether it happened within ``timeout`` (a
+    machine that stays busy is reported, not waited for forever)."""
+    started = time.monotonic()
+    queued = busy = None
+    while True:
+        queued = dispatcher.metric("dispatcher_events_queued") if dispatcher else 0.0
+        busy = busy_share()
+        waited = time.monotonic() - started
+        if queued == 0 and busy < QUIET_SHARE:
+            return {"seconds": round(waited, 1), "settled": True, "busy_share": round(busy, 3)}
+        if waited >= timeout:
+            log.warning("the machine did not settle within %.0f s (busy %.0f%%, %d Events "
+                        "queued); measuring anyway", timeout, busy * 100, queued)
+            return {"seconds": round(waited, 1), "settled": False,
+                    "busy_share": round(busy, 3), "events_queued": int(queued)}
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """Per percentile, the median over the repeats' summaries (``stats.summary_ms``
+    shapes), and for each its minimum, median and maximum."""
+    usable = [s for s in summaries if s.get("count")]
+    merged: dict = {"count": sum(s.get("count") or 0 for s in summaries),
+                    "repeats": len(summaries)}
+    spread = {}
+    for name in PERCENTILES:
+        values = [s[name] for s in usable if s.get(name) is not None]
+        merged[name] = round(statistics.median(values), 1) if values else None
+        spread[name] = ({"min": min(values), "median": merged[name], "max": max(values)}
+                        if values else None)
+    merged["spread"] = spread
+    return merged
