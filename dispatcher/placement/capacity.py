@@ -369,7 +369,9 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
                       if amount > 0 and (r != PODS or r in free))]
     if not fitting:
         return None
-    best = min(fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
+    # Scoring only ranks: a pod with one Node to go to goes there.
+    best = fitting[0] if len(fitting) == 1 else min(
+        fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
     _accumulate(room[best], wanted, -1)
     return best
 
