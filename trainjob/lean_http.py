@@ -4,15 +4,16 @@ A dispatch is three writes (the placement PATCH, the copy's create, the Event), 
 urllib3's pool, under the client library, costs about twice the CPU of the standard
 library's ``http.client`` per request (pool keys, URL parsing, retry and header objects,
 a poll for a dropped connection): at hundreds of writes a second that is most of a
-controller's CPU. So writes with a JSON body go through one ``http.client`` connection
-per thread and apiserver, with the TLS settings the client's configuration gives;
-reads, watches and anything unusual (a proxy, another body) keep the client's pool.
+controller's CPU. So writes (a JSON body, or one already encoded such as an apply patch)
+go through one ``http.client`` connection per thread and apiserver, with the TLS
+settings the client's configuration gives; reads, watches and anything unusual (a
+proxy, another body) keep the client's pool.
 
-A write that fails on the lean connection before an answer (a kept-alive connection the
-server closed, a reset) is sent again through the pool, which retries as the client
-always did. Every write this project sends is safe to send twice: creates answer 409,
-updates and patches carry a resourceVersion or are merge patches (the same patch twice
-is the same object), and an Event twice is an Event twice.
+A write on the lean connection that gets no answer (a kept-alive connection the server
+closed, a reset) is sent again through the pool, which retries as the client always did.
+Every write this project sends may be sent twice: a create answers 409 the second time,
+updates carry a resourceVersion, merge and apply patches give the same object twice,
+and a repeated Event is only a repeated Event.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class LeanWrites:
         except TimeoutError as err:
             conn.close()
             raise urllib3.exceptions.ReadTimeoutError(
-                None, url, f"Read timed out. (read timeout={read})") from err
+                None, url, f"timed out (connect timeout={connect}, read timeout={read})"
+            ) from err
         except (OSError, http.client.HTTPException) as err:
             conn.close()
             raise LeanFailed(str(err)) from err

@@ -69,6 +69,7 @@ class DispatchReconciler:
                  config: DispatcherConfig, recorder: EventRecorder, metrics: DispatcherMetrics,
                  kueue: KueueOnManager | None = None,
                  queued_for: Callable[[], float | None] = lambda: None):
+        self.api = manager
         self.custom = client.CustomObjectsApi(manager)
         # How long the key being reconciled waited in the work queue (this thread's).
         self._queued_for = queued_for
@@ -105,7 +106,7 @@ class DispatchReconciler:
                 self.placer.release(worker, key)
             steps.lap("decide")
             if not isinstance(action, decisions.Place):
-                self._no_longer_waiting(key)
+                self._waiting_for_room(key, False)
             performed = action.name
             log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
             self._perform(action, key, raw, worker)
@@ -119,9 +120,12 @@ class DispatchReconciler:
         with self._waiting_lock:
             return list(self._waiting)
 
-    def _no_longer_waiting(self, key: tuple[str, str]) -> None:
+    def _waiting_for_room(self, key: tuple[str, str], waiting: bool) -> None:
         with self._waiting_lock:
-            self._waiting.discard(key)
+            if waiting:
+                self._waiting.add(key)
+            else:
+                self._waiting.discard(key)
 
     def _follow_up(self, key: tuple[str, str], done: decisions.Action) -> None:
         """After a write: decide again on the caches, which hold what was written, and
@@ -241,12 +245,10 @@ class DispatchReconciler:
         self.timings.eligible(key)
         decision = self.placer.place(raw)
         step_timing.lap("place")
+        self._waiting_for_room(key, isinstance(decision, str))
         if isinstance(decision, str):
-            with self._waiting_lock:
-                self._waiting.add(key)
             self._pending(raw, decision)
             return
-        self._no_longer_waiting(key)
         worker, need = decision
         patch = {"metadata": {
             "resourceVersion": meta["resourceVersion"],
@@ -255,7 +257,7 @@ class DispatchReconciler:
         }}
         try:
             written = writes.merge_patch(
-                self.custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                self.api, c.TRAINER_GROUP, c.TRAINER_VERSION,
                 meta["namespace"], c.TRAINJOBS, meta["name"], patch,
                 field_manager=c.DISPATCHER_FIELD_MANAGER)
         except BaseException:
@@ -350,7 +352,7 @@ class DispatchReconciler:
         meta = manager["metadata"]
         try:
             written = writes.merge_patch(
-                self.custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                self.api, c.TRAINER_GROUP, c.TRAINER_VERSION,
                 meta["namespace"], c.TRAINJOBS, meta["name"], patch,
                 field_manager=c.DISPATCHER_FIELD_MANAGER)
         except ApiException as err:
