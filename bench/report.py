@@ -371,6 +371,8 @@ def _dispatcher_table(results: dict) -> str:
                      f"{_times(step)} ({step['achieved_arrival_rate']} achieved) | latency "
                      f"p50 / p90 / p99 / max ms{_median_of(step)} | {_lat(step['latency'])} |")
         lines.extend(_spread_rows(step["latency"]))
+        if step.get("cpu"):
+            lines.append(f"| | CPU s: {_cpu_groups(step)} |")
         lines.extend(_step_rows(step.get("steps", {}).get("Place")))
     under = [s["rate"] for s in results["steady"]
              if s["latency"]["p99_ms"] is not None and s["latency"]["p99_ms"] < 1000
@@ -381,6 +383,8 @@ def _dispatcher_table(results: dict) -> str:
     lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s{_times(sync)} | "
                  f"lag p50 / p90 / p99 / max ms{_median_of(sync)} | {_lat(sync['lag'])} |")
     lines.extend(_spread_rows(sync["lag"]))
+    if sync.get("cpu"):
+        lines.append(f"| | CPU s: {_cpu_groups(sync)} |")
     lines.extend(_step_rows(sync.get("steps", {}).get("CopyStatus")))
     cost = burst["api"]["per_job"]
     lines.append(f"| API cost per dispatched job | manager TrainJob writes / worker TrainJob "

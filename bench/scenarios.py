@@ -361,14 +361,30 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
         "latency_samples_ms": [round(x * 1000, 1) for x in samples],
         "runs": [{"namespace": run["namespace"], "latency": summary_ms(run["samples"]),
                   "achieved_arrival_rate": run["achieved_arrival_rate"],
-                  "missing": run["missing"], "settle": run["settle"]} for run in runs],
+                  "missing": run["missing"], "settle": run["settle"], "cpu": run["cpu"]}
+                 for run in runs],
         "dispatcher": window.figures(),
+        # Where the machine's CPU went while jobs arrived (settling excluded).
+        "cpu": _cpu_sum([run["cpu"] for run in runs]),
     }
     if before is not None:
         figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
     log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (median of %d)", rate,
              figures["latency"]["p50_ms"], figures["latency"]["p99_ms"], repeats)
     return figures
+
+
+def _cpu_sum(accounts: list[dict]) -> dict:
+    """``CpuAccount.figures`` of several windows as one."""
+    seconds: dict[str, float] = {}
+    for account in accounts:
+        for group, used in account["cpu_seconds"].items():
+            seconds[group] = round(seconds.get(group, 0.0) + used, 2)
+    available = sum(a["host_cpu_seconds_available"] for a in accounts)
+    busy = sum(a["host_busy_share"] * a["host_cpu_seconds_available"] for a in accounts
+               if a["host_busy_share"] is not None)
+    return {"cpu_seconds": seconds, "host_cpu_seconds_available": round(available, 1),
+            "host_busy_share": round(busy / available, 3) if available else None}
 
 
 def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: float,
@@ -379,12 +395,13 @@ def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: floa
     keys = [(namespace, n) for n in names]
     path = ctx.output / f"profile-steady-{rate}"
     with _profiled(ctx.controller_pid, path, ctx.settings.profile and profile,
-                   ("gil", "wall")):
+                   ("gil", "wall")), CpuAccount(ctx.env.process_groups(workers)) as cpu:
         run = ctx.runner.run(creates(ctx.kubeconfig("manager"), namespace, names,
                                      submit=submit), rate=rate)
         missing = ctx.timelines.wait_remotes(set(keys), wait(count))
     arrival_span = max(run.starts) - run.first_start
     return {"namespace": namespace, "jobs": count, "missing": len(missing),
+            "cpu": cpu.figures(),
             "samples": _dispatched(ctx, keys)["latencies"],
             "achieved_arrival_rate": round((count - 1) / arrival_span, 1)
             if arrival_span else None}
@@ -440,7 +457,8 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
         "lag_samples_ms": [round(x * 1000, 1) for x in lags],
         "lag_from_remote_watch": summary_ms([x for run in runs for x in run["watch_lags"]]),
         "runs": [{"lag": summary_ms(run["lags"]), "missing": run["missing"],
-                  "settle": run["settle"]} for run in runs],
+                  "settle": run["settle"], "cpu": run["cpu"]} for run in runs],
+        "cpu": _cpu_sum([run["cpu"] for run in runs]),
         "manager_trainjob_writes": status_writes,
         "manager_writes_per_status_change": round(status_writes / changes, 3)
         if changes else None,
@@ -461,7 +479,8 @@ def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], reason: str,
     calls = [(ctx.kubeconfig(worker), _status_flip(*key, reason)) for key, worker in placed]
     wanted = {key for key, _ in placed}
     with _profiled(ctx.dispatcher_pid, ctx.output / "profile-sync",
-                   ctx.settings.profile and profile, ("gil", "wall")):
+                   ctx.settings.profile and profile, ("gil", "wall")), \
+            CpuAccount(ctx.env.process_groups(sorted({w for _, w in placed}))) as cpu:
         run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
         missing = ctx.timelines.wait(
             lambda: {k for k in wanted
@@ -477,7 +496,8 @@ def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], reason: str,
             (*key, SYNC_CONDITION, reason))
         if remote_seen is not None:
             watch_lags.append(max(0.0, shown - remote_seen))
-    return {"lags": lags, "watch_lags": watch_lags, "missing": len(missing)}
+    return {"lags": lags, "watch_lags": watch_lags, "missing": len(missing),
+            "cpu": cpu.figures()}
 
 
 # --- scaling ---------------------------------------------------------------------------------
