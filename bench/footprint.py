@@ -118,3 +118,17 @@ class CpuAccount:
             if self.host_total else None,
             "host_cpu_seconds_available": round(self.host_total, 1),
         }
+
+
+def cpu_sum(accounts: list[dict]) -> dict:
+    """``CpuAccount.figures()`` of several windows as one: seconds added up, the machine's
+    busy share weighted by each window's length."""
+    seconds: dict[str, float] = {}
+    for account in accounts:
+        for group, used in account["cpu_seconds"].items():
+            seconds[group] = round(seconds.get(group, 0.0) + used, 2)
+    available = sum(a["host_cpu_seconds_available"] for a in accounts)
+    busy = sum(a["host_busy_share"] * a["host_cpu_seconds_available"] for a in accounts
+               if a["host_busy_share"] is not None)
+    return {"cpu_seconds": seconds, "host_cpu_seconds_available": round(available, 1),
+            "host_busy_share": round(busy / available, 3) if available else None}

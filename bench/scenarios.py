@@ -21,7 +21,7 @@ from kubernetes import client
 from bench import apicost, steps
 from bench import repeats as repeats_
 from bench.environment import BenchClusters
-from bench.footprint import CpuAccount, FootprintWindow
+from bench.footprint import CpuAccount, FootprintWindow, cpu_sum
 from bench.load import LoadRunner, creates
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
@@ -365,26 +365,13 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
                  for run in runs],
         "dispatcher": window.figures(),
         # Where the machine's CPU went while jobs arrived (settling excluded).
-        "cpu": _cpu_sum([run["cpu"] for run in runs]),
+        "cpu": cpu_sum([run["cpu"] for run in runs]),
     }
     if before is not None:
         figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
     log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (median of %d)", rate,
              figures["latency"]["p50_ms"], figures["latency"]["p99_ms"], repeats)
     return figures
-
-
-def _cpu_sum(accounts: list[dict]) -> dict:
-    """``CpuAccount.figures`` of several windows as one."""
-    seconds: dict[str, float] = {}
-    for account in accounts:
-        for group, used in account["cpu_seconds"].items():
-            seconds[group] = round(seconds.get(group, 0.0) + used, 2)
-    available = sum(a["host_cpu_seconds_available"] for a in accounts)
-    busy = sum(a["host_busy_share"] * a["host_cpu_seconds_available"] for a in accounts
-               if a["host_busy_share"] is not None)
-    return {"cpu_seconds": seconds, "host_cpu_seconds_available": round(available, 1),
-            "host_busy_share": round(busy / available, 3) if available else None}
 
 
 def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: float,
@@ -458,7 +445,7 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
         "lag_from_remote_watch": summary_ms([x for run in runs for x in run["watch_lags"]]),
         "runs": [{"lag": summary_ms(run["lags"]), "missing": run["missing"],
                   "settle": run["settle"], "cpu": run["cpu"]} for run in runs],
-        "cpu": _cpu_sum([run["cpu"] for run in runs]),
+        "cpu": cpu_sum([run["cpu"] for run in runs]),
         "manager_trainjob_writes": status_writes,
         "manager_writes_per_status_change": round(status_writes / changes, 3)
         if changes else None,

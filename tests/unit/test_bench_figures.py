@@ -176,3 +176,15 @@ def test_a_repeated_step_reports_the_median_of_its_repeats_and_their_spread():
     assert merged["p50_ms"] == 11.0 and merged["count"] == 300 and merged["repeats"] == 3
     # A repeat that saw nothing (every copy missing) does not count as a zero.
     assert median_summary([summary_ms([]), summary_ms([0.020])])["p99_ms"] == 20.0
+
+
+def test_cpu_of_several_windows_adds_up_and_weighs_the_busy_share_by_length():
+    from bench.footprint import cpu_sum
+
+    merged = cpu_sum([
+        {"cpu_seconds": {"dispatcher": 1.0, "manager apiserver+etcd": 4.0},
+         "host_busy_share": 0.5, "host_cpu_seconds_available": 20.0},
+        {"cpu_seconds": {"dispatcher": 0.5, "manager apiserver+etcd": 1.0},
+         "host_busy_share": 1.0, "host_cpu_seconds_available": 5.0}])
+    assert merged == {"cpu_seconds": {"dispatcher": 1.5, "manager apiserver+etcd": 5.0},
+                      "host_cpu_seconds_available": 25.0, "host_busy_share": 0.6}
