@@ -138,12 +138,6 @@ class LeanWrites:
             return conn
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
 
-    def close(self) -> None:
-        """Close this thread's connections."""
-        for conn in self._connections().values():
-            conn.close()
-        self._connections().clear()
-
 
 class LeanFailed(Exception):
     """No answer came on the lean connection."""

@@ -142,11 +142,11 @@ class WorkerCapacity:
         Only ``reservations.Reservations`` calls this and ``release``."""
         amounts = {**requests, PODS: Decimal(pods)}
         with self._lock:
-            if not planned and self._reserved.get(job_key) == amounts:
-                return  # the same footprint again (each event of its copy): nothing moves
             if planned:
                 self._planned[job_key] = planned
-            elif self._reserved.get(job_key) != amounts:
+            elif self._reserved.get(job_key) == amounts:
+                return  # the same footprint again (each event of its copy): nothing moves
+            else:
                 self._planned.pop(job_key, None)  # another footprint: the plan is not its
             self._reserved[job_key] = amounts
             self._recount(job_key)

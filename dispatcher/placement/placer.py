@@ -74,10 +74,9 @@ class Placer:
 
     # --- choosing ----------------------------------------------------------------------
 
-    def place(self, job: TrainJob | dict) -> tuple[WorkerCluster, Need] | str:
+    def place(self, raw: dict) -> tuple[WorkerCluster, Need] | str:
         """Choose a worker and reserve the job's room there; or say why nothing fits.
-        ``job``: the TrainJob as the API returns it (or its model)."""
-        raw = _raw(job)
+        ``raw``: the TrainJob as the API returns it."""
         key = (raw["metadata"].get("namespace") or "", raw["metadata"]["name"])
         content = _content(raw)  # the same for every worker: digested once
         return self._place(key, lambda worker: self.need_on(raw, worker, content))
@@ -181,11 +180,10 @@ class Placer:
         plans[worker.name] = plan
         return None
 
-    def need_on(self, job: TrainJob | dict, worker: WorkerCluster,
+    def need_on(self, raw: dict, worker: WorkerCluster,
                 content: bytes | None = None) -> tuple[str | None, Need | None]:
-        """(None, what the job needs there) when ``worker`` is eligible, else (why not,
-        None). ``content``: the job's content digest, when the caller has it already."""
-        raw = _raw(job)
+        """(None, what the job ``raw`` needs there) when ``worker`` is eligible, else (why
+        not, None). ``content``: the job's content digest, when the caller has it already."""
         meta = raw["metadata"]
         namespace, name = meta.get("namespace") or "", meta["name"]
         problem = self._ineligible((namespace, name), meta.get("generation"), worker)
@@ -205,8 +203,7 @@ class Placer:
             known = self._needs.get(need_key)
         if known is None:
             # The model only now: a job whose need is known is never validated again.
-            model = job if isinstance(job, TrainJob) else TrainJob.model_validate(raw)
-            known = _need(model, runtime)
+            known = _need(TrainJob.model_validate(raw), runtime)
             if not isinstance(known, str):
                 # Only needs: a refusal may name the job, and it is rare anyway.
                 with self._cache_lock:
@@ -281,11 +278,6 @@ class Placer:
 # Every event of a copy carries its footprint as strings: copies of one template share
 # them, and parsing a quantity costs more than the rest of following the copy.
 _quantity = functools.lru_cache(maxsize=4096)(parse_quantity)
-
-
-def _raw(job: TrainJob | dict) -> dict:
-    return job if isinstance(job, dict) else job.model_dump(mode="json", by_alias=True,
-                                                             exclude_none=True)
 
 
 def _content(raw: dict) -> bytes:

@@ -9,7 +9,6 @@ meanwhile (another UID) is left to its own reconcile.
 
 from __future__ import annotations
 
-
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

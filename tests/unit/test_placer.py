@@ -12,7 +12,6 @@ from dispatcher.placement.capacity import WorkerCapacity
 from dispatcher.placement.placer import Placer
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
-from trainjob.api import TrainJob
 from worker_fakes import Cache, Registry
 
 
@@ -39,12 +38,12 @@ def worker(name: str, order: int, training_runtime: dict) -> WorkerCluster:
 
 
 def job(name: str, uid: str | None = "uid-1", version: str | None = "10", nodes: int = 2,
-        annotations: dict | None = None) -> TrainJob:
-    return TrainJob.model_validate({
+        annotations: dict | None = None) -> dict:
+    return {
         "apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
         "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version,
                      "annotations": annotations or {}},
-        "spec": {"runtimeRef": {"name": "plain"}, "trainer": {"numNodes": nodes}}})
+        "spec": {"runtimeRef": {"name": "plain"}, "trainer": {"numNodes": nodes}}}
 
 
 @pytest.fixture
