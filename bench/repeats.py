@@ -13,8 +13,10 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 from bench.footprint import host_cpu_times
+from bench.stats import summary_ms
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +69,22 @@ def median_summary(summaries: list[dict]) -> dict:
                         if values else None)
     merged["spread"] = spread
     return merged
+
+
+def run_repeats(run_once: Callable[[int], dict], repeats: int, dispatcher=None,
+                settled: bool = True) -> list[dict]:
+    """``run_once(index)`` for each repeat, after ``settle`` (unless not ``settled``);
+    each run's figures get the settle's outcome as ``settle``."""
+    runs = []
+    for index in range(repeats):
+        outcome = settle(dispatcher) if settled else None
+        runs.append({**run_once(index), "settle": outcome})
+    return runs
+
+
+def percentiles(runs: list[dict], samples: str) -> dict:
+    """The runs' ``samples`` (seconds) as percentiles: one run's own, or per percentile
+    the median over the runs' (``median_summary``)."""
+    if len(runs) == 1:
+        return summary_ms(runs[0][samples])
+    return median_summary([summary_ms(run[samples]) for run in runs])

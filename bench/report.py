@@ -154,14 +154,11 @@ def _lat(summary: dict) -> str:
     return " / ".join(str(summary[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
 
 
-def _times(step: dict) -> str:
+def _repeated(step: dict) -> tuple[str, str]:
+    """What a repeated step's row says of its repeats: after its scenario, after its
+    figure's name (nothing for a step run once)."""
     repeats = step.get("repeats") or 1
-    return f" x{repeats}" if repeats > 1 else ""
-
-
-def _median_of(step: dict) -> str:
-    repeats = step.get("repeats") or 1
-    return f" (median of {repeats} repeats)" if repeats > 1 else ""
+    return (f" x{repeats}", f" (median of {repeats} repeats)") if repeats > 1 else ("", "")
 
 
 def _spread_rows(summary: dict) -> list[str]:
@@ -367,9 +364,10 @@ def _dispatcher_table(results: dict) -> str:
                  f"{burst['dispatcher']['peak_rss_mb']} MB |")
     lines.append(f"| | CPU s: {_cpu_groups(burst)} |")
     for step in results["steady"]:
+        times, median_of = _repeated(step)
         lines.append(f"| steady {step['rate']} jobs/s for {step['seconds']:g} s"
-                     f"{_times(step)} ({step['achieved_arrival_rate']} achieved) | latency "
-                     f"p50 / p90 / p99 / max ms{_median_of(step)} | {_lat(step['latency'])} |")
+                     f"{times} ({step['achieved_arrival_rate']} achieved) | latency "
+                     f"p50 / p90 / p99 / max ms{median_of} | {_lat(step['latency'])} |")
         lines.extend(_spread_rows(step["latency"]))
         if step.get("cpu"):
             lines.append(f"| | CPU s: {_cpu_groups(step)} |")
@@ -380,8 +378,9 @@ def _dispatcher_table(results: dict) -> str:
     lines.append(f"| steady | highest rate with p99 < 1 s | "
                  f"{max(under) if under else 'none'} jobs/s |")
     sync = results["sync"]
-    lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s{_times(sync)} | "
-                 f"lag p50 / p90 / p99 / max ms{_median_of(sync)} | {_lat(sync['lag'])} |")
+    times, median_of = _repeated(sync)
+    lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s{times} | "
+                 f"lag p50 / p90 / p99 / max ms{median_of} | {_lat(sync['lag'])} |")
     lines.extend(_spread_rows(sync["lag"]))
     if sync.get("cpu"):
         lines.append(f"| | CPU s: {_cpu_groups(sync)} |")

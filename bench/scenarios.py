@@ -341,14 +341,12 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     repeats = repeats or ctx.settings.repeats
     base = namespace or f"bench-rate-{rate}"
     before = _steps(ctx)
-    runs = []
     with FootprintWindow(ctx.controller_pid) as window:
-        for index in range(repeats):
-            settled = repeats_.settle(ctx.env.dispatcher) if settle else None
-            runs.append(_steady_once(ctx, rate, workers, seconds,
-                                     base if repeats == 1 else f"{base}-{index + 1}",
-                                     submit, wait, profile=index == 0))
-            runs[-1]["settle"] = settled
+        runs = repeats_.run_repeats(
+            lambda index: _steady_once(ctx, rate, workers, seconds,
+                                       base if repeats == 1 else f"{base}-{index + 1}",
+                                       submit, wait, profile=index == 0),
+            repeats, ctx.env.dispatcher, settle)
     samples = [x for run in runs for x in run["samples"]]
     figures = {
         "rate": rate, "seconds": seconds, "repeats": repeats,
@@ -356,8 +354,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
         "achieved_arrival_rate": statistics.median(
             run["achieved_arrival_rate"] or 0.0 for run in runs),
         "dispatched": len(samples), "missing": sum(run["missing"] for run in runs),
-        "latency": summary_ms(samples) if repeats == 1 else
-        repeats_.median_summary([summary_ms(run["samples"]) for run in runs]),
+        "latency": repeats_.percentiles(runs, "samples"),
         "latency_samples_ms": [round(x * 1000, 1) for x in samples],
         "runs": [{"namespace": run["namespace"], "latency": summary_ms(run["samples"]),
                   "achieved_arrival_rate": run["achieved_arrival_rate"],
@@ -426,11 +423,10 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     clusters = ["manager", *workers]
     before = _snapshot(env, clusters)
     steps_before = _steps(ctx)
-    runs = []
-    for index in range(ctx.settings.repeats):
-        settled = repeats_.settle(ctx.env.dispatcher)
-        runs.append(_sync_once(ctx, placed, f"JobSetCreated{index + 1}", index == 0))
-        runs[-1]["settle"] = settled
+    runs = repeats_.run_repeats(
+        lambda index: _sync_once(ctx, placed, workers, f"JobSetCreated{index + 1}",
+                                 profile=index == 0),
+        ctx.settings.repeats, ctx.env.dispatcher)
     after = _settled(env, clusters)
     manager_delta = apicost.delta(before["manager"], after["manager"])
     status_writes = apicost.total(manager_delta, resource=TRAINJOBS, verbs=apicost.WRITE_VERBS)
@@ -439,8 +435,7 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     figures = {
         "jobs": len(placed), "rate": ctx.settings.sync_rate, "repeats": len(runs),
         "synced": len(lags), "missing": sum(run["missing"] for run in runs),
-        "lag": summary_ms(lags) if len(runs) == 1 else
-        repeats_.median_summary([summary_ms(run["lags"]) for run in runs]),
+        "lag": repeats_.percentiles(runs, "lags"),
         "lag_samples_ms": [round(x * 1000, 1) for x in lags],
         "lag_from_remote_watch": summary_ms([x for run in runs for x in run["watch_lags"]]),
         "runs": [{"lag": summary_ms(run["lags"]), "missing": run["missing"],
@@ -460,14 +455,14 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     return figures
 
 
-def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], reason: str,
-               profile: bool) -> dict:
+def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], workers: list[str],
+               reason: str, profile: bool) -> dict:
     manager = ctx.timelines.manager
     calls = [(ctx.kubeconfig(worker), _status_flip(*key, reason)) for key, worker in placed]
     wanted = {key for key, _ in placed}
     with _profiled(ctx.dispatcher_pid, ctx.output / "profile-sync",
                    ctx.settings.profile and profile, ("gil", "wall")), \
-            CpuAccount(ctx.env.process_groups(sorted({w for _, w in placed}))) as cpu:
+            CpuAccount(ctx.env.process_groups(workers)) as cpu:
         run = ctx.runner.run(calls, rate=ctx.settings.sync_rate)
         missing = ctx.timelines.wait(
             lambda: {k for k in wanted

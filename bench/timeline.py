@@ -152,16 +152,10 @@ class TrainJobTimeline:
     def forget(self, namespace: str) -> None:
         """Drop what was seen in ``namespace`` (it was deleted; its names may come back)."""
         with self._changed:
-            for key in [k for k in self.added if k[0] == namespace]:
-                del self.added[key]
-            for key in [k for k in self.deleted if k[0] == namespace]:
-                del self.deleted[key]
-            for key in [k for k in self.condition_seen if k[0] == namespace]:
-                del self.condition_seen[key]
-            for key in [k for k in self.reason_seen if k[0] == namespace]:
-                del self.reason_seen[key]
-            for key in [k for k in self.nominated if k[0] == namespace]:
-                del self.nominated[key]
+            for table in (self.added, self.deleted, self.condition_seen, self.reason_seen,
+                          self.nominated):
+                for key in [k for k in table if k[0] == namespace]:
+                    del table[key]
 
 
 class PodTimeline(TrainJobTimeline):
