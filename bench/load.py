@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trainjob import constants as c
+from trainjob import writes
 from trainjob.kubeclient import api_client
 
 RUNTIME = "bench-torch"
@@ -119,10 +120,10 @@ def trainjob(name: str, *, multikueue: bool = True) -> dict:
 
 
 def create_call(namespace: str, body: dict) -> Call:
+    # The project's own write path: the load generator shares the machine it measures.
     def call(custom: client.CustomObjectsApi) -> object:
-        return custom.create_namespaced_custom_object(
-            c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, body,
-            _preload_content=False)
+        return writes.create(custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION,
+                             namespace, c.TRAINJOBS, body)
     return call
 
 

@@ -13,7 +13,6 @@ Handlers run on the informer's thread and must be quick (typically: enqueue a ke
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -21,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -202,7 +202,7 @@ class Informer:
             if token:
                 kwargs["_continue"] = token
             response = self._list_fn(**kwargs)
-            body = json.loads(response.data)
+            body = orjson.loads(response.data)
             for item in body.get("items") or []:
                 items[object_key(item)] = without_managed_fields(item, self._keep)
             meta = body.get("metadata") or {}
@@ -250,7 +250,7 @@ class Informer:
                 for line in iter_resp_lines(self._response):
                     if not line:
                         continue
-                    self._handle(json.loads(line))
+                    self._handle(orjson.loads(line))
                     backoff = self._backoff_initial
             except _Gone:
                 raise

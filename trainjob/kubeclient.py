@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import orjson
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
@@ -337,10 +338,10 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 def apply_body(body: dict) -> bytes:
     """``body`` as an apply patch: JSON (a YAML document) in UTF-8 with every character
-    written as itself. The apiserver decodes apply patches as YAML, whose decoder refuses the
-    surrogate-pair escapes ``json.dumps`` writes by default for characters beyond the Basic
-    Multilingual Plane (an emoji in a script or a command)."""
-    return json.dumps(body, ensure_ascii=False).encode()
+    written as itself (``orjson`` writes no escapes). The apiserver decodes apply patches
+    as YAML, whose decoder refuses the surrogate-pair escapes of characters beyond the
+    Basic Multilingual Plane (an emoji in a script or a command)."""
+    return orjson.dumps(body)
 
 
 def apply_custom_object(api: client.ApiClient, group: str, version: str, plural: str,

@@ -11,9 +11,9 @@ any answer that is not a success.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import quote, urlencode
 
+import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -38,7 +38,7 @@ def request_json(api: client.ApiClient, method: str, path: str, body: dict | byt
     data = response.read()
     if not 200 <= response.status <= 299:
         raise ApiException(http_resp=response)
-    return json.loads(data)
+    return orjson.loads(data)
 
 
 def object_path(group: str, version: str, namespace: str | None, plural: str,

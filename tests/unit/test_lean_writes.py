@@ -5,6 +5,7 @@ connection the server closed between two writes costs nothing but a second attem
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -112,3 +113,24 @@ def test_a_connection_the_server_closed_is_replaced_and_nothing_is_lost(server):
     assert names == ["a", "b"], names
     ports = [port for *_, port in Recorder.seen]
     assert ports[0] != ports[1], f"the second write came over the closed connection: {ports}"
+
+
+def test_a_write_goes_out_in_one_send(server, monkeypatch):
+    """Head and body leave in one write: each write costs both ends a system call and
+    the server a wake-up."""
+    sent: list[bytes] = []
+    original = http.client.HTTPConnection.send
+
+    def spy(self, data):
+        sent.append(bytes(data))
+        return original(self, data)
+
+    monkeypatch.setattr("http.client.HTTPConnection.send", spy)
+    api = client_for(server)
+    writes.create(api, "example.io", "v1", "ns", "widgets",
+                  {"metadata": {"name": "w"}, "spec": {"size": 3}})
+    assert len(sent) == 1, f"expected one send for the create, saw {len(sent)}: {sent}"
+    head, _, body = sent[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /apis/example.io/v1/namespaces/ns/widgets"), head
+    assert json.loads(body) == {"metadata": {"name": "w"}, "spec": {"size": 3}}
+    assert Recorder.seen[-1][3] == {"metadata": {"name": "w"}, "spec": {"size": 3}}
