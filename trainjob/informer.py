@@ -237,6 +237,7 @@ class Informer:
         """Watch until stopped; returns normally only on stop, raises _Gone for a relist."""
         backoff = self._backoff_initial
         while not self._stop.is_set():
+            opened = False
             try:
                 self._response = self._list_fn(
                     watch=True,
@@ -247,6 +248,7 @@ class Informer:
                     _request_timeout=(10, self._silence_timeout),
                 )
                 self._answering()
+                opened = True
                 for line in iter_resp_lines(self._response):
                     if not line:
                         continue
@@ -259,8 +261,18 @@ class Informer:
                     raise _Gone() from err
                 self._pause(err, backoff)
                 backoff = min(backoff * 2, self._backoff_max)
+            except urllib3.exceptions.ReadTimeoutError as err:
+                if opened:
+                    # Open but silent for the whole read timeout: a resource nobody changes
+                    # gets no bookmarks from an apiserver that has seen no event of its
+                    # kind. Watched again from where it was, as the server-side timeout
+                    # would have it; a server that stopped answering fails that new watch.
+                    log.debug("%s: watch quiet for %.0fs; watching again", self.name,
+                              self._silence_timeout)
+                    continue
+                self._pause(err, backoff)
+                backoff = min(backoff * 2, self._backoff_max)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as err:
-                # Includes read timeouts: a silent watch is restarted from where it was.
                 self._pause(err, backoff)
                 backoff = min(backoff * 2, self._backoff_max)
             finally:
