@@ -44,7 +44,8 @@ Scenarios, in this order:
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
 The sync and each steady step run 3 times (--repeats), each after the machine settled (no
 Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
-a percentile is the median over the repeats, shown with their min and max. The idle
+a percentile is over all the repeats' samples, shown with each repeat's min, median and
+max. The idle
 windows also wait for the machine to settle.
   compare   on clusters of their own where the manager and every worker run Kueue, the
             same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,

@@ -158,7 +158,7 @@ def _repeated(step: dict) -> tuple[str, str]:
     """What a repeated step's row says of its repeats: after its scenario, after its
     figure's name (nothing for a step run once)."""
     repeats = step.get("repeats") or 1
-    return (f" x{repeats}", f" (median of {repeats} repeats)") if repeats > 1 else ("", "")
+    return (f" x{repeats}", f" (all {repeats} repeats' samples)") if repeats > 1 else ("", "")
 
 
 def _spread_rows(summary: dict) -> list[str]:

@@ -335,7 +335,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
            repeats: int | None = None, settle: bool = True) -> dict:
     """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'),
     ``repeats`` times (default the settings'), each after the machine settled (``settle``):
-    latency percentiles, each the median over the repeats, with their spread (copies
+    latency percentiles over all the repeats' samples, with their spread (copies
     waited for ``wait(count)`` after the last create)."""
     seconds = seconds or ctx.settings.rate_seconds
     repeats = repeats or ctx.settings.repeats
@@ -366,7 +366,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     }
     if before is not None:
         figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
-    log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (median of %d)", rate,
+    log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (%d repeats)", rate,
              figures["latency"]["p50_ms"], figures["latency"]["p99_ms"], repeats)
     return figures
 

@@ -163,19 +163,24 @@ def test_a_job_runs_when_each_of_its_pods_has_run_on_one_worker():
     timelines.stop()
 
 
-def test_a_repeated_step_reports_the_median_of_its_repeats_and_their_spread():
-    from bench.repeats import median_summary
-    from bench.stats import summary_ms
+def test_a_repeated_step_reports_percentiles_over_all_its_samples_and_each_repeats_spread():
+    from bench.repeats import percentiles
 
-    runs = [summary_ms([0.010] * 98 + [0.050] * 2), summary_ms([0.012] * 98 + [0.400] * 2),
-            summary_ms([0.011] * 98 + [0.070] * 2)]
-    merged = median_summary(runs)
-    # One repeat's stall (400 ms) is shown in the spread, not taken as the figure.
-    assert merged["p99_ms"] == 70.0
+    runs = [{"samples": [0.010] * 98 + [0.050] * 2}, {"samples": [0.012] * 98 + [0.400] * 2},
+            {"samples": [0.011] * 98 + [0.070] * 2}]
+    merged = percentiles(runs, "samples")
+    # 300 samples: the p99 is the third largest of all, where each repeat's is its second.
+    assert merged["count"] == 300 and merged["repeats"] == 3
+    assert merged["p99_ms"] == 70.0 and merged["max_ms"] == 400.0
+    assert merged["p50_ms"] == 11.0
+    # One repeat's stall (400 ms) shows in the spread of the repeats' own figures.
     assert merged["spread"]["p99_ms"] == {"min": 50.0, "median": 70.0, "max": 400.0}
-    assert merged["p50_ms"] == 11.0 and merged["count"] == 300 and merged["repeats"] == 3
     # A repeat that saw nothing (every copy missing) does not count as a zero.
-    assert median_summary([summary_ms([]), summary_ms([0.020])])["p99_ms"] == 20.0
+    empty = percentiles([{"samples": []}, {"samples": [0.020]}], "samples")
+    assert empty["p99_ms"] == 20.0
+    assert empty["spread"]["p99_ms"] == {"min": 20.0, "median": 20.0, "max": 20.0}
+    # A step run once is its own figures, without a spread.
+    assert "spread" not in percentiles(runs[:1], "samples")
 
 
 def test_cpu_of_several_windows_adds_up_and_weighs_the_busy_share_by_length():
