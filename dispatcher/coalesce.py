@@ -14,6 +14,10 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+# Changes of room within this window send the jobs (or Workloads) that wait for room
+# through placement once.
+ROOM_WINDOW_SECONDS = 0.1
+
 
 class Coalesced:
     def __init__(self, action: Callable[[], None], window: float):

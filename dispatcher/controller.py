@@ -23,7 +23,7 @@ from collections.abc import Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
 
-from dispatcher.coalesce import Coalesced
+from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
 from dispatcher.kueue.nominator import WorkloadNominator
 from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
@@ -50,9 +50,6 @@ log = logging.getLogger(__name__)
 # What the manager must serve: a missing CRD is named at start, with how to install it.
 MANAGER_APIS = [required_apis.TRAINJOBS, required_apis.MULTIKUEUECLUSTERS,
                 required_apis.MULTIKUEUECONFIGS]
-# Changes of room within this window place the jobs that wait for room once.
-ROOM_WINDOW_SECONDS = 0.1
-
 _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES,
                        CLUSTERQUEUES, LOCALQUEUES)  # the last two: kueue mode's quota
 
@@ -74,7 +71,7 @@ class DispatcherController:
         self.config = config
         self.metrics = metrics or DispatcherMetrics()
         self.queue = WorkQueue()
-        self._requeue_pending = Coalesced(self._requeue_waiting, ROOM_WINDOW_SECONDS)
+        self._requeue_standalone = Coalesced(self._requeue_waiting, ROOM_WINDOW_SECONDS)
         custom = client.CustomObjectsApi(manager)
         self.trainjobs = Informer("manager/trainjobs", functools.partial(
             custom.list_cluster_custom_object, c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS))
@@ -180,10 +177,15 @@ class DispatcherController:
                 self.queue.add((job["metadata"]["namespace"], job["metadata"]["name"]))
         self._requeue_pending()
 
-    def _requeue_waiting(self) -> None:
+    def _requeue_pending(self) -> None:
+        """Room may have changed: look again at what waits for it (each mode coalesces
+        its own bursts of these)."""
         if self.nominator is not None:
             self.nominator.requeue_waiting()
-            return
+        else:
+            self._requeue_standalone()
+
+    def _requeue_waiting(self) -> None:
         for key in self.reconciler.waiting_for_room():
             self.queue.add(key)
 

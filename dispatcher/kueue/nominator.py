@@ -56,6 +56,7 @@ from cachetools import LRUCache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
 from dispatcher.kueue import decisions as kd
 from dispatcher.kueue import workloads as wl
@@ -110,6 +111,9 @@ class WorkloadNominator:
         self.checks = Informer("manager/admissionchecks",
                                functools.partial(list_of, ADMISSIONCHECKS))
         self.workloads.add_handler(self._on_workload)
+        # Every change of room (a worker's, a reservation released or held) asks for it;
+        # a burst of them scans the Workloads once.
+        self.requeue_waiting = Coalesced(self._requeue_waiting, ROOM_WINDOW_SECONDS)
         self.checks.add_handler(lambda *_: self.requeue_waiting())
         # A cache: sizes by (uid, generation, at minCount). A Workload's podSets are read
         # again on each of the many status writes Kueue makes while it waits; only a new
@@ -138,10 +142,10 @@ class WorkloadNominator:
         obj = new or old
         self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
-    def requeue_waiting(self) -> None:
+    def _requeue_waiting(self) -> None:
         """Look again at every Workload a change of room may move
-        (``decisions.needs_another_look``); this runs on every change of room on any
-        worker."""
+        (``decisions.needs_another_look``): once per burst of changes of room on any
+        worker (``requeue_waiting``)."""
         checks = self.multikueue_checks()
         for obj in self.workloads.list():
             if kd.needs_another_look(obj, checks):
