@@ -5,15 +5,15 @@ connection the server closed between two writes costs nothing but a second attem
 
 from __future__ import annotations
 
-import http.client
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from trainjob import writes
+from trainjob import lean_http, writes
 from trainjob.kubeclient import api_client
 
 
@@ -117,20 +117,39 @@ def test_a_connection_the_server_closed_is_replaced_and_nothing_is_lost(server):
 
 def test_a_write_goes_out_in_one_send(server, monkeypatch):
     """Head and body leave in one write: each write costs both ends a system call and
-    the server a wake-up."""
+    the server a wake-up. The spy passes every write on to the real socket."""
     sent: list[bytes] = []
-    original = http.client.HTTPConnection.send
+    original = socket.socket.sendall
 
-    def spy(self, data):
-        sent.append(bytes(data))
-        return original(self, data)
+    def spy(self, data, *args):
+        if self.getpeername() == server.server_address:  # the client's, not the server's
+            sent.append(bytes(data))
+        return original(self, data, *args)
 
-    monkeypatch.setattr("http.client.HTTPConnection.send", spy)
+    monkeypatch.setattr(socket.socket, "sendall", spy)
     api = client_for(server)
     writes.create(api, "example.io", "v1", "ns", "widgets",
                   {"metadata": {"name": "w"}, "spec": {"size": 3}})
-    assert len(sent) == 1, f"expected one send for the create, saw {len(sent)}: {sent}"
+    assert len(sent) == 1, f"expected the create to leave in one write, saw {len(sent)}: {sent}"
     head, _, body = sent[0].partition(b"\r\n\r\n")
     assert head.startswith(b"POST /apis/example.io/v1/namespaces/ns/widgets"), head
     assert json.loads(body) == {"metadata": {"name": "w"}, "spec": {"size": 3}}
     assert Recorder.seen[-1][3] == {"metadata": {"name": "w"}, "spec": {"size": 3}}
+
+
+def test_a_header_with_a_line_break_is_refused_and_nothing_is_sent(server):
+    api = client_for(server)
+    api.default_headers["X-Note"] = "one\r\nX-Injected: two"
+    with pytest.raises(ValueError, match="X-Note"):
+        writes.create(api, "example.io", "v1", "ns", "widgets", {"metadata": {"name": "w"}})
+    assert Recorder.seen == []
+
+
+def test_a_header_sent_twice_reads_as_one_with_both_values():
+    """Two headers of one name in an answer (as apiservers send Warning headers) read as
+    one, their values joined, as the client's pool reads them."""
+    answer = lean_http._Answer()
+    answer.parser.feed_data(b"HTTP/1.1 200 OK\r\nWarning: 299 - \"a\"\r\nwarning: 299 - \"b\"\r\n"
+                     b"Content-Length: 2\r\n\r\n{}")
+    assert answer.complete and answer.keep_alive and answer.reason == "OK"
+    assert answer.headers["warning"] == '299 - "a", 299 - "b"'
