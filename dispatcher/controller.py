@@ -246,6 +246,9 @@ class DispatcherController:
                      for informer in worker.informers.values()]
         self._wait_until(lambda: all(i.synced.is_set() or i.last_error for i in informers),
                          sync_timeout)
+        # And a verdict on each from then on: a job decided while a worker's first probe
+        # is out would not see that worker (the best fit may be it).
+        self.registry.probe_and_wait(self.registry.prober.timeout + 1.0)
         if self._stop_asked():
             return self
         self._scheduler.start()

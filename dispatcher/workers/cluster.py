@@ -47,6 +47,7 @@ class WorkerCluster:
     reason: str = REASON_CONNECTION_FAILED
     message: str = "not probed yet"
     since: float = field(default_factory=time.time)  # wall clock of the last state change
+    verdicts: int = 0  # probes that have given their verdict on it
     from_object: bool = True  # a MultiKueueCluster (not the static list) describes it
     # When its MultiKueueCluster was created ("" for the static list): the oldest of two
     # registrations of one cluster is the one used.

@@ -60,6 +60,7 @@ class WorkerRegistry:
         self.in_use = in_use
         self.workers: dict[str, WorkerCluster] = {}
         self._lock = threading.RLock()
+        self._verdict = threading.Condition()
         self.registrations = Registrations(manager, config, self.sync, recorder, may_write)
         self.duplicates = Duplicates(recorder, may_write, self.registrations.cluster)
         self.conditions = ActiveConditions(
@@ -191,9 +192,28 @@ class WorkerRegistry:
         for worker in self.snapshot(draining=True):
             self.prober.probe_unless_probing(worker)
 
+    def probe_and_wait(self, timeout: float) -> None:
+        """Probe every connected worker and wait, up to ``timeout``, until each has given
+        a verdict from after this call (a worker that does not answer holds up nothing
+        for longer)."""
+        workers = [worker for worker in self.snapshot() if worker.connected]
+        before = {worker.name: worker.verdicts for worker in workers}
+        self.probe_all()
+        with self._verdict:
+            self._verdict.wait_for(
+                lambda: all(w.verdicts > before[w.name] for w in workers), timeout)
+
     def _probed(self, worker: WorkerCluster, ok: bool, message: str) -> None:
         """A probe's verdict: the worker's new state, unless it is a second registration
         of a cluster another name already reaches."""
+        try:
+            self._judge(worker, ok, message)
+        finally:
+            with self._verdict:
+                worker.verdicts += 1
+                self._verdict.notify_all()
+
+    def _judge(self, worker: WorkerCluster, ok: bool, message: str) -> None:
         with self._lock:
             if self.workers.get(worker.name) is not worker:
                 return  # replaced or removed meanwhile
