@@ -39,7 +39,11 @@ PODS = "pods"
 LEAST_ALLOCATED = "LeastAllocated"
 MOST_ALLOCATED = "MostAllocated"
 SCORING_STRATEGIES = (LEAST_ALLOCATED, MOST_ALLOCATED)
-_SCORED = {"cpu": Decimal("0.1"), "memory": Decimal(200 * 2**20)}
+_SCORED = (("cpu", Decimal("0.1")), ("memory", Decimal(200 * 2**20)))
+# Placing one job reads these amounts thousands of times: one object each.
+_ZERO = Decimal(0)
+_ONE = Decimal(1)
+_NOTHING: dict = {}  # read only
 DELETED = "DELETED"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
@@ -228,7 +232,7 @@ class WorkerCapacity:
         Reservations without a plan are counted by ``free``."""
         sign = -1 if self.scoring == MOST_ALLOCATED else 1
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
-        wanted = [{**pod, PODS: pod.get(PODS, Decimal(1))} for pod in largest_first]
+        wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
             names = [name for name, node in self._nodes.items()
                      if node.usable and admits(node.labels, node.taints, node_selector,
@@ -285,7 +289,7 @@ class WorkerCapacity:
             for name, amounts in per_node.items():
                 if name in short:
                     held.setdefault(name, []).append(
-                        {**amounts, PODS: amounts.get(PODS, Decimal(1))})
+                        {**amounts, PODS: amounts.get(PODS, _ONE)})
         lumps: list[Resources] = []
         for name, theirs in held.items():
             for lump in theirs:
@@ -322,20 +326,20 @@ class WorkerCapacity:
     def _free(self, node_names: list[str]) -> Resources:
         total: Resources = {}
         for name in node_names:
-            unbound = self._node_room(name, held=False)
-            planned = self._node_planned.get(name, {})
-            for resource in self._nodes[name].allocatable:
+            used = self._used.get(name, _NOTHING)
+            planned = self._node_planned.get(name, _NOTHING)
+            for resource, allocated in self._nodes[name].allocatable.items():
                 # Bound pods are clamped per node (an overcommitted node must not eat into
                 # another's room); planned room is not: what does not fit on its Node will
                 # land on another one.
-                total[resource] = (total.get(resource, Decimal(0))
-                                   + max(unbound.get(resource, Decimal(0)), Decimal(0))
-                                   - planned.get(resource, Decimal(0)))
+                unbound = allocated - used.get(resource, _ZERO)
+                total[resource] = (total.get(resource, _ZERO) + max(unbound, _ZERO)
+                                   - planned.get(resource, _ZERO))
         # Reservations without a plan are tied to no Node: they come off every selection.
         for resource, amount in self._unplanned_total.items():
             if resource in total and amount:
                 total[resource] -= amount
-        return {resource: max(amount, Decimal(0)) for resource, amount in total.items()}
+        return {resource: max(amount, _ZERO) for resource, amount in total.items()}
 
     def summary(self) -> dict[str, Any]:
         """Totals over usable nodes, as strings, for dashboards and logs."""
@@ -364,9 +368,7 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
     """The Node the scheduler scores best for a pod among those with room for it (highest
     score first; the scheduler breaks ties at random, this by name), where the pod then
     takes its room; None when it fits nowhere."""
-    fitting = [name for name, free in room.items()
-               if all(free.get(r, Decimal(0)) >= amount for r, amount in wanted.items()
-                      if amount > 0 and (r != PODS or r in free))]
+    fitting = [name for name, free in room.items() if _fits(free, wanted)]
     if not fitting:
         return None
     # Scoring only ranks: a pod with one Node to go to goes there.
@@ -376,17 +378,27 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
     return best
 
 
+def _fits(free: Resources, wanted: Resources) -> bool:
+    """Whether a Node with ``free`` left has room for a pod asking ``wanted`` (pod slots
+    only where the Node counts them)."""
+    for resource, amount in wanted.items():
+        if amount > 0 and free.get(resource, _ZERO) < amount and (
+                resource != PODS or resource in free):
+            return False
+    return True
+
+
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:
     """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
     and memory of what stays free after the pod, over what the Node allocates (high:
     LeastAllocated picks it; low: MostAllocated does)."""
-    shares = []
-    for resource, default in _SCORED.items():
-        total = allocatable.get(resource, Decimal(0))
-        if total > 0:
-            asked = wanted.get(resource) or default
-            shares.append((free.get(resource, Decimal(0)) - asked) / total)
-    return sum(shares) / len(shares) if shares else Decimal(0)
+    total, count = _ZERO, 0
+    for resource, default in _SCORED:
+        allocated = allocatable.get(resource, _ZERO)
+        if allocated > 0:
+            total += (free.get(resource, _ZERO) - (wanted.get(resource) or default)) / allocated
+            count += 1
+    return total / count if count else _ZERO
 
 
 def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:
@@ -396,7 +408,7 @@ def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:
         return "no Node admits its pods"
     parts = []
     for resource, amount in sorted(asked.items()):
-        most = max(max(free.get(resource, Decimal(0)), Decimal(0)) for free in room.values())
+        most = max(max(free.get(resource, _ZERO), _ZERO) for free in room.values())
         if most < amount:
             parts.append(f"{format_amount(resource, amount)} {resource} (most free on one "
                          f"Node: {format_amount(resource, most)})")
@@ -460,7 +472,7 @@ def pod_requests(pod: dict[str, Any]) -> Resources:
     # RuntimeClass overhead is charged on the node on top of the containers.
     overhead = {name: parse_quantity(value) for name, value in (spec.get("overhead") or {}).items()}
     _accumulate(requests, overhead)
-    requests[PODS] = requests.get(PODS, Decimal(0)) + 1
+    requests[PODS] = requests.get(PODS, _ZERO) + 1
     return requests
 
 
@@ -495,13 +507,13 @@ def _node_from(obj: dict[str, Any]) -> _Node:
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:
     """What of ``wanted`` ``taken`` does not cover yet (positive parts only)."""
-    return {resource: amount - taken.get(resource, Decimal(0))
-            for resource, amount in wanted.items() if amount > taken.get(resource, Decimal(0))}
+    return {resource: amount - taken.get(resource, _ZERO)
+            for resource, amount in wanted.items() if amount > taken.get(resource, _ZERO)}
 
 
 def _accumulate(total: Resources, amounts: Resources, sign: int = 1) -> None:
     for resource, amount in amounts.items():
-        total[resource] = total.get(resource, Decimal(0)) + sign * amount
+        total[resource] = total.get(resource, _ZERO) + sign * amount
 
 
 def _add(table: dict[Any, Resources], key: Any, amounts: Resources, sign: int) -> None:
