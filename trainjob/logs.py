@@ -88,6 +88,10 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         logging.Formatter.converter = time.gmtime
     else:
         handler.setFormatter(TextFormatter())
+    # Neither format shows the thread, the process or the caller's line: the standard
+    # library's documented switches spare looking them up for every record.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
