@@ -21,6 +21,11 @@ RUNTIME = "bench-torch"
 # The pods of one job on that runtime: a dataset and a model initializer and one trainer.
 PODS_PER_JOB = 3
 RETRIES = 5
+# What warming a client sends: a question the apiserver answers without storing anything.
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+ACCESS_REVIEW = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                 "spec": {"resourceAttributes": {"verb": "get", "group": c.TRAINER_GROUP,
+                                                 "resource": c.TRAINJOBS}}}
 
 Call = Callable[[client.CustomObjectsApi], object]
 
@@ -99,6 +104,22 @@ class LoadRunner:
             future.result()
         result.retries = sum(retries)
         return result
+
+    def warm(self, kubeconfigs: list[Path]) -> None:
+        """Give every thread of the pool its client for each cluster and its connection
+        open (one access review each, which the apiserver answers and stores nowhere): a
+        timed step then does not pay for the benchmark's own clients (kubeconfig, TLS
+        context and handshake for each thread and cluster) on the machine it measures."""
+        everyone = threading.Barrier(self.concurrency)
+
+        def warm_one() -> None:
+            everyone.wait(timeout=60)  # one task per thread: each waits for the others
+            for kubeconfig in kubeconfigs:
+                writes.request_json(self._custom(kubeconfig).api_client, "POST",
+                                    ACCESS_REVIEWS, ACCESS_REVIEW)
+
+        for future in [self.pool.submit(warm_one) for _ in range(self.concurrency)]:
+            future.result()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

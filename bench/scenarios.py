@@ -340,6 +340,7 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
     seconds = seconds or ctx.settings.rate_seconds
     repeats = repeats or ctx.settings.repeats
     base = namespace or f"bench-rate-{rate}"
+    ctx.runner.warm([ctx.kubeconfig("manager")])
     before = _steps(ctx)
     with FootprintWindow(ctx.controller_pid) as window:
         runs = repeats_.run_repeats(
@@ -421,6 +422,7 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     placed = [(key, ctx.timelines.remote(key)) for key in keys]
     placed = [(key, where[0]) for key, where in placed if where is not None]
     clusters = ["manager", *workers]
+    ctx.runner.warm([ctx.kubeconfig(worker) for worker in workers])
     before = _snapshot(env, clusters)
     steps_before = _steps(ctx)
     runs = repeats_.run_repeats(
