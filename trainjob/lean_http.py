@@ -145,10 +145,12 @@ def _request_bytes(method: str, target: str, host: str, headers: dict, body: byt
              *(f"{name}: {value}" for name, value in headers.items()),
              f"Content-Length: {len(body)}", "", ""]
     head = "\r\n".join(lines)
-    if head.count("\n") != len(lines) - 1:  # a line break inside a name or a value
-        bad = next(name for name, value in headers.items()
-                   if _BREAK.search(str(name)) or _BREAK.search(str(value)))
-        raise ValueError(f"header {bad!r} of {method} {target}: a line break in a header")
+    # A carriage return or line feed inside a line would end it early: the rest would
+    # reach the server as a header of its own.
+    if head.count("\r") != len(lines) - 1 or head.count("\n") != len(lines) - 1:
+        bad = next((repr(name) for name, value in headers.items()
+                    if _BREAK.search(f"{name}{value}")), "the request line or Host")
+        raise ValueError(f"{method} {target}: a line break in header {bad}")
     return head.encode("latin-1") + body
 
 
