@@ -71,11 +71,19 @@ class FootprintWindow:
 
 def host_cpu_times() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    busy, total, _ = _host_stat()
+    return busy, total
+
+
+def _host_stat() -> tuple[float, float, float]:
+    """(busy, total, stolen) CPU seconds of the whole machine so far. Stolen time (a
+    virtual machine's CPUs running another guest) counts as busy: nothing here could use
+    it; it is kept apart too, to tell a slow host from a loaded one."""
     with open("/proc/stat") as stat:
         fields = [int(x) for x in stat.readline().split()[1:]]
     idle = fields[3] + fields[4]  # idle + iowait
     total = sum(fields[:8])  # guest time is already part of user time
-    return (total - idle) / _TICKS, total / _TICKS
+    return (total - idle) / _TICKS, total / _TICKS, fields[7] / _TICKS
 
 
 class CpuAccount:
@@ -99,7 +107,7 @@ class CpuAccount:
 
     def __enter__(self) -> CpuAccount:
         self.started = time.monotonic()
-        self.host_start = host_cpu_times()
+        self.host_start = _host_stat()
         self.start = self._read()
         return self
 
@@ -107,9 +115,10 @@ class CpuAccount:
         self.wall = time.monotonic() - self.started
         end = self._read()
         self.used = {group: end[group] - self.start[group] for group in end}
-        busy, total = host_cpu_times()
+        busy, total, stolen = _host_stat()
         self.host_busy = busy - self.host_start[0]
         self.host_total = total - self.host_start[1]
+        self.host_stolen = stolen - self.host_start[2]
 
     def figures(self) -> dict:
         return {
@@ -117,18 +126,29 @@ class CpuAccount:
             "host_busy_share": round(self.host_busy / self.host_total, 3)
             if self.host_total else None,
             "host_cpu_seconds_available": round(self.host_total, 1),
+            "host_steal_share": round(self.host_stolen / self.host_total, 3)
+            if self.host_total else None,
         }
 
 
 def cpu_sum(accounts: list[dict]) -> dict:
     """``CpuAccount.figures()`` of several windows as one: seconds added up, the machine's
-    busy share weighted by each window's length."""
+    busy (and stolen) share weighted by each window's length."""
     seconds: dict[str, float] = {}
     for account in accounts:
         for group, used in account["cpu_seconds"].items():
             seconds[group] = round(seconds.get(group, 0.0) + used, 2)
     available = sum(a["host_cpu_seconds_available"] for a in accounts)
-    busy = sum(a["host_busy_share"] * a["host_cpu_seconds_available"] for a in accounts
-               if a["host_busy_share"] is not None)
-    return {"cpu_seconds": seconds, "host_cpu_seconds_available": round(available, 1),
-            "host_busy_share": round(busy / available, 3) if available else None}
+
+    def weighted(share: str) -> float | None:
+        known = [a for a in accounts if a.get(share) is not None]
+        if not available or not known:
+            return None
+        return round(sum(a[share] * a["host_cpu_seconds_available"] for a in known)
+                     / available, 3)
+
+    merged = {"cpu_seconds": seconds, "host_cpu_seconds_available": round(available, 1),
+              "host_busy_share": weighted("host_busy_share")}
+    if any("host_steal_share" in a for a in accounts):
+        merged["host_steal_share"] = weighted("host_steal_share")
+    return merged

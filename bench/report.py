@@ -176,8 +176,10 @@ def _cpu_groups(burst: dict) -> str:
     cpu = burst["cpu"]
     names = " / ".join(cpu["cpu_seconds"])
     values = " / ".join(str(v) for v in cpu["cpu_seconds"].values())
+    stolen = cpu.get("host_steal_share")
+    stolen = f", {stolen:.1%} stolen by the host" if stolen is not None else ""
     return (f"{names} | {values} (of {cpu['host_cpu_seconds_available']} s available; "
-            f"machine busy {cpu['host_busy_share']:.0%})")
+            f"machine busy {cpu['host_busy_share']:.0%}{stolen})")
 
 
 def _met(value) -> str:
@@ -372,6 +374,7 @@ def _dispatcher_table(results: dict) -> str:
         if step.get("cpu"):
             lines.append(f"| | CPU s: {_cpu_groups(step)} |")
         lines.extend(_step_rows(step.get("steps", {}).get("Place")))
+        lines.extend(_slowest_rows(step.get("slowest")))
     under = [s["rate"] for s in results["steady"]
              if s["latency"]["p99_ms"] is not None and s["latency"]["p99_ms"] < 1000
              and not s["missing"]]
@@ -430,6 +433,19 @@ def _step_rows(steps: dict | None) -> list[str]:
              for step, figures in steps.items()]
     return ["| | per reconcile, mean wall / CPU ms (wall p99 bucket) | " + "; ".join(cells)
             + " |"]
+
+
+def _slowest_rows(slowest: dict | None) -> list[str]:
+    """One row: the slowest dispatches' mean latency as the sum of its parts, from the
+    dispatcher's log of each, and the shares of those parts."""
+    if not slowest:
+        return []
+    parts = slowest["mean_ms"]
+    shares = ", ".join(f"{part} {share:.0%}" for part, share in slowest["shares"].items()
+                       if share is not None)
+    return [f"| | slowest {slowest['jobs']} of {slowest['of']} dispatches, mean ms: latency "
+            f"= {' + '.join(parts)} | {slowest['latency_ms']} = "
+            f"{' + '.join(f'{v:.1f}' for v in parts.values())} ({shares}) |"]
 
 
 def _longest(constrained: dict) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from bench import apicost, steps
+from bench import apicost, dispatch_log, steps
 from bench import repeats as repeats_
 from bench.environment import BenchClusters
 from bench.footprint import CpuAccount, FootprintWindow, cpu_sum
@@ -116,17 +116,18 @@ def _settled(env: BenchClusters, clusters: list[str], quiet: float = 1.0,
 
 def _dispatched(ctx: BenchContext, keys: list[Key]) -> dict:
     """Per-job latencies, throughput basis and where the jobs went, from the timelines."""
-    latencies, ends, placements = [], [], Counter()
+    by_job, ends, placements = {}, [], Counter()
     for key in keys:
         start = ctx.timelines.manager.added.get(key)
         remote = ctx.timelines.remote(key)
         if start is None or remote is None:
             continue
         worker, seen = remote
-        latencies.append(max(0.0, seen - start))
+        by_job[key] = max(0.0, seen - start)
         ends.append(seen)
         placements[worker] += 1
-    return {"latencies": latencies, "last_remote": max(ends) if ends else None,
+    return {"latencies": list(by_job.values()), "by_job": by_job,
+            "last_remote": max(ends) if ends else None,
             "placements": dict(sorted(placements.items()))}
 
 
@@ -349,6 +350,8 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
                                        submit, wait, profile=index == 0),
             repeats, ctx.env.dispatcher, settle)
     samples = [x for run in runs for x in run["samples"]]
+    slowest = dispatch_log.slowest({k: v for run in runs for k, v in run["by_job"].items()},
+                                   {k: v for run in runs for k, v in run["logged"].items()})
     figures = {
         "rate": rate, "seconds": seconds, "repeats": repeats,
         "jobs": sum(run["jobs"] for run in runs),
@@ -362,6 +365,8 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
                   "missing": run["missing"], "settle": run["settle"], "cpu": run["cpu"]}
                  for run in runs],
         "dispatcher": window.figures(),
+        # The slowest 1% of the dispatches, split by the dispatcher's log of each.
+        "slowest": slowest,
         # Where the machine's CPU went while jobs arrived (settling excluded).
         "cpu": cpu_sum([run["cpu"] for run in runs]),
     }
@@ -385,11 +390,33 @@ def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: floa
                                      submit=submit), rate=rate)
         missing = ctx.timelines.wait_remotes(set(keys), wait(count))
     arrival_span = max(run.starts) - run.first_start
+    dispatched = _dispatched(ctx, keys)
     return {"namespace": namespace, "jobs": count, "missing": len(missing),
             "cpu": cpu.figures(),
-            "samples": _dispatched(ctx, keys)["latencies"],
+            "samples": dispatched["latencies"], "by_job": dispatched["by_job"],
+            "logged": _logged_steps(ctx, namespace, set(dispatched["by_job"])),
             "achieved_arrival_rate": round((count - 1) / arrival_span, 1)
             if arrival_span else None}
+
+
+def _logged_steps(ctx: BenchContext, namespace: str, keys: set[Key],
+                  timeout: float = 10.0) -> dict[Key, dict[str, float]]:
+    """The dispatcher's logged steps of each of ``keys``: nothing where it created no copy
+    (a contender, or the dispatcher in Kueue mode). It logs a copy's creation once the
+    create is answered, which may be just after the benchmark's watch saw the copy: wait
+    for every line, up to ``timeout``."""
+    dispatcher = ctx.env.dispatcher
+    if dispatcher is None:
+        return {}
+    deadline = time.monotonic() + timeout
+    while True:
+        logged = dispatch_log.read(dispatcher.log_file, namespace)
+        if not logged or keys <= logged.keys() or time.monotonic() > deadline:
+            if not keys <= logged.keys():
+                log.warning("the dispatcher logged the steps of %d of %d jobs in %s",
+                            len(keys & logged.keys()), len(keys), namespace)
+            return logged
+        threading.Event().wait(0.2)
 
 
 # --- status sync -----------------------------------------------------------------------------

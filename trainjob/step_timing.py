@@ -42,6 +42,13 @@ class Steps:
         self._laps.append((step, wall - self._wall, cpu - self._cpu))
         self._wall, self._cpu = wall, cpu
 
+    def so_far(self) -> str:
+        """The queue wait and the steps lapped so far, in wall ms, for a log line:
+        ``queued 0.21 ms; decide 0.05, place 0.41, patch 4.12 ms``."""
+        laps = ", ".join(f"{step} {wall * 1000:.2f}" for step, wall, _ in self._laps)
+        queued = f"queued {self._queued * 1000:.2f} ms; " if self._queued is not None else ""
+        return f"{queued}{laps} ms"
+
     def finish(self, action: str, last_step: str = "rest") -> None:
         """Observe every lap (and what followed the last one as ``last_step``) under
         ``action``."""
@@ -66,6 +73,12 @@ def lap(step: str) -> None:
     steps = getattr(_current, "steps", None)
     if steps is not None:
         steps.lap(step)
+
+
+def so_far() -> str:
+    """``Steps.so_far`` of the reconcile this thread runs (empty when none is timed)."""
+    steps = getattr(_current, "steps", None)
+    return steps.so_far() if steps is not None else ""
 
 
 def histogram(registry, name: str, documentation: str):

@@ -268,7 +268,6 @@ class DispatchReconciler:
         logs.bind(cluster=worker.name)
         self.metrics.manager_writes.labels(kind="placement").inc()
         self.recorder.event(raw, NORMAL, c.REASON_PLACED, f"placed on worker cluster {worker.name}")
-        log.info("TrainJob %s/%s placed on %s", *key, worker.name)
         self._create_remote(written, worker, need)
 
     def _pending(self, raw: dict, message: str) -> None:
@@ -293,8 +292,12 @@ class DispatchReconciler:
             manager, {k: format_quantity(v) for k, v in need.requests.items()}, need.pods)
         step_timing.lap("create")
         match outcome:
-            case remote_copies.Created(copy=created):
+            case remote_copies.Created(copy=created, adopted=adopted):
                 worker.cache(c.TRAINJOBS).observe(created)
+                # Where this dispatch's time went, so that a slow one can be explained
+                # from the log alone (the benchmark reads it for its slowest dispatches).
+                log.info("TrainJob %s/%s placed on %s, copy %s (%s)", *key, worker.name,
+                         "adopted" if adopted else "created", step_timing.so_far())
             case remote_copies.NamespaceGoing():
                 # Placement sees that in the worker's namespace cache next round.
                 raise Requeue(1.0, f"namespace {key[0]} is being deleted on {worker.name}")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from bench import dispatch_log
 from clusters import fixtures
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
@@ -588,6 +589,12 @@ def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):
         expected=f"a 'placed on' line about {namespace}/logged in the dispatcher log")
     placed = next(line for line in lines if "placed on" in line)
     assert placed.endswith(suffix), placed
+    # The same line says where the dispatch's time went, in a form the benchmark reads.
+    logged = dispatch_log.read(env.dispatcher.log_file, namespace)
+    assert set(logged) == {(namespace, "logged")}, (placed, logged)
+    steps = logged[(namespace, "logged")]
+    assert list(steps) == ["queue", "decide", "place", "patch", "create"], (placed, steps)
+    assert steps["patch"] > 0 and steps["create"] > 0, (placed, steps)
 
 
 def test_a_pending_job_is_not_reconciled_over_and_over(dispatch_env, namespace):

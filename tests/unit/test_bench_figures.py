@@ -193,3 +193,54 @@ def test_cpu_of_several_windows_adds_up_and_weighs_the_busy_share_by_length():
          "host_busy_share": 1.0, "host_cpu_seconds_available": 5.0}])
     assert merged == {"cpu_seconds": {"dispatcher": 1.5, "manager apiserver+etcd": 5.0},
                       "host_cpu_seconds_available": 25.0, "host_busy_share": 0.6}
+
+
+def test_the_dispatchers_log_gives_each_jobs_steps_for_its_namespace_only(tmp_path):
+    from bench import dispatch_log
+
+    log_file = tmp_path / "dispatcher.log"
+    log_file.write_text(
+        "2026-11-27 05:00:00,001 INFO dispatcher.standalone.reconciler: TrainJob ns-a/j1 "
+        "placed on worker-2, copy created (queued 0.21 ms; decide 0.05, place 0.41, "
+        "patch 4.12, create 5.03 ms) namespace=ns-a name=j1 cluster=worker-2\n"
+        "2026-11-27 05:00:00,002 INFO dispatcher.standalone.reconciler: TrainJob ns-b/j1 "
+        "placed on worker-1, copy created (decide 0.05, place 0.41, patch 1.00, "
+        "create 2.00 ms) namespace=ns-b name=j1 cluster=worker-1\n"
+        "2026-11-27 05:00:00,003 INFO trainjob.service: something else\n")
+    assert dispatch_log.read(log_file, "ns-a") == {("ns-a", "j1"): pytest.approx({
+        "queue": 0.00021, "decide": 0.00005, "place": 0.00041, "patch": 0.00412,
+        "create": 0.00503})}
+    assert dispatch_log.read(log_file, "ns-b")[("ns-b", "j1")]["patch"] == 0.001
+    assert dispatch_log.read(log_file, "ns-c") == {}
+
+
+def test_the_slowest_dispatches_split_into_queue_steps_writes_and_the_rest():
+    from bench import dispatch_log
+
+    steps = {("ns", f"j{i}"): {"queue": 0.001, "decide": 0.001, "place": 0.001,
+                               "patch": 0.005, "create": 0.005} for i in range(200)}
+    latencies = {key: 0.015 for key in steps}
+    # The two slowest (1% of 200): their PATCH waited long.
+    for name, latency in (("j7", 0.1), ("j9", 0.08)):
+        latencies[("ns", name)] = latency
+        steps[("ns", name)] = {**steps[("ns", name)], "patch": latency - 0.020}
+    latencies[("ns", "no-log")] = 1.0  # a job without a logged line is left out
+    slowest = dispatch_log.slowest(latencies, steps)
+    assert slowest["jobs"] == 2 and slowest["of"] == 200, slowest
+    assert slowest["latency_ms"] == 90.0
+    assert slowest["mean_ms"] == {"queue": 1.0, "decide": 1.0, "place": 1.0,
+                                  "patch": 70.0, "create": 5.0, "outside": 12.0}
+    assert slowest["shares"] == {"queue": 0.011, "dispatcher steps": 0.022,
+                                 "apiserver writes": 0.833, "outside the reconcile": 0.133}
+    assert dispatch_log.slowest(latencies, {}) is None
+
+
+def test_cpu_of_several_windows_weighs_the_stolen_share_like_the_busy_share():
+    from bench.footprint import cpu_sum
+
+    merged = cpu_sum([
+        {"cpu_seconds": {}, "host_busy_share": 0.5, "host_cpu_seconds_available": 30.0,
+         "host_steal_share": 0.1},
+        {"cpu_seconds": {}, "host_busy_share": 0.5, "host_cpu_seconds_available": 10.0,
+         "host_steal_share": 0.0}])
+    assert merged["host_steal_share"] == 0.075, merged

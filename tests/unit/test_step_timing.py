@@ -64,3 +64,27 @@ def test_the_queue_tells_each_worker_how_long_its_key_waited():
     thread.start()
     thread.join()
     assert seen == [None], "another thread took no key"
+
+
+def test_a_reconcile_so_far_reads_as_its_queue_wait_and_steps_in_ms():
+    registry = CollectorRegistry()
+    histogram = step_timing.histogram(registry, "steps_seconds", "test")
+    steps = step_timing.start(histogram, queued=0.00021)
+    step_timing.lap("decide")
+    step_timing.lap("patch")
+    text = step_timing.so_far()
+    assert text.startswith("queued 0.21 ms; decide "), text
+    assert ", patch " in text and text.endswith(" ms"), text
+    steps.finish("Place")
+    # Without a queue wait (a queue without metrics), the steps alone.
+    step_timing.start(histogram, queued=None)
+    step_timing.lap("decide")
+    assert step_timing.so_far().startswith("decide "), step_timing.so_far()
+
+
+def test_so_far_without_a_timed_reconcile_on_this_thread_is_empty():
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(step_timing.so_far()))
+    thread.start()
+    thread.join()
+    assert outcome == [""]
