@@ -5,6 +5,14 @@
   bookmark) after any disconnect, with capped exponential backoff.
 * 410 Gone (history compacted) triggers a fresh list; the difference between the old cache
   and the new list is delivered as events, so handlers never miss a deletion.
+* Each watch asks the apiserver to end it after a random time of at most ``watch_timeout``
+  (from half that), shorter than ``silence_timeout``. A watch on a resource nobody
+  changes gets no bookmarks, so without that its read would time out: the connection
+  would be dropped and the next watch would pay for a new one (TCP and TLS handshakes on
+  both ends), and the quiet watches a process opens together at its start would all do so
+  together, every ``silence_timeout``. Ended by the server, the watch leaves its
+  connection open for the next one, and the random length spreads the watches out. (A ``watch_timeout`` not shorter than ``silence_timeout``
+  leaves quiet watches to the read timeout.)
 * A watch that stays silent (no event, no bookmark) past ``silence_timeout`` is dropped
   and restarted: a half-open connection cannot freeze the cache.
 
@@ -75,7 +83,7 @@ class Informer:
         list_fn: ListFn,
         *,
         page_size: int = 500,
-        watch_timeout: int = 300,
+        watch_timeout: int = 75,
         silence_timeout: float = 90.0,
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
@@ -243,7 +251,8 @@ class Informer:
                     watch=True,
                     resource_version=self.resource_version,
                     allow_watch_bookmarks=True,
-                    timeout_seconds=self._watch_timeout,
+                    timeout_seconds=random.randint(max(1, self._watch_timeout // 2),
+                                                   self._watch_timeout),
                     _preload_content=False,
                     _request_timeout=(10, self._silence_timeout),
                 )
