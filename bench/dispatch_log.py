@@ -1,16 +1,17 @@
 """Where the slowest dispatches' time went, from the dispatcher's log.
 
-The dispatcher logs one line per copy it creates, with the reconcile's queue wait and the
+The dispatcher logs one line per copy it creates (or adopts), with the reconcile's queue wait and the
 wall time of each step (``placed on worker-2, copy created (queued 0.21 ms; decide 0.05,
 place 0.41, patch 4.12, create 5.03 ms)``). Joined with the benchmark's own latency of the
 same job (manager ADDED -> copy ADDED, seen by the benchmark's watches), that splits a slow
-dispatch into the time inside the dispatcher (queue wait, its own steps), the apiservers'
-answers to its two writes (PATCH, create) and what lies outside the reconcile: the watch
-events reaching the dispatcher and the benchmark.
+dispatch into the time inside the dispatcher (queue wait, its own steps), its two writes
+(PATCH, create: mostly the apiservers answering) and the rest: the watch events reaching
+the dispatcher and the benchmark.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -19,21 +20,24 @@ from bench.timeline import Key
 
 # The text format's line: the message, then the fields of the job it is about.
 _LINE = re.compile(
-    r"TrainJob (?P<namespace>[^/\s]+)/(?P<name>\S+) placed on \S+, copy created "
+    r"TrainJob (?P<namespace>[^/\s]+)/(?P<name>\S+) placed on \S+, copy (?:created|adopted) "
     r"\((?:queued (?P<queued>[\d.]+) ms; )?(?P<steps>[^)]*) ms\)")
 _STEP = re.compile(r"(\w+) ([\d.]+)")
 QUEUE = "queue"
-OUTSIDE = "outside"  # watch deliveries and whatever else the reconcile does not time
+# The rest of the latency: the watch events reaching the dispatcher and the benchmark.
+# Negative when the benchmark saw the copy before the dispatcher had read the create's
+# answer (the create step ends there): the parts overlap, they do not partition.
+OUTSIDE = "outside"
 WRITES = ("patch", "create")
 
 
 def read(log_file: Path, namespace: str) -> dict[Key, dict[str, float]]:
     """Per job of ``namespace``: seconds of queue wait and of each step of the reconcile
-    that created its copy (the last such line wins)."""
+    that created (or adopted) its copy (the last such line wins)."""
     found: dict[Key, dict[str, float]] = {}
     with open(log_file, errors="replace") as lines:
         for line in lines:
-            if "copy created" not in line:
+            if "placed on" not in line:
                 continue
             match = _LINE.search(line)
             if match is None or match["namespace"] != namespace:
@@ -48,25 +52,25 @@ def read(log_file: Path, namespace: str) -> dict[Key, dict[str, float]]:
 def slowest(latencies: dict[Key, float], steps: dict[Key, dict[str, float]],
             share: float = 0.01) -> dict | None:
     """The slowest ``share`` of the jobs whose steps are known (at least one): their mean
-    latency and its split, in ms, into each logged step and what lies outside them; and
-    as shares of that latency: the queue wait inside the dispatcher, its own steps, the
-    apiservers' answers to its two writes, and the rest (watch deliveries). None without
-    a job whose steps are known."""
+    latency and its split, in ms, into each logged step and the rest (``OUTSIDE``, which
+    may be negative); and as shares of that latency: the queue wait inside the dispatcher,
+    its own steps, its two writes (the apiservers answering them, mostly) and the rest.
+    None without a job whose steps are known."""
     known = [(latency, steps[key]) for key, latency in latencies.items() if key in steps]
     if not known:
         return None
     known.sort(key=lambda item: item[0], reverse=True)
-    tail = known[:max(1, round(len(known) * share))]
+    tail = known[:max(1, math.ceil(len(known) * share))]
     names = list(dict.fromkeys(step for _, logged in tail for step in logged))
     mean = {step: statistics.fmean(logged.get(step, 0.0) for _, logged in tail)
             for step in names}
     latency = statistics.fmean(latency for latency, _ in tail)
-    mean[OUTSIDE] = max(0.0, latency - sum(mean.values()))
+    mean[OUTSIDE] = latency - sum(mean.values())
     parts = {"queue": mean.get(QUEUE, 0.0),
              "dispatcher steps": sum(v for step, v in mean.items()
                                      if step not in (QUEUE, OUTSIDE, *WRITES)),
-             "apiserver writes": sum(mean.get(step, 0.0) for step in WRITES),
-             "outside the reconcile": mean[OUTSIDE]}
+             "writes": sum(mean.get(step, 0.0) for step in WRITES),
+             "the rest": mean[OUTSIDE]}
     return {
         "jobs": len(tail), "of": len(known),
         "latency_ms": round(latency * 1000, 1),

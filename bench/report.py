@@ -441,11 +441,12 @@ def _slowest_rows(slowest: dict | None) -> list[str]:
     if not slowest:
         return []
     parts = slowest["mean_ms"]
+    sums = " ".join(f"{'-' if v < 0 else '+'} {abs(v):.1f}" for v in parts.values())
     shares = ", ".join(f"{part} {share:.0%}" for part, share in slowest["shares"].items()
                        if share is not None)
     return [f"| | slowest {slowest['jobs']} of {slowest['of']} dispatches, mean ms: latency "
-            f"= {' + '.join(parts)} | {slowest['latency_ms']} = "
-            f"{' + '.join(f'{v:.1f}' for v in parts.values())} ({shares}) |"]
+            f"= {' + '.join(parts)} | {slowest['latency_ms']} = {sums.removeprefix('+ ')}"
+            + (f" ({shares})" if shares else "") + " |"]
 
 
 def _longest(constrained: dict) -> str:

@@ -411,7 +411,9 @@ def _logged_steps(ctx: BenchContext, namespace: str, keys: set[Key],
     deadline = time.monotonic() + timeout
     while True:
         logged = dispatch_log.read(dispatcher.log_file, namespace)
-        if not logged or keys <= logged.keys() or time.monotonic() > deadline:
+        if not logged:
+            return {}  # the copies were not this dispatcher's to create (Kueue mode)
+        if keys <= logged.keys() or time.monotonic() > deadline:
             if not keys <= logged.keys():
                 log.warning("the dispatcher logged the steps of %d of %d jobs in %s",
                             len(keys & logged.keys()), len(keys), namespace)

@@ -11,8 +11,10 @@
   would be dropped and the next watch would pay for a new one (TCP and TLS handshakes on
   both ends), and the quiet watches a process opens together at its start would all do so
   together, every ``silence_timeout``. Ended by the server, the watch leaves its
-  connection open for the next one, and the random length spreads the watches out. (A ``watch_timeout`` not shorter than ``silence_timeout``
-  leaves quiet watches to the read timeout.)
+  connection open for the next one (the client's pool keeps it), and the random length
+  spreads the watches out. Busy watches are opened again as often, at the cost of one
+  request each. (A ``watch_timeout`` not shorter than ``silence_timeout`` leaves quiet
+  watches to the read timeout.)
 * A watch that stays silent (no event, no bookmark) past ``silence_timeout`` is dropped
   and restarted: a half-open connection cannot freeze the cache.
 
@@ -93,6 +95,9 @@ class Informer:
         self._keep = keep_field_managers
         self._list_fn = list_fn
         self._page_size = page_size
+        if watch_timeout < 1:
+            raise ValueError(f"informer {name}: watch_timeout must be at least 1 s, "
+                             f"not {watch_timeout}")
         self._watch_timeout = watch_timeout
         self._silence_timeout = silence_timeout
         self._backoff_initial = backoff_initial
@@ -272,12 +277,16 @@ class Informer:
                 backoff = min(backoff * 2, self._backoff_max)
             except urllib3.exceptions.ReadTimeoutError as err:
                 if opened:
-                    # Open but silent for the whole read timeout: a resource nobody changes
-                    # gets no bookmarks from an apiserver that has seen no event of its
-                    # kind. Watched again from where it was, as the server-side timeout
-                    # would have it; a server that stopped answering fails that new watch.
-                    log.debug("%s: watch quiet for %.0fs; watching again", self.name,
-                              self._silence_timeout)
+                    # Open but silent for the whole read timeout. With a watch timeout
+                    # shorter than the read's, the apiserver should have ended it first:
+                    # a sign of a half-open connection or a stalled server, worth a line.
+                    # Otherwise a resource nobody changes (no bookmarks) looks the same.
+                    # Either way it is watched again from where it was; a server that
+                    # stopped answering fails that new watch.
+                    log.log(logging.INFO if self._watch_timeout < self._silence_timeout
+                            else logging.DEBUG,
+                            "%s: watch quiet for %.0fs; watching again", self.name,
+                            self._silence_timeout)
                     continue
                 self._pause(err, backoff)
                 backoff = min(backoff * 2, self._backoff_max)

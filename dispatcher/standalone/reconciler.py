@@ -300,6 +300,9 @@ class DispatchReconciler:
                          "adopted" if adopted else "created", step_timing.so_far())
             case remote_copies.NamespaceGoing():
                 # Placement sees that in the worker's namespace cache next round.
+                # Debug: this comes back every second until the namespace is gone there.
+                log.debug("TrainJob %s/%s placed on %s; no copy yet: its namespace is being "
+                          "deleted there", *key, worker.name)
                 raise Requeue(1.0, f"namespace {key[0]} is being deleted on {worker.name}")
             case remote_copies.Refused(message=message):
                 # Retrying the same spec there cannot help: place elsewhere, until the
@@ -313,6 +316,8 @@ class DispatchReconciler:
                               "made by this dispatcher", decisions.REASON_NAME_TAKEN)
                 return
             case remote_copies.Stale():
+                log.debug("TrainJob %s/%s placed on %s; no copy yet: a copy of an earlier "
+                          "job of that name is being deleted there", *key, worker.name)
                 raise Requeue(decisions.STALE_COPY_RETRY,
                               "stale remote copy of an earlier job being deleted")
         self.timings.dispatched(key)

@@ -9,6 +9,7 @@ import functools
 import inspect
 import logging
 
+import pytest
 from kubernetes import client
 
 from clusters.testing import eventually, holds_for
@@ -109,3 +110,9 @@ def test_by_default_the_apiserver_ends_a_watch_before_its_read_would_time_out(
     finally:
         for informer in informers:
             informer.stop()
+
+
+def test_a_watch_timeout_under_a_second_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"informer quiet/configmaps: watch_timeout must be "
+                                         r"at least 1 s, not 0"):
+        Informer("quiet/configmaps", lambda **kwargs: None, watch_timeout=0)
