@@ -115,7 +115,8 @@ def _settled(env: BenchClusters, clusters: list[str], quiet: float = 1.0,
 
 
 def _dispatched(ctx: BenchContext, keys: list[Key]) -> dict:
-    """Per-job latencies, throughput basis and where the jobs went, from the timelines."""
+    """Per-job latencies (``by_job``), throughput basis and where the jobs went, from the
+    timelines."""
     by_job, ends, placements = {}, [], Counter()
     for key in keys:
         start = ctx.timelines.manager.added.get(key)
@@ -126,8 +127,7 @@ def _dispatched(ctx: BenchContext, keys: list[Key]) -> dict:
         by_job[key] = max(0.0, seen - start)
         ends.append(seen)
         placements[worker] += 1
-    return {"latencies": list(by_job.values()), "by_job": by_job,
-            "last_remote": max(ends) if ends else None,
+    return {"by_job": by_job, "last_remote": max(ends) if ends else None,
             "placements": dict(sorted(placements.items()))}
 
 
@@ -224,16 +224,17 @@ def burst(ctx: BenchContext, namespace: str, count: int, workers: list[str], *,
         # Where operators run the copies: until each copy's pods have all run.
         not_running = _wait_running(ctx, keys)
     seen = _dispatched(ctx, keys)
+    latencies = list(seen["by_job"].values())
     span = (seen["last_remote"] - run.first_start) if seen["last_remote"] else None
     figures = {
         "namespace": namespace, "jobs": count, "workers": len(workers),
-        "dispatched": len(seen["latencies"]), "missing": len(missing),
+        "dispatched": len(latencies), "missing": len(missing),
         "create_seconds": round(run.last_end - run.first_start, 2),
         "create_rate": round(run.rate(), 1), "create_retries": run.retries,
         "seconds": round(span, 2) if span else None,
-        "throughput_jobs_per_second": round(len(seen["latencies"]) / span, 1) if span else 0.0,
-        "latency": summary_ms(seen["latencies"]),
-        "latency_samples_ms": [round(x * 1000, 1) for x in seen["latencies"]],
+        "throughput_jobs_per_second": round(len(latencies) / span, 1) if span else 0.0,
+        "latency": summary_ms(latencies),
+        "latency_samples_ms": [round(x * 1000, 1) for x in latencies],
         "placements": seen["placements"],
         "dispatcher": window.figures(),
         # Where the machine's CPU went meanwhile: every process here shares it.
@@ -393,7 +394,7 @@ def _steady_once(ctx: BenchContext, rate: int, workers: list[str], seconds: floa
     dispatched = _dispatched(ctx, keys)
     return {"namespace": namespace, "jobs": count, "missing": len(missing),
             "cpu": cpu.figures(),
-            "samples": dispatched["latencies"], "by_job": dispatched["by_job"],
+            "samples": list(dispatched["by_job"].values()), "by_job": dispatched["by_job"],
             "logged": _logged_steps(ctx, namespace, set(dispatched["by_job"])),
             "achieved_arrival_rate": round((count - 1) / arrival_span, 1)
             if arrival_span else None}
