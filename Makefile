@@ -6,6 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 2
+# pytest-xdist processes `make test` runs the tests in: each has clusters of its own, and
+# about half of a serial run's time is spent waiting on timeouts and controllers, not CPU.
+TEST_PROCESSES ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: help venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
@@ -57,7 +60,7 @@ test-images: images
 	$(PY) -m clusters.kind_node
 
 test: binaries browser test-images
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 engine: venv
 	$(PY) -m clusters engine start

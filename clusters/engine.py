@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from clusters import binaries
+from clusters.state_dir import lock_state_dir
 from clusters.oci_runtime import missing_capabilities
 
 # Short: a unix socket path is limited to about 100 bytes.
@@ -103,6 +104,16 @@ def ensure_engine(progress=binaries.stderr_progress, install: bool = True,
     """An engine that answers: the one found, or the project's own, installed and started."""
     if engine := find_engine():
         return engine
+    if os.geteuid() == 0:
+        # Two callers at once (two test processes): one installs and starts, the other finds.
+        with lock_state_dir(ENGINE_RUN_DIR):
+            if engine := find_engine():
+                return engine
+            return _install_and_start(progress, install, timeout)
+    return _install_and_start(progress, install, timeout)
+
+
+def _install_and_start(progress, install: bool, timeout: float) -> Engine:
     if shutil.which("dockerd") is None or shutil.which("docker") is None:
         if not install:
             raise EngineError("no Docker engine answers and dockerd is not installed")

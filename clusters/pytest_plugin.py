@@ -21,7 +21,7 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   batch Jobs, JobSets and TrainJobs), since the dispatcherName holds for every kind.
 * ``docker_engine`` (session): a Docker engine that answers (``clusters.engine``): the one
   found, or the project's own, installed and started, and stopped at the end of the session
-  only if this session started it.
+  only if this session started it (under pytest-xdist it is left running: `make engine-stop`).
 * ``project_images`` (session): every image ``python -m clusters images`` builds, built on
   that engine (the project's own from the working tree); a mapping of name to what was done.
 """
@@ -148,7 +148,8 @@ def docker_engine():
 
     found = engine.ensure_engine()
     yield found
-    if found.started_here:
+    # Under pytest-xdist another process may still use the engine this one started.
+    if found.started_here and not os.environ.get("PYTEST_XDIST_WORKER"):
         engine.stop_engine()
 
 
