@@ -60,7 +60,7 @@ test-images: images
 	$(PY) -m clusters.kind_node
 
 test: binaries browser test-images
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 engine: venv
 	$(PY) -m clusters engine start

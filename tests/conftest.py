@@ -42,26 +42,35 @@ def run_dispatcher(tmp_path):
         process.stop()
 
 
-# Directories whose modules run together, in name order, on one xdist worker: the kind tests
-# share one set of kind clusters, deploy the product first and end with `down`
+
+# Directories whose modules run together, in name order, on one pytest-xdist worker: the
+# kind tests share one set of kind clusters, deploy the product first and end with `down`
 # (tests/kind/conftest.py); the container tests share one build of the images.
-SHARED_GROUPS = {"kind": "kind", "containers": "containers"}
-# Groups handed out first: the longest, so the other worker's short ones fill in beside them
-# rather than one long group running alone at the end.
-FIRST = ("kind",)
+SHARED = ("tests/kind/", "tests/containers/")
+# Handed out first: the longest, so the other worker's short modules fill in beside it
+# rather than it running alone at the end.
+FIRST = "tests/kind/"
 
 
-def _group(item: pytest.Item) -> str:
-    path = Path(str(item.fspath)).relative_to(Path(__file__).parent)
-    return SHARED_GROUPS.get(path.parts[0], str(path))
+def _scope(nodeid: str) -> str:
+    """The unit of work a worker takes whole: a module, or one of the ``SHARED``
+    directories."""
+    path = nodeid.split("::", 1)[0]
+    return next((shared for shared in SHARED if path.startswith(shared)), path)
 
 
-@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each module runs whole on one worker, so its module fixtures (a dispatcher,
+    registered workers, Nodes) start once and its tests run in file order, as in a serial
+    run; each worker has clusters of its own (the session fixtures)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ByModule(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` each module runs whole on one xdist worker, so its module
-    fixtures (a dispatcher, registered workers, Nodes) start once and its tests run in file
-    order, as in a serial run. Each worker has clusters of its own (the session fixtures)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: 0 if _group(item) in FIRST else 1)
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(FIRST) else 1)
