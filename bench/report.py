@@ -338,6 +338,15 @@ def _comparison_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _host_speed_line(env: dict) -> list[str]:
+    reference = env.get("reference_work_ms")
+    if not reference:
+        return []
+    end = f", {reference['end']} ms at the end" if reference.get("end") else ""
+    return [f"Host speed: the reference work took {reference['start']} ms of CPU at the "
+            f"start{end} (lower is faster; compare runs by it)"]
+
+
 def _dispatcher_table(results: dict) -> str:
     env = results["environment"]
     dispatcher = env["dispatcher"]
@@ -347,6 +356,7 @@ def _dispatcher_table(results: dict) -> str:
         f"{dispatcher['config']['placement_policy']} placement, "
         f"{dispatcher['reconcile_workers']} reconcile workers, client qps "
         f"{dispatcher['config']['client']['qps']:g} per worker",
+        *_host_speed_line(env),
         "",
         "| Scenario | Figure | Measured |",
         "|---|---|---|",

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import constrained, scenarios
+from bench import constrained, host_speed, scenarios
 from bench.compare import run_comparison
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
@@ -45,16 +45,19 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
     results = results if results is not None else {}
     results.update({"mode": mode, "started": _now(), "settings": settings.as_dict(),
                     "scenario_seconds": {}})
+    # Before any cluster starts and after the last one stopped: the host's own speed.
+    reference = {"start": host_speed.reference_ms()}
+    results.setdefault("environment", {})["reference_work_ms"] = reference
     if settings.suite in ("all", "dispatcher"):
         _dispatcher_suite(settings, output, state_dir, results)
     if settings.suite in ("all", "compare"):
         started = time.monotonic()
         run_comparison(settings, output, results)
         results["scenario_seconds"]["comparison"] = round(time.monotonic() - started, 1)
+    reference["end"] = host_speed.reference_ms()
     results["targets"] = targets(results)
     results["finished"] = _now()
-    results.setdefault("environment", {})["load_average_at_end"] = [
-        round(x, 2) for x in os.getloadavg()]
+    results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return results
 
 
@@ -79,8 +82,9 @@ def _dispatcher_suite(settings: BenchSettings, output: Path, state_dir: Path | N
     try:
         started = time.monotonic()
         env.up()
-        results["environment"] = {**describe(env, settings),
-                                  "harness_up_seconds": round(time.monotonic() - started, 1)}
+        results["environment"].update({
+            **describe(env, settings),
+            "harness_up_seconds": round(time.monotonic() - started, 1)})
         timelines = Timelines({name: env.kubeconfig(name) for name in env.names}).start()
         runner = LoadRunner(settings.concurrency)
         ctx = scenarios.BenchContext(env, timelines, runner, settings, output)

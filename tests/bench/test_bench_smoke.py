@@ -63,7 +63,7 @@ def test_the_table_is_printed_with_every_section(bench_run):
     for text in ("| create ceiling", "| burst 4 jobs, 2 workers | throughput",
                  "| steady 5 jobs/s", "| status sync 4 jobs", "| API cost per dispatched job",
                  "| footprint, 4 mirrored, idle", "| scaling, 3 jobs | 2 workers",
-                 "| Target | Measured | Met |",
+                 "| Target | Measured | Met |", "Host speed: the reference work took",
                  "| dispatch costs 2 writes (manager 1 PATCH, worker 1 create)"):
         assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
     assert (bench_run[0] / "table.md").read_text().strip() in stdout
@@ -76,6 +76,8 @@ def test_every_figure_is_there_and_sane(bench_run):
     assert env["cpu_count"] >= 1
     assert env["dispatcher"]["config"]["placement_policy"] == "worst-fit"
     assert env["dispatcher"]["reconcile_workers"] >= 1
+    reference = env["reference_work_ms"]
+    assert reference["start"] > 0 and reference["end"] > 0, reference
 
     ceiling = results["ceiling"]
     for cluster in ("manager", "worker-1"):

@@ -269,3 +269,26 @@ def test_cpu_of_several_windows_weighs_the_stolen_share_like_the_busy_share():
         {"cpu_seconds": {}, "host_busy_share": 0.5, "host_cpu_seconds_available": 10.0,
          "host_steal_share": 0.0}])
     assert merged["host_steal_share"] == 0.075, merged
+
+
+def test_the_host_speed_is_cpu_time_of_fixed_work_and_the_table_shows_it(monkeypatch):
+    """The reference work does the same thing every time (same checksum), its figure is
+    CPU time (a thread waiting for the CPU does not count), and the table prints both
+    readings, or only the start's when the run ended early."""
+    import threading
+
+    from bench import host_speed
+    from bench.report import _host_speed_line
+
+    assert host_speed.reference_work(50) == host_speed.reference_work(50) > 0
+    # A thread that waits costs no CPU time: a figure from thread CPU time, not wall time.
+    calls = []
+    monkeypatch.setattr(host_speed, "reference_work",
+                        lambda rounds=0: calls.append(threading.Event().wait(0.05)))
+    assert host_speed.reference_ms(repeats=3) < 20, "waiting counted as work"
+    assert len(calls) == 3
+    assert _host_speed_line({"reference_work_ms": {"start": 25.1, "end": 31.0}}) == [
+        "Host speed: the reference work took 25.1 ms of CPU at the start, 31.0 ms at the "
+        "end (lower is faster; compare runs by it)"]
+    assert "at the end" not in _host_speed_line({"reference_work_ms": {"start": 25.1}})[0]
+    assert _host_speed_line({}) == []
