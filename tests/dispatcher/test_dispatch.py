@@ -600,13 +600,32 @@ def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):
 def test_a_pending_job_is_not_reconciled_over_and_over(dispatch_env, namespace):
     """A job no worker can hold waits for an event that may change that: the reconcile
     that finds it still pending does not put it straight back on the queue. Counted from
-    the dispatcher's debug line per reconcile of this job: other tests' clean-up, which
-    frees room now and then, reconciles other jobs in the same process."""
+    the dispatcher's debug line per reconcile of this job, once the earlier tests' jobs and
+    pods are gone: each one that ends frees room, and the dispatcher rightly looks at the
+    pending job again (with `make test`'s two processes, clean-up takes longer)."""
     env = dispatch_env
     create(env.manager, namespace, trainjob("too-big", requests={"cpu": "1000"}))
     eventually(lambda: get(env.manager, namespace, "too-big"),
                lambda obj: (condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits",
                expected="Placed=False NoWorkerFits on a job no worker can hold")
+
+    def clean_up_going() -> list[str]:
+        # A manager TrainJob being deleted has its copy, then that copy's pods, deleted.
+        going = [f"manager/{o['metadata']['namespace']}/{o['metadata']['name']}"
+                 for o in env.manager.custom.list_cluster_custom_object(
+                     c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
+                 if o["metadata"].get("deletionTimestamp")]
+        for worker in env.multicluster.workers:
+            ending = {ns.metadata.name for ns in worker.core.list_namespace().items
+                      if ns.metadata.deletion_timestamp}
+            going += [f"{worker.name}/{pod.metadata.namespace}/{pod.metadata.name}"
+                      for pod in worker.core.list_pod_for_all_namespaces().items
+                      if pod.metadata.deletion_timestamp or pod.metadata.namespace in ending]
+        return going
+
+    eventually(clean_up_going, lambda going: not going, timeout=120,
+               expected="no TrainJob being deleted on the manager and no pod being deleted on "
+                        "the workers (earlier tests' clean-up)")
     marker = f"TrainJob {namespace}/too-big: "
 
     def reconciles() -> int:
