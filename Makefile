@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 .PHONY: help venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
 
 help:
-	@echo "make test           run the test suite against real local control planes"
+	@echo "make test           run the test suite against real local control planes (TEST_PROCESSES=2 pytest processes)"
 	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
 	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue, controller-gen)"

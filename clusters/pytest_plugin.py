@@ -6,7 +6,8 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   started in the session's temporary directory and stopped at the end of the session on
   every exit path: normal end, failures, Ctrl-C (fixture teardown) and a killed pytest (the
   processes are tied to it with PDEATHSIG). Set ``CLUSTERS_TEST_STATE_DIR`` to reuse clusters
-  already started with ``python -m clusters up --state-dir DIR``; those are left running.
+  already started with ``python -m clusters up --state-dir DIR``; those are left running
+  (one pytest process only: under pytest-xdist each process needs clusters of its own).
 * ``namespace`` (function): a fresh namespace of the same name in every cluster, deleted
   afterwards.
 * ``upstream_crds_worker`` (function): the last worker, serving upstream Kubeflow Trainer's
@@ -110,6 +111,11 @@ def _connect(harness: LocalClusters) -> MultiCluster:
 def multicluster(tmp_path_factory) -> MultiCluster:
     reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
     if reuse:
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            # Two processes' module fixtures would register workers and add Nodes of the
+            # same names on the same clusters.
+            pytest.fail(f"CLUSTERS_TEST_STATE_DIR={reuse} is for one pytest process: run "
+                        "plain pytest, or make test with TEST_PROCESSES=1")
         harness = LocalClusters(reuse)
         not_running = [i.name for i in harness.status() if i.state != "running"]
         if not harness.load().clusters or not_running:

@@ -67,6 +67,23 @@ def test_owned_clusters_are_stopped_when_the_session_ends(tmp_path, ending):
                expected=f"no process of {basetemp} left after a {ending} ending", timeout=30)
 
 
+def test_kept_clusters_are_refused_to_several_pytest_processes(tmp_path):
+    """Under pytest-xdist each process has clusters of its own: clusters kept running
+    (``CLUSTERS_TEST_STATE_DIR``) are refused by name, before any test uses them."""
+    (tmp_path / "test_inner.py").write_text(INNER_TEST)
+    kept, ready = tmp_path / "kept", tmp_path / "ready"
+    env = dict(os.environ, READY_FILE=str(ready), INNER_MODE="fail",
+               CLUSTERS_TEST_STATE_DIR=str(kept))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "clusters.pytest_plugin",
+         "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"CLUSTERS_TEST_STATE_DIR={kept} is for one pytest process" in result.stdout, (
+        result.stdout)
+    assert not ready.exists() and not kept.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("after_processes", [1, 8, 14])
 def test_ctrl_c_at_any_moment_of_up_leaves_nothing_behind(tmp_path, after_processes):
