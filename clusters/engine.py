@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from clusters import binaries
-from clusters.state_dir import lock_state_dir
 from clusters.oci_runtime import missing_capabilities
+from clusters.state_dir import lock_state_dir
 
 # Short: a unix socket path is limited to about 100 bytes.
 ENGINE_RUN_DIR = Path(os.environ.get("TRAINJOB_ENGINE_RUN_DIR", "/run/trainjob-docker"))

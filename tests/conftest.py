@@ -2,8 +2,6 @@
 project's commands run as real processes against them; how `make test` shares the tests
 between its pytest-xdist workers."""
 
-from pathlib import Path
-
 import pytest
 
 from clusters.testing import ServiceProcess
@@ -42,7 +40,6 @@ def run_dispatcher(tmp_path):
         process.stop()
 
 
-
 # Directories whose modules run together, in name order, on one pytest-xdist worker: the
 # kind tests share one set of kind clusters, deploy the product first and end with `down`
 # (tests/kind/conftest.py); the container tests share one build of the images.
@@ -73,4 +70,6 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    """``FIRST`` ahead of the rest, each keeping its order (`make test` passes
+    ``--no-loadscope-reorder`` so that the scheduler hands the units out in this order)."""
     items.sort(key=lambda item: 0 if item.nodeid.startswith(FIRST) else 1)
