@@ -118,7 +118,9 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
         figures["harness_up_seconds"] = round(time.monotonic() - started, 1)
         figures["client_limits"] = limits = client_limits(env)
         config_args = ("--config", str(dispatcher_config_file(limits, log_dir)))
-        results.setdefault("environment", describe(env, settings))
+        environment = results.setdefault("environment", {})
+        for key, value in describe(env, settings).items():
+            environment.setdefault(key, value)
         timelines = Timelines({name: env.kubeconfig(name) for name in env.names},
                               workloads=True, pods_per_job=PODS_PER_JOB).start()
         runner = LoadRunner(settings.concurrency)

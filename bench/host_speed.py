@@ -4,10 +4,11 @@ timed in CPU time.
 The benchmark's targets are absolute (milliseconds, CPU milliseconds per job), and on a
 shared host the same code can cost a third more CPU in one hour than in the next with no
 time stolen by the hypervisor (slower clocks, caches shared with other tenants). CPU time
-does not grow when other processes of this machine take turns on its cores, but it does
-when each cycle does less; so this figure tells a slow host from a loaded one, and two
-runs' figures are read in its light. The work is what the dispatcher does most per job:
-encode and decode a TrainJob-sized object, copy and compare dicts, format strings.
+does not count the turns other processes take on the cores, but it grows when each cycle
+does less. It is measured while the run's clusters are down, so what it shows is mostly
+the host, not this machine's own load (a busy core sibling or a shared cache still count),
+and two runs' figures are read in its light. The work is what the dispatcher does most per
+job: encode and decode a TrainJob-sized object, copy and compare dicts, format strings.
 """
 
 from __future__ import annotations

@@ -190,6 +190,7 @@ def render_table(results: dict) -> str:
     parts = []
     if results.get("incomplete"):
         parts.append(f"INCOMPLETE RUN: {results['incomplete']}\n")
+    parts.extend(_host_speed_line(results.get("environment", {})))
     if "footprint" in results:
         parts.append(_dispatcher_table(results))
     if results.get("comparison", {}).get("contenders"):
@@ -356,7 +357,6 @@ def _dispatcher_table(results: dict) -> str:
         f"{dispatcher['config']['placement_policy']} placement, "
         f"{dispatcher['reconcile_workers']} reconcile workers, client qps "
         f"{dispatcher['config']['client']['qps']:g} per worker",
-        *_host_speed_line(env),
         "",
         "| Scenario | Figure | Measured |",
         "|---|---|---|",

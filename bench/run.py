@@ -45,7 +45,7 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
     results = results if results is not None else {}
     results.update({"mode": mode, "started": _now(), "settings": settings.as_dict(),
                     "scenario_seconds": {}})
-    # Before any cluster starts and after the last one stopped: the host's own speed.
+    # Before the clusters this run starts are up and after they are down: the host's speed.
     reference = {"start": host_speed.reference_ms()}
     results.setdefault("environment", {})["reference_work_ms"] = reference
     if settings.suite in ("all", "dispatcher"):

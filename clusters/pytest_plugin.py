@@ -108,14 +108,14 @@ def _connect(harness: LocalClusters) -> MultiCluster:
 
 
 @pytest.fixture(scope="session")
-def multicluster(tmp_path_factory) -> MultiCluster:
+def multicluster(tmp_path_factory, pytestconfig) -> MultiCluster:
     reuse = os.environ.get("CLUSTERS_TEST_STATE_DIR")
     if reuse:
-        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        if _xdist_workers(pytestconfig) > 1:
             # Two processes' module fixtures would register workers and add Nodes of the
             # same names on the same clusters.
             pytest.fail(f"CLUSTERS_TEST_STATE_DIR={reuse} is for one pytest process: run "
-                        "plain pytest, or make test with TEST_PROCESSES=1")
+                        "plain pytest, or make test with TEST_PROCESSES=0")
         harness = LocalClusters(reuse)
         not_running = [i.name for i in harness.status() if i.state != "running"]
         if not harness.load().clusters or not_running:
@@ -148,14 +148,22 @@ def kueue_multicluster(tmp_path_factory) -> MultiCluster:
                                  kueue_integrations=KUEUE_TEST_INTEGRATIONS, timeout=300)
 
 
+def _xdist_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist processes share this session (0: not under xdist). Read from
+    the session's own config: a pytest started by a test inherits xdist's environment
+    variables without being one of its workers."""
+    workerinput = getattr(config, "workerinput", None)
+    return int(workerinput["workercount"]) if workerinput else 0
+
+
 @pytest.fixture(scope="session")
-def docker_engine():
+def docker_engine(pytestconfig):
     from clusters import engine
 
     found = engine.ensure_engine()
     yield found
     # Under pytest-xdist another process may still use the engine this one started.
-    if found.started_here and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if found.started_here and not _xdist_workers(pytestconfig):
         engine.stop_engine()
 
 

@@ -56,10 +56,14 @@ def _scope(nodeid: str) -> str:
     return next((shared for shared in SHARED if path.startswith(shared)), path)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Each module runs whole on one worker, so its module fixtures (a dispatcher,
-    registered workers, Nodes) start once and its tests run in file order, as in a serial
-    run; each worker has clusters of its own (the session fixtures)."""
+    """With ``--dist loadscope`` (`make test`): each module runs whole on one worker, so
+    its module fixtures (a dispatcher, registered workers, Nodes) start once and its tests
+    run in file order, as in a serial run; each worker has clusters of its own (the session
+    fixtures). Another ``--dist`` keeps xdist's own scheduler."""
+    if config.getvalue("dist") != "loadscope":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
