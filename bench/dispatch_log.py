@@ -2,11 +2,11 @@
 
 The dispatcher logs one line per copy it creates (or adopts), with the reconcile's queue
 wait and the wall time of each step (``placed on worker-2, copy created (queued 0.21 ms;
-decide 0.05, place 0.41, patch 4.12, create 5.03 ms)``). Joined with the benchmark's own latency of the
-same job (manager ADDED -> copy ADDED, seen by the benchmark's watches), that splits a slow
-dispatch into the time inside the dispatcher (queue wait, its own steps), its two writes
-(PATCH, create: mostly the apiservers answering) and the rest: the watch events reaching
-the dispatcher and the benchmark.
+decide 0.05, place 0.41, patch 4.12, create 5.03 ms)``). Joined with the benchmark's own
+latency of the same job (manager ADDED -> copy ADDED, seen by the benchmark's watches),
+that splits a slow dispatch into the time inside the dispatcher (queue wait, its own
+steps), its two writes (PATCH, create: mostly the apiservers answering) and the rest: the
+watch events reaching the dispatcher and the benchmark.
 """
 
 from __future__ import annotations

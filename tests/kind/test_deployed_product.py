@@ -317,9 +317,9 @@ def test_the_standby_dispatcher_takes_over_and_no_job_gets_a_second_copy(
     during = [f"during-failover-{i}" for i in range(3)]
     for name in during:
         create(manager, trainjob(name, namespace, "--run-for", "1s"))
-    first = eventually(holder, lambda held: bool(held) and not held.startswith(leader), timeout=90,
-                       interval=0.2, expected=f"another Pod than the deleted {leader} "
-                                              "holding the Lease")
+    first = eventually(holder, lambda held: bool(held) and not held.startswith(leader),
+                       timeout=90, interval=0.2,
+                       expected=f"another Pod than the deleted {leader} holding the Lease")
     standby = sorted(pods - {leader})
     assert any(first.startswith(p) for p in standby), (
         f"the Lease went to {first!r}, not to the standby of {standby}")
