@@ -298,6 +298,11 @@ def test_a_job_too_large_waits_with_a_reason_and_runs_once_room_appears(
     assert worker_of(done) == holds["hold-1"]
 
 
+def cordon(core: client.CoreV1Api, nodes: list[str], unschedulable: bool) -> None:
+    for node in nodes:
+        core.patch_node(node, {"spec": {"unschedulable": unschedulable}})
+
+
 def test_the_standby_dispatcher_takes_over_and_no_job_gets_a_second_copy(
         deployed, manager, namespace):
     shipped = deployed.shipped
@@ -307,19 +312,29 @@ def test_the_standby_dispatcher_takes_over_and_no_job_gets_a_second_copy(
         return coordination.read_namespaced_lease(
             shipped.dispatcher_lease, shipped.dispatcher_namespace).spec.holder_identity or ""
 
-    pods = {p.metadata.name for p in client.CoreV1Api(manager).list_namespaced_pod(
+    core = client.CoreV1Api(manager)
+    pods = {p.metadata.name for p in core.list_namespaced_pod(
         shipped.dispatcher_namespace).items}
     leader = next(p for p in pods if holder().startswith(p))
-    client.CoreV1Api(manager).delete_namespaced_pod(leader, shipped.dispatcher_namespace)
-    # Jobs submitted while the deleted Pod is going away (it leads until its SIGTERM
-    # arrives, and may dispatch them itself), then jobs submitted once it has given the
-    # Lease up, which only the standby can dispatch.
-    during = [f"during-failover-{i}" for i in range(3)]
-    for name in during:
-        create(manager, trainjob(name, namespace, "--run-for", "1s"))
-    first = eventually(holder, lambda held: bool(held) and not held.startswith(leader),
-                       timeout=90, interval=0.2,
-                       expected=f"another Pod than the deleted {leader} holding the Lease")
+    # The Deployment replaces the deleted Pod at once, and its replacement, once started,
+    # competes for the released Lease with the replica already standing by; either may win.
+    # The manager's nodes are cordoned until the Lease has moved, so the replacement stays
+    # Pending and the standby is the one candidate.
+    nodes = [n.metadata.name for n in core.list_node().items]
+    cordon(core, nodes, True)
+    try:
+        core.delete_namespaced_pod(leader, shipped.dispatcher_namespace)
+        # Jobs submitted while the deleted Pod is going away (it leads until its SIGTERM
+        # arrives, and may dispatch them itself), then jobs submitted once it has given the
+        # Lease up, which only the standby can dispatch.
+        during = [f"during-failover-{i}" for i in range(3)]
+        for name in during:
+            create(manager, trainjob(name, namespace, "--run-for", "1s"))
+        first = eventually(holder, lambda held: bool(held) and not held.startswith(leader),
+                           timeout=90, interval=0.2,
+                           expected=f"another Pod than the deleted {leader} holding the Lease")
+    finally:
+        cordon(core, nodes, False)
     standby = sorted(pods - {leader})
     assert any(first.startswith(p) for p in standby), (
         f"the Lease went to {first!r}, not to the standby of {standby}")
