@@ -384,6 +384,7 @@ def _dispatcher_table(results: dict) -> str:
         if step.get("cpu"):
             lines.append(f"| | CPU s: {_cpu_groups(step)} |")
         lines.extend(_step_rows(step.get("steps", {}).get("Place")))
+        lines.extend(_gc_rows(step.get("steps", {}).get("GC")))
         lines.extend(_slowest_rows(step.get("slowest")))
     under = [s["rate"] for s in results["steady"]
              if s["latency"]["p99_ms"] is not None and s["latency"]["p99_ms"] < 1000
@@ -398,6 +399,7 @@ def _dispatcher_table(results: dict) -> str:
     if sync.get("cpu"):
         lines.append(f"| | CPU s: {_cpu_groups(sync)} |")
     lines.extend(_step_rows(sync.get("steps", {}).get("CopyStatus")))
+    lines.extend(_gc_rows(sync.get("steps", {}).get("GC")))
     cost = burst["api"]["per_job"]
     lines.append(f"| API cost per dispatched job | manager TrainJob writes / worker TrainJob "
                  f"writes / Event writes | {cost['manager_trainjob_writes']} / "
@@ -443,6 +445,19 @@ def _step_rows(steps: dict | None) -> list[str]:
              for step, figures in steps.items()]
     return ["| | per reconcile, mean wall / CPU ms (wall p99 bucket) | " + "; ".join(cells)
             + " |"]
+
+
+def _gc_rows(pauses: dict | None) -> list[str]:
+    """One row: the dispatcher's garbage collections meanwhile, by generation: how many,
+    their total pause and the bucket bound of the longest (of the p99 past 100)."""
+    if not pauses:
+        return []
+    cells = [f"{generation} {figures['count']} / "
+             f"{figures['count'] * figures['wall_mean_ms']:.1f} ms "
+             f"(<= {figures.get('wall_p99_ms_at_most')})"
+             for generation, figures in pauses.items()]
+    return ["| | dispatcher garbage collections: count / total pause (longest bucket) | "
+            + "; ".join(cells) + " |"]
 
 
 def _slowest_rows(slowest: dict | None) -> list[str]:

@@ -372,7 +372,9 @@ def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float |
         "cpu": cpu_sum([run["cpu"] for run in runs]),
     }
     if before is not None:
-        figures["steps"] = {"Place": steps.breakdown(before, _steps(ctx), "Place")}
+        after = _steps(ctx)
+        figures["steps"] = {action: steps.breakdown(before, after, action)
+                            for action in ("Place", steps.GC)}
     log.info("steady %d jobs/s: p50 %s ms, p99 %s ms (%d repeats)", rate,
              figures["latency"]["p50_ms"], figures["latency"]["p99_ms"], repeats)
     return figures
@@ -479,8 +481,9 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
         "manager_requests": apicost.as_table(manager_delta),
     }
     if steps_before is not None:
-        figures["steps"] = {"CopyStatus": steps.breakdown(steps_before, _steps(ctx),
-                                                          "CopyStatus")}
+        after = _steps(ctx)
+        figures["steps"] = {action: steps.breakdown(steps_before, after, action)
+                            for action in ("CopyStatus", steps.GC)}
     log.info("status sync of %d: p50 %s ms, p99 %s ms, %s manager writes each", len(placed),
              figures["lag"]["p50_ms"], figures["lag"]["p99_ms"],
              figures["manager_writes_per_status_change"])

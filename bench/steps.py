@@ -10,6 +10,9 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 METRIC = "dispatcher_reconcile_step_seconds"
+# Each garbage collection's pause, by generation: kept under the action GC, steps gen0-2.
+GC_METRIC = "python_gc_duration_seconds"
+GC = "GC"
 # The order a dispatch and a status copy go through.
 STEP_ORDER = ("queue", "decide", "place", "patch", "create", "write", "rest")
 
@@ -17,15 +20,17 @@ Snapshot = dict[tuple[str, str, str], dict]
 
 
 def snapshot(process) -> Snapshot:
-    """Per (action, step, clock): count, sum and cumulative bucket counts."""
+    """Per (action, step, clock): count, sum and cumulative bucket counts; the garbage
+    collector's pauses as (GC, gen<generation>, wall)."""
     _, text = process.get("/metrics")
     found: Snapshot = defaultdict(lambda: {"count": 0.0, "sum": 0.0, "buckets": {}})
     for family in text_string_to_metric_families(text):
-        if family.name != METRIC:
+        if family.name not in (METRIC, GC_METRIC):
             continue
         for sample in family.samples:
             labels = dict(sample.labels)
-            key = (labels.pop("action"), labels.pop("step"), labels.pop("clock"))
+            key = ((labels.pop("action"), labels.pop("step"), labels.pop("clock"))
+                   if family.name == METRIC else (GC, f"gen{labels['generation']}", "wall"))
             if sample.name.endswith("_count"):
                 found[key]["count"] = sample.value
             elif sample.name.endswith("_sum"):

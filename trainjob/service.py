@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from trainjob import logs
 from trainjob import controller_metrics as results
 from trainjob.controller_metrics import ReconcileMetrics
+from trainjob.gc_pauses import GcPauses
 from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
 from trainjob.required_apis import MissingResources
@@ -131,6 +132,9 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # Before the caches fill: they are most of what a full collection would walk, again
+    # and again (trainjob/gc_pauses.py).
+    collector = GcPauses(registry).install()
     servers: list[Server] = []
     shared = routes if routes_listener is None else None
     try:
@@ -165,6 +169,7 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
         for server in reversed(servers):
             server.stop()
         controller.stop()
+        collector.uninstall()
     if failed is not None and failed():
         log.error("%s stopped after a failure", name)
         return 1

@@ -107,6 +107,9 @@ def test_every_figure_is_there_and_sane(bench_run):
         assert (step["dispatched"], step["missing"]) == (step["jobs"], 0), step
         _ordered(step["latency"], f"steady {step['rate']}")
         _repeated(step, step["latency"], f"steady {step['rate']}")
+        # Read from the dispatcher's python_gc_duration_seconds: every step allocates
+        # enough for young collections.
+        assert step["steps"]["GC"]["gen0"]["count"] >= 1, step["steps"]
 
     sync = results["sync"]
     # Each repeat writes every copy's status once more, with a reason of its own.

@@ -3,10 +3,11 @@ histograms, as a real /metrics page gives them."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bench import steps
+from bench import report, steps
 from trainjob import step_timing
+from trainjob.gc_pauses import PAUSE_BUCKETS
 
 
 class _Page:
@@ -38,3 +39,22 @@ def test_the_breakdown_counts_only_what_happened_between_the_readings():
     assert patch["wall_mean_ms"] == round((99 * 0.003 + 0.2) / 100 * 1000, 3)
     assert patch["cpu_mean_ms"] == 0.5
     assert patch["wall_p99_ms_at_most"] == 5.0, "99 of 100 samples are within the 5 ms bucket"
+
+
+def test_garbage_collections_between_the_readings_are_counted_by_generation():
+    registry = CollectorRegistry()
+    page = _Page(registry)
+    # As a controller process exposes it (trainjob.gc_pauses).
+    pauses = Histogram(steps.GC_METRIC, "pauses", ["generation"], registry=registry,
+                       buckets=PAUSE_BUCKETS)
+    pauses.labels("0").observe(0.001)  # before
+    before = steps.snapshot(page)
+    for seconds in (0.002, 0.004):
+        pauses.labels("0").observe(seconds)
+    pauses.labels("2").observe(0.2)
+    result = steps.breakdown(before, steps.snapshot(page), steps.GC)
+    assert result["gen0"]["count"] == 2 and result["gen0"]["wall_mean_ms"] == 3.0, result
+    assert result["gen2"]["count"] == 1 and result["gen2"]["wall_p99_ms_at_most"] == 250.0
+    assert "gen1" not in result, "a generation without collections meanwhile is left out"
+    row = report._gc_rows(result)[0]
+    assert "gen0 2 / 6.0 ms (<= 5.0)" in row and "gen2 1 / 200.0 ms (<= 250.0)" in row, row
