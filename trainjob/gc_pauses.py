@@ -14,6 +14,7 @@ minutes, and each stall shows as a latency spike in every job in flight.
 
 So after each full collection its survivors are frozen (``gc.freeze``): moved where no
 later collection walks. Each later full collection walks only what was created since.
+Once a controller's caches have synced, ``sweep`` freezes what they hold at once.
 Freezing does not keep anything alive: a frozen object is still freed by reference
 counting, which is how a replaced cache entry goes. What a frozen object escapes is the
 cycle detector, so a frozen object that later becomes part of an unreachable cycle would
@@ -94,19 +95,23 @@ class GcPauses:
             gc.freeze()
 
     def sweep(self) -> dict:
-        """Hand the frozen objects back and collect everything once: what it took and what
-        it found unreachable (objects that became garbage while frozen, and any new)."""
-        frozen = gc.get_freeze_count()
+        """Hand the frozen objects back and collect everything once: what it took, what it
+        found unreachable (objects that became garbage while frozen, and any new) and how
+        many objects it froze. Then one more collection, which walks only what was created
+        meanwhile: the interpreter times the next full collection by how many objects
+        survived the last one, and that count is then small, so the next comes soon and
+        walks little, instead of after a quarter of everything again."""
         self._sweeper = threading.get_ident()
         try:
             gc.unfreeze()
             gc.collect()
+            swept = {**self.last, "frozen": gc.get_freeze_count()}
+            gc.collect()
         finally:
             self._sweeper = None
-        swept = {"frozen": frozen, **self.last}
-        log.info("full garbage collection over all %d long-lived objects: %.1f ms, %d "
-                 "unreachable objects reclaimed", frozen, swept["seconds"] * 1000,
-                 swept["collected"])
+        log.info("full garbage collection: %.1f ms, %d unreachable objects reclaimed, %d "
+                 "objects frozen", swept["seconds"] * 1000, swept["collected"],
+                 swept["frozen"])
         return swept
 
     def _sweeps(self) -> None:

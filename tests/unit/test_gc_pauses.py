@@ -55,7 +55,8 @@ def test_a_full_collection_freezes_its_survivors_and_a_sweep_reclaims_what_died_
     swept = installed.sweep()
     assert gone() is None, "the sweep did not reclaim the cycle that died while frozen"
     assert swept["collected"] >= 1 and swept["frozen"] > 0, swept
-    assert gc.get_freeze_count() > 0, "the sweep's own full collection should freeze again"
+    assert gc.get_freeze_count() >= swept["frozen"] > 0, (
+        "the sweep's own full collection should freeze again")
 
 
 def test_uninstall_hands_everything_back(pauses):
