@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainjob.gc_pauses import PAUSE_BUCKETS
+
 
 def _close(value, wanted: float, tolerance: float = 0.005) -> bool:
     return value is not None and abs(value - wanted) <= tolerance
@@ -452,9 +454,11 @@ def _gc_rows(pauses: dict | None) -> list[str]:
     their total pause and the bucket bound of the longest (of the p99 past 100)."""
     if not pauses:
         return []
-    cells = [f"{generation} {figures['count']} / "
-             f"{figures['count'] * figures['wall_mean_ms']:.1f} ms "
-             f"(<= {figures.get('wall_p99_ms_at_most')})"
+    def longest(bound: float | None) -> str:
+        return f"<= {bound}" if bound is not None else f"> {PAUSE_BUCKETS[-1] * 1000:g}"
+
+    cells = [f"{generation} {figures['count']} / {figures['wall_sum_ms']:.1f} ms "
+             f"({longest(figures.get('wall_p99_ms_at_most'))})"
              for generation, figures in pauses.items()]
     return ["| | dispatcher garbage collections: count / total pause (longest bucket) | "
             + "; ".join(cells) + " |"]

@@ -54,7 +54,8 @@ def breakdown(before: Snapshot, after: Snapshot, action: str) -> dict:
     empty = {"count": 0.0, "sum": 0.0, "buckets": {}}
     steps = {}
     for step in sorted({s for a, s, _ in after if a == action},
-                       key=lambda s: STEP_ORDER.index(s) if s in STEP_ORDER else 99):
+                       key=lambda s: (STEP_ORDER.index(s) if s in STEP_ORDER
+                                      else len(STEP_ORDER), s)):
         figures = {}
         for clock in ("wall", "cpu"):
             now = after.get((action, step, clock))
@@ -66,6 +67,8 @@ def breakdown(before: Snapshot, after: Snapshot, action: str) -> dict:
                 continue
             figures["count"] = int(count)
             figures[f"{clock}_mean_ms"] = round((now["sum"] - then["sum"]) / count * 1000, 3)
+            if clock == "wall":
+                figures["wall_sum_ms"] = round((now["sum"] - then["sum"]) * 1000, 3)
             if clock == "wall":
                 bound = _p99_bound(then, now, count)
                 figures["wall_p99_ms_at_most"] = None if math.isinf(bound) else bound * 1000

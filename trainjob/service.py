@@ -156,7 +156,7 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
             servers.append(own)
             log.info("%s on http://%s:%d/", listener.what, listener.host, own.port)
         controller.start()
-        # The caches have synced: freeze what they hold before the first reconcile.
+        # The caches have synced (reconciles may have begun): freeze what they hold.
         collector.sweep()
         servers.extend(extra_servers() if extra_servers else [])
         log.info("%s running; metrics on http://%s:%d/metrics", name, host, observability.port)

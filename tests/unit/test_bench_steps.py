@@ -56,5 +56,9 @@ def test_garbage_collections_between_the_readings_are_counted_by_generation():
     assert result["gen0"]["count"] == 2 and result["gen0"]["wall_mean_ms"] == 3.0, result
     assert result["gen2"]["count"] == 1 and result["gen2"]["wall_p99_ms_at_most"] == 250.0
     assert "gen1" not in result, "a generation without collections meanwhile is left out"
+    assert list(result) == ["gen0", "gen2"], "generations in order"
+    pauses.labels("1").observe(3.0)  # past the last bucket
+    result = steps.breakdown(before, steps.snapshot(page), steps.GC)
+    assert "gen1 1 / 3000.0 ms (> 2500)" in report._gc_rows(result)[0]
     row = report._gc_rows(result)[0]
     assert "gen0 2 / 6.0 ms (<= 5.0)" in row and "gen2 1 / 200.0 ms (<= 250.0)" in row, row
