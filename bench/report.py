@@ -451,9 +451,10 @@ def _step_rows(steps: dict | None) -> list[str]:
 
 def _gc_rows(pauses: dict | None) -> list[str]:
     """One row: the dispatcher's garbage collections meanwhile, by generation: how many,
-    their total pause and the bucket bound of the longest (of the p99 past 100)."""
+    their total pause and the bucket bound of their p99 (of the longest, up to 100)."""
     if not pauses:
         return []
+
     def longest(bound: float | None) -> str:
         return f"<= {bound}" if bound is not None else f"> {PAUSE_BUCKETS[-1] * 1000:g}"
 

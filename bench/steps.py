@@ -69,7 +69,6 @@ def breakdown(before: Snapshot, after: Snapshot, action: str) -> dict:
             figures[f"{clock}_mean_ms"] = round((now["sum"] - then["sum"]) / count * 1000, 3)
             if clock == "wall":
                 figures["wall_sum_ms"] = round((now["sum"] - then["sum"]) * 1000, 3)
-            if clock == "wall":
                 bound = _p99_bound(then, now, count)
                 figures["wall_p99_ms_at_most"] = None if math.isinf(bound) else bound * 1000
         if figures:

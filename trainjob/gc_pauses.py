@@ -55,8 +55,7 @@ class GcPauses:
     """Installed once per process (``install``); ``uninstall`` undoes it, every freeze
     included (for tests)."""
 
-    def __init__(self, registry: CollectorRegistry, sweep_seconds: float = SWEEP_SECONDS,
-                 freeze: bool = True):
+    def __init__(self, registry: CollectorRegistry, sweep_seconds: float = SWEEP_SECONDS):
         self._duration = children(Histogram(
             "python_gc_duration_seconds", "How long each garbage collection held the "
             "interpreter, by generation", ["generation"], registry=registry,
@@ -66,7 +65,6 @@ class GcPauses:
         # collection in the same thread, whose callback must not wait for that lock.
         for generation in range(OLDEST + 1):
             self._duration(str(generation))
-        self._freeze = freeze
         self._sweep_seconds = sweep_seconds
         self._started = 0.0
         self._stop = threading.Event()
@@ -76,7 +74,7 @@ class GcPauses:
         if self._callback in gc.callbacks:
             return self
         gc.callbacks.append(self._callback)
-        if self._freeze and self._sweep_seconds > 0:
+        if self._sweep_seconds > 0:
             self._thread = threading.Thread(target=self._sweeps, name="gc-sweep", daemon=True)
             self._thread.start()
         return self
@@ -97,7 +95,7 @@ class GcPauses:
             return
         generation = info["generation"]
         self._duration(str(generation)).observe(time.perf_counter() - self._started)
-        if self._freeze and generation == OLDEST:
+        if generation == OLDEST:
             gc.freeze()
 
     def sweep(self, attempts: int = 5) -> dict | None:
