@@ -40,13 +40,9 @@ Scenarios, in this order:
             apiserver_request_total), dispatcher RSS and CPU from /proc
   sync      remote status written as the operator would; lag until the manager shows it,
             and manager writes per change
-  steady    arrivals at 10, 50 and 100 jobs/s for 20 s each: latency percentiles
+  steady    arrivals at 10, 50 and 100 jobs/s for 20 s each, or as long as 500 arrivals
+            take (--step-samples): latency percentiles
   fill      up to 10,000 mirrored jobs: dispatcher RSS and CPU under the burst and idle
-The sync and each steady step run 3 times (--repeats), each after the machine settled (no
-Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
-a percentile is over all the repeats' samples, shown with each repeat's min, median and
-max. The idle
-windows also wait for the machine to settle.
   compare   on clusters of their own where the manager and every worker run Kueue, the
             same jobs and load under A Kueue MultiKueue AllAtOnce, B Kueue Incremental,
             C Kueue with this dispatcher as its external dispatcher (--mode kueue) and
@@ -56,6 +52,12 @@ windows also wait for the machine to settle.
             are deleted before the next (--drain-timeout); --compare-scenarios picks among
             burst, steady and constrained; --constrained-kinds trainjob,batch-job makes the
             comparison's constrained jobs a mix of TrainJobs and batch/v1 Jobs (A, B, C)
+The sync and each steady step run 3 times (--repeats), each after the machine settled (no
+Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
+a percentile is over all the repeats' samples, shown with each repeat's min, median and
+max, and with the host's speed before each repeat (a fixed piece of CPU work, timed). The
+idle windows also wait for the machine to settle. Whether two runs agree:
+python -m bench.agreement RUN_A RUN_B.
 Every target is printed with the measured value and whether it was met. A run that stops
 early (a controller that does not start, Ctrl-C) still writes results.json, marked
 incomplete; a controller that does not start is named with its log file.
@@ -64,9 +66,9 @@ Output (--output): results.json (every figure, the environment, the dispatcher's
 configuration), table.md, latency.png, scaling.png, comparison.png, logs/. This
 dispatcher's scenarios take 5-10 minutes on two cores; the comparison as long again and
 more (Kueue's own dispatchers are slow at 1,000 jobs). --quick (a 500-job burst, 500 status
-changes, rates 10 and 50 for 10 s, so a repeat's p99 at 50 jobs/s or in the sync is the
-5th largest of 500 samples; 1, 2, 4 workers; 40 jobs and 10 jobs/s per contender) takes
-minutes. The clusters and processes are removed at the end, Ctrl-C included.
+changes, rates 10 and 50 for 10 s or 500 arrivals, so a repeat's p99 in each steady step
+and in the sync is the 5th largest of 500 samples; 1, 2, 4 workers; 40 jobs and 10 jobs/s
+per contender) takes minutes. The clusters and processes are removed at the end, Ctrl-C included.
 """
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -125,7 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="steady arrival rates in jobs/s, comma-separated (full "
                        f"{','.join(map(str, FULL.rates))})")
     scale.add_argument("--rate-seconds", type=float,
-                       help=f"seconds each steady rate lasts (full {FULL.rate_seconds:g})")
+                       help="seconds each steady rate lasts at least (full "
+                       f"{FULL.rate_seconds:g})")
+    scale.add_argument("--step-samples", type=int,
+                       help="arrivals each steady repeat collects at least; a low rate lasts "
+                       f"longer than --rate-seconds for them (full and quick {FULL.step_samples})")
     scale.add_argument("--sync-jobs", type=int,
                        help=f"remote status changes timed (full {FULL.sync_jobs})")
     scale.add_argument("--sync-rate", type=float,
@@ -240,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     settings = preset(args.quick, **{k: getattr(args, k) for k in (
-        "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "sync_jobs",
+        "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "step_samples",
+        "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "repeats", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",

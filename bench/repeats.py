@@ -8,6 +8,10 @@ the samples of all its repeats together (at 50 jobs/s, three repeats of 10 s mak
 p99 the 15th largest of 1,500, where one repeat's p99 is the 5th largest of 500 and moves
 with a handful of slow answers), reported with each repeat's own minimum, median and
 maximum.
+
+Once the machine is quiet, ``settle`` also times the host's reference work
+(``bench.host_speed``): what a shared host gives the next repeat changes by a third within
+minutes, and a repeat's figures are read with its host's speed beside them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from bench import host_speed
 from bench.footprint import host_cpu_times
 from bench.stats import summary_ms
 
@@ -28,6 +33,8 @@ log = logging.getLogger(__name__)
 QUIET_SHARE = 0.35
 QUIET_WINDOW = 1.0
 SETTLE_TIMEOUT = 60.0
+# Three timings of the reference work (about 80 ms of CPU) before each repeat.
+REFERENCE_REPEATS = 3
 PERCENTILES = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms")
 
 
@@ -41,8 +48,9 @@ def busy_share(window: float = QUIET_WINDOW) -> float:
 
 def settle(dispatcher=None, timeout: float = SETTLE_TIMEOUT) -> dict:
     """Wait until ``dispatcher`` (a ServiceProcess, or None) has no Event queued and the
-    machine is quiet; how long that took and whether it happened within ``timeout`` (a
-    machine that stays busy is reported, not waited for forever)."""
+    machine is quiet; how long that took, whether it happened within ``timeout`` (a
+    machine that stays busy is reported, not waited for forever) and the host's speed
+    then (``reference_ms``, CPU ms of the reference work)."""
     started = time.monotonic()
     queued = busy = None
     while True:
@@ -50,12 +58,14 @@ def settle(dispatcher=None, timeout: float = SETTLE_TIMEOUT) -> dict:
         busy = busy_share()
         waited = time.monotonic() - started
         if queued == 0 and busy < QUIET_SHARE:
-            return {"seconds": round(waited, 1), "settled": True, "busy_share": round(busy, 3)}
+            return {"seconds": round(waited, 1), "settled": True, "busy_share": round(busy, 3),
+                    "reference_ms": host_speed.reference_ms(REFERENCE_REPEATS)}
         if waited >= timeout:
             log.warning("the machine did not settle within %.0f s (busy %.0f%%, %d Events "
                         "queued); measuring anyway", timeout, busy * 100, queued)
             return {"seconds": round(waited, 1), "settled": False,
-                    "busy_share": round(busy, 3), "events_queued": int(queued)}
+                    "busy_share": round(busy, 3), "events_queued": int(queued),
+                    "reference_ms": host_speed.reference_ms(REFERENCE_REPEATS)}
 
 
 def spread(summaries: list[dict]) -> dict:

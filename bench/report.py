@@ -163,14 +163,21 @@ def _repeated(step: dict) -> tuple[str, str]:
     return (f" x{repeats}", f" (all {repeats} repeats' samples)") if repeats > 1 else ("", "")
 
 
-def _spread_rows(summary: dict) -> list[str]:
-    """The p99 and p50 of each repeat, as min / median / max, for a repeated step."""
+def _spread_rows(summary: dict, runs: list[dict]) -> list[str]:
+    """The p99 and p50 of each repeat, as min / median / max, for a repeated step, and the
+    host's speed before each repeat (``repeats.settle``)."""
     spread = summary.get("spread")
     if not spread:
         return []
     cells = "; ".join(f"{name[:-3]} {v['min']} / {v['median']} / {v['max']}"
                       for name in ("p50_ms", "p99_ms") if (v := spread.get(name)))
-    return [f"| | over the repeats, min / median / max ms | {cells} |"]
+    rows = [f"| | over the repeats, min / median / max ms | {cells} |"]
+    speeds = [r["settle"]["reference_ms"] for r in runs
+              if (r.get("settle") or {}).get("reference_ms") is not None]
+    if speeds:
+        rows.append("| | host speed before each repeat: reference work CPU ms | "
+                    + " / ".join(str(x) for x in speeds) + " |")
+    return rows
 
 
 def _cpu_groups(burst: dict) -> str:
@@ -382,7 +389,7 @@ def _dispatcher_table(results: dict) -> str:
         lines.append(f"| steady {step['rate']} jobs/s for {step['seconds']:g} s"
                      f"{times} ({step['achieved_arrival_rate']} achieved) | latency "
                      f"p50 / p90 / p99 / max ms{median_of} | {_lat(step['latency'])} |")
-        lines.extend(_spread_rows(step["latency"]))
+        lines.extend(_spread_rows(step["latency"], step.get("runs", [])))
         if step.get("cpu"):
             lines.append(f"| | CPU s: {_cpu_groups(step)} |")
         lines.extend(_step_rows(step.get("steps", {}).get("Place")))
@@ -397,7 +404,7 @@ def _dispatcher_table(results: dict) -> str:
     times, median_of = _repeated(sync)
     lines.append(f"| status sync {sync['jobs']} jobs at {sync['rate']:g}/s{times} | "
                  f"lag p50 / p90 / p99 / max ms{median_of} | {_lat(sync['lag'])} |")
-    lines.extend(_spread_rows(sync["lag"]))
+    lines.extend(_spread_rows(sync["lag"], sync.get("runs", [])))
     if sync.get("cpu"):
         lines.append(f"| | CPU s: {_cpu_groups(sync)} |")
     lines.extend(_step_rows(sync.get("steps", {}).get("CopyStatus")))

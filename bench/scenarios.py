@@ -335,11 +335,11 @@ def _steps(ctx: BenchContext) -> steps.Snapshot | None:
 def steady(ctx: BenchContext, rate: int, workers: list[str], *, seconds: float | None = None,
            namespace: str | None = None, submit=None, wait=_wait_timeout,
            repeats: int | None = None, settle: bool = True) -> dict:
-    """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings'),
-    ``repeats`` times (default the settings'), each after the machine settled (``settle``):
-    latency percentiles over all the repeats' samples, with their spread (copies
-    waited for ``wait(count)`` after the last create)."""
-    seconds = seconds or ctx.settings.rate_seconds
+    """Jobs arriving at ``rate`` per second for ``seconds`` (default the settings', long
+    enough for their ``step_samples``), ``repeats`` times (default the settings'), each
+    after the machine settled (``settle``): latency percentiles over all the repeats'
+    samples, with their spread (copies waited for ``wait(count)`` after the last create)."""
+    seconds = seconds or max(ctx.settings.rate_seconds, ctx.settings.step_samples / rate)
     repeats = repeats or ctx.settings.repeats
     base = namespace or f"bench-rate-{rate}"
     ctx.runner.warm([ctx.kubeconfig("manager")])

@@ -11,7 +11,11 @@ class BenchSettings:
     burst_workers: int = 3            # workers the burst, steady and sync scenarios use
     concurrency: int = 16             # client threads creating jobs (burst and ceiling alike)
     rates: tuple[int, ...] = (10, 50, 100)   # steady arrival rates, jobs/s
-    rate_seconds: float = 20.0        # how long each steady rate is kept up
+    rate_seconds: float = 20.0        # how long each steady rate is kept up, at least
+    # ... and longer where that many arrivals take longer (10 jobs/s for 50 s): a repeat's
+    # p99 is then its 5th largest sample and the step's over three repeats its 15th, where
+    # 20 s at 10 jobs/s gave the 2nd of 200, which one slow answer moves by half.
+    step_samples: int = 500
     sync_jobs: int = 500              # remote status changes in the sync scenario
     sync_rate: float = 50.0           # remote status writes per second
     fill_to: int = 10000              # mirrored jobs for the large footprint figure
@@ -57,9 +61,9 @@ class BenchSettings:
 
 
 FULL = BenchSettings()
-# Quick runs keep 500 samples in the burst, each sync repeat and each 50 jobs/s repeat, so
-# that a p99 is the 5th largest sample and not the largest: one stall does not decide it.
-# The repeats alone take the mirrored count past 2,000.
+# Quick runs keep 500 samples in the burst, each sync repeat and each steady repeat (the
+# 10 jobs/s one lasts 50 s for it), so that a p99 is the 5th largest sample and not the
+# largest: one stall does not decide it. The repeats alone take the mirrored count past 3,000.
 QUICK = BenchSettings(burst_jobs=500, rates=(10, 50), rate_seconds=10.0, sync_jobs=500,
                       fill_to=2000, idle_seconds=3.0, scaling_workers=(1, 2, 4),
                       scaling_jobs=100, constrained_jobs=24, compare_jobs=40, constrained_timeout=120.0,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 TINY = ["--quick", "--suite", "dispatcher", "--jobs", "4", "--burst-workers", "2",
-        "--scaling-workers", "1,2", "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1", "--sync-jobs", "4",
+        "--scaling-workers", "1,2", "--scaling-jobs", "3", "--rates", "5", "--rate-seconds", "1",
+        "--step-samples", "6", "--sync-jobs", "4",
         "--fill-to", "20", "--idle-seconds", "1", "--repeats", "2"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -30,6 +31,8 @@ def _repeated(step: dict, summary: dict, name: str) -> None:
     nearest-rank p99 of the pooled samples lies between the repeats' own."""
     assert step["repeats"] == 2 and len(step["runs"]) == 2, f"{name}: {step.get('runs')}"
     assert all("settled" in run["settle"] for run in step["runs"]), f"{name}: {step['runs']}"
+    # The host's speed, timed before each repeat once the machine was quiet.
+    assert all(run["settle"]["reference_ms"] > 0 for run in step["runs"]), step["runs"]
     assert summary["repeats"] == 2, f"{name}: {summary}"
     spread = summary["spread"]["p99_ms"]
     assert spread["min"] <= summary["p99_ms"] <= spread["max"], f"{name}: {summary}"
@@ -104,6 +107,8 @@ def test_every_figure_is_there_and_sane(bench_run):
                for row in burst["api"]["requests"]["manager"]), burst["api"]["requests"]
 
     for step in results["steady"]:
+        # 5 jobs/s for 1 s would be 5 arrivals; --step-samples 6 makes each repeat 1.2 s.
+        assert (step["seconds"], step["jobs"]) == (1.2, 2 * 6), step
         assert (step["dispatched"], step["missing"]) == (step["jobs"], 0), step
         _ordered(step["latency"], f"steady {step['rate']}")
         _repeated(step, step["latency"], f"steady {step['rate']}")
@@ -132,6 +137,19 @@ def test_every_figure_is_there_and_sane(bench_run):
     names = {row["target"] for row in results["targets"]}
     assert len(names) == 7, names
     assert all(row["met"] in (True, False, None) for row in results["targets"])
+
+
+def test_a_run_agrees_with_itself(bench_run):
+    """``python -m bench.agreement`` on real results: every latency figure of the one
+    steady rate and of the sync, each the same on both sides."""
+    output, _, _ = bench_run
+    done = subprocess.run([sys.executable, "-m", "bench.agreement", str(output),
+                           str(output / "results.json")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+    for text in ("| steady 5 jobs/s p99 ms |", "| status sync lag p50 ms |",
+                 "6 of 6 latency figures agree within 30%."):
+        assert text in done.stdout, f"expected {text!r} in:\n{done.stdout}"
 
 
 def test_the_plots_are_valid_pngs(bench_run):
