@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
+    run.add_argument("--python-gc-sweep-interval", type=command_line.seconds,
+                     dest="python_gc_sweep_seconds", metavar="SECONDS",
+                     help=command_line.PYTHON_GC_SWEEP_HELP
+                     + " (default: 21600, 6 hours)")
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "
                      "replica writes (default: on)")
@@ -145,6 +149,7 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         "dashboard_port": args.dashboard_port, "dashboard_host": args.dashboard_host,
         "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
         "gc_interval_seconds": args.gc_interval_seconds,
+        "python_gc_sweep_seconds": args.python_gc_sweep_seconds,
         "leader_elect": args.leader_elect,
         "lease_duration_seconds": args.lease_duration_seconds,
         "renew_deadline_seconds": args.renew_deadline_seconds,
@@ -218,7 +223,8 @@ def _main(argv: list[str] | None) -> int:
                  config.namespace)
     return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
                  config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
-                 routes=routes, routes_listener=_dashboard_listener(config))
+                 routes=routes, routes_listener=_dashboard_listener(config),
+                 gc_sweep_seconds=config.python_gc_sweep_seconds)
 
 
 def _dashboard_listener(config: DispatcherConfig) -> RoutesListener | None:

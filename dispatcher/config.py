@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMESPACE
+from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -100,6 +101,9 @@ class DispatcherConfig(_Strict):
         description="the workers' kube-scheduler NodeResourcesFit scoring strategy: which "
                     "Node each pod of a job is expected on when checking that every pod fits")
     gc_interval_seconds: float = Field(60.0, ge=0, description="0 disables the sweep")
+    python_gc_sweep_seconds: float = Field(
+        SWEEP_SECONDS, ge=0, description="between full collections of the interpreter's "
+        "frozen objects after the one at start (docs/metrics.md); 0: none")
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)
     retention_seconds: float = Field(0.0, ge=0, description="keep finished remotes this long")
     leader_elect: bool = Field(True, description="use a Lease so only one replica writes")

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from trainjob import logs
 from trainjob import controller_metrics as results
 from trainjob.controller_metrics import ReconcileMetrics
-from trainjob.gc_pauses import GcPauses
+from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
 from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
 from trainjob.required_apis import MissingResources
@@ -123,18 +123,20 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
           stop: threading.Event | None = None,
           failed: Callable[[], bool] | None = None,
           routes: dict[str, Route] | None = None,
-          routes_listener: RoutesListener | None = None) -> int:
+          routes_listener: RoutesListener | None = None,
+          gc_sweep_seconds: float = SWEEP_SECONDS) -> int:
     """Serve metrics and health, and ``routes`` (on the same server, or on
     ``routes_listener``), start ``controller`` (then ``extra_servers``), run until
     SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
-    reverse order. Returns the exit code (1 when ``failed()`` says the stop was a failure,
-    e.g. lost leadership)."""
+    reverse order; the interpreter's frozen objects are swept every ``gc_sweep_seconds``
+    (0: never; trainjob/gc_pauses.py). Returns the exit code (1 when ``failed()`` says the
+    stop was a failure, e.g. lost leadership)."""
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # Before the caches fill: they are most of what a full collection would walk, again
     # and again (trainjob/gc_pauses.py).
-    collector = GcPauses(registry).install()
+    collector = GcPauses(registry, gc_sweep_seconds).install()
     servers: list[Server] = []
     shared = routes if routes_listener is None else None
     try:

@@ -10,6 +10,7 @@ import threading
 
 from trainjob import command_line, logs
 from trainjob import constants as c, trainer_status as ts
+from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
 from trainjob.service import ListenError, serve
 
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     election.add_argument("--retry-period", type=command_line.seconds, default=2.0,
                           help="seconds between renewals and acquisition attempts "
                           "(default: %(default)s)")
+    run.add_argument("--python-gc-sweep-interval", type=command_line.seconds,
+                     default=SWEEP_SECONDS, dest="python_gc_sweep_seconds", metavar="SECONDS",
+                     help=command_line.PYTHON_GC_SWEEP_HELP + " (default: %(default)g, 6 hours)")
     run.add_argument("--cluster-name", default=None,
                      help="name of this cluster, added to every log line as cluster=NAME "
                      "(e.g. the MultiKueueCluster name the manager knows it by)")
@@ -202,4 +206,5 @@ def main(argv: list[str] | None = None) -> int:
     log.info("operator starting (namespace: %s%s)", args.namespace or "all",
              f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
     return serve("operator", controller, controller.metrics.registry, args.metrics_host,
-                 args.metrics_port, webhook, stop=stop, failed=controller.lost_leadership.is_set)
+                 args.metrics_port, webhook, stop=stop, failed=controller.lost_leadership.is_set,
+                 gc_sweep_seconds=args.python_gc_sweep_seconds)

@@ -22,7 +22,7 @@ from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    CONFIG, QUICK_RUNTIME, RUNTIME, WORKER_LOST_TIMEOUT)
+    CONFIG, PYTHON_GC_SWEEP_SECONDS, QUICK_RUNTIME, RUNTIME, WORKER_LOST_TIMEOUT)
 
 # Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
 LEASE_ARGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
@@ -64,15 +64,18 @@ def dispatch_env(multicluster, tmp_path_factory):
             QUICK_RUNTIME, cpu="100m", memory="128Mi",
             pod_annotations={worker_stack.RUN_FOR_ANNOTATION: "1s"}))
     fixtures.register_config(manager.api, CONFIG, ["worker-1", "worker-2"])
+    # Frequent sweeps of the interpreter's frozen objects (every test here runs beside
+    # them; test_dispatch checks they come).
+    sweeps = ("--python-gc-sweep-interval", str(PYTHON_GC_SWEEP_SECONDS))
     operators = {
         name: ServiceProcess("training_operator", multicluster[name].kubeconfig,
-                             log_dir / f"operator-{name}.log", ()).start()
+                             log_dir / f"operator-{name}.log", sweeps).start()
         for name in ("worker-1", "worker-2")
     }
     # Short fault timings so worker-loss tests run in seconds; the frequent garbage
     # collection also runs under every other test here, which must not disturb them.
     dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
-                                ("--multikueue-config", CONFIG, "--gc-interval", "2",
+                                (*sweeps, "--multikueue-config", CONFIG, "--gc-interval", "2",
                                  # Where tests put kubeconfigs named by Path: the harness's
                                  # state and the tests' own temporary files.
                                  "--kubeconfig-dir", str(tmp_path_factory.getbasetemp()),

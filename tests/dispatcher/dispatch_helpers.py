@@ -14,6 +14,8 @@ RUNTIME = "torch-e2e"  # the runtime dispatch_env (conftest) installs on both wo
 QUICK_RUNTIME = "torch-e2e-quick"  # its pods succeed a second after they start
 # dispatch_env's dispatcher declares a worker lost after this many seconds unreachable.
 WORKER_LOST_TIMEOUT = 15
+# The controllers' --python-gc-sweep-interval here (dispatch_env, conftest).
+PYTHON_GC_SWEEP_SECONDS = 5
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 
 

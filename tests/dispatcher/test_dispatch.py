@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import time
 from urllib.parse import urlsplit
 
@@ -17,7 +18,7 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    MK, QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
+    MK, PYTHON_GC_SWEEP_SECONDS, QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
     remotes, trainjob, wait_no_namespace_terminating, wait_placed)
 
 def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
@@ -636,3 +637,31 @@ def test_a_pending_job_is_not_reconciled_over_and_over(dispatch_env, namespace):
     holds_for(reconciles, lambda count: count - start < 10, seconds=3,
               expected=f"fewer than 10 reconciles of {namespace}/too-big in 3 s of waiting "
                        f"(from {start})")
+
+
+SWEEP_LINE = re.compile(r"full garbage collection: [0-9.]+ ms, [0-9]+ unreachable objects "
+                        r"reclaimed, [0-9]+ objects frozen")
+
+
+def test_frozen_objects_are_swept_at_the_interval_given(dispatch_env, namespace):
+    """The dispatcher and the operators here run with --python-gc-sweep-interval 5: each
+    logs a full collection once its caches have synced and one every 5 s after, and jobs
+    are dispatched and run meanwhile."""
+    env = dispatch_env
+    logs = {"dispatcher": env.dispatcher.log_file,
+            **{f"operator on {name}": process.log_file
+               for name, process in env.operators.items()}}
+
+    def sweeps() -> dict[str, int]:
+        return {who: len(SWEEP_LINE.findall(path.read_text(errors="replace")))
+                for who, path in logs.items()}
+
+    before = sweeps()
+    assert all(count >= 1 for count in before.values()), (
+        f"expected each controller to have logged its start-up sweep, saw {before}")
+    create(env.manager, namespace, trainjob("swept", runtime=QUICK_RUNTIME))
+    wait_placed(env, namespace, "swept")
+    eventually(sweeps, lambda now: all(now[who] >= before[who] + 2 for who in now),
+               timeout=6 * PYTHON_GC_SWEEP_SECONDS,
+               expected=f"two more sweeps logged by each controller than the {before} "
+                        "before, one every 5 s")

@@ -15,6 +15,8 @@ def test_defaults_follow_multikueue():
     assert config.origin == c.DEFAULT_ORIGIN == "trainjob-dispatcher"
     assert config.gc_interval_seconds == 60
     assert config.worker_lost_timeout_seconds == 900
+    # The interpreter's frozen objects are swept every 6 hours (trainjob/gc_pauses.py).
+    assert config.python_gc_sweep_seconds == 6 * 3600
     assert config.client.qps >= 100
     # The manager's apiserver has its own priority and fairness: no client-side limit.
     assert (config.manager_client.qps, config.manager_client.burst) == (None, None)
@@ -72,12 +74,25 @@ def test_file_then_flags(tmp_path):
     assert (config.origin, config.client.qps, config.gc_interval_seconds) == ("team-b", 50, 5)
 
 
+def test_the_python_gc_sweep_interval_from_the_flag_over_the_file(tmp_path):
+    from dispatcher.cli import build_parser, config_from_args
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"python_gc_sweep_seconds": 600}))
+    args = build_parser().parse_args(["run", "--config", str(path)])
+    assert config_from_args(args).python_gc_sweep_seconds == 600
+    args = build_parser().parse_args(["run", "--config", str(path),
+                                      "--python-gc-sweep-interval", "0"])
+    assert config_from_args(args).python_gc_sweep_seconds == 0
+
+
 @pytest.mark.parametrize("content, key", [
     ({"client": {"qps": 0}}, "client.qps"),
     ({"manager_client": {"qps": -1}}, "manager_client.qps"),
     ({"manager_client": {"burst": 0}}, "manager_client.burst"),
     ({"origin": "not a label!"}, "origin"),
     ({"gc_interval_seconds": -1}, "gc_interval_seconds"),
+    ({"python_gc_sweep_seconds": -1}, "python_gc_sweep_seconds"),
     ({"unknown_key": 1}, "unknown_key"),
     ({"workers": [{"name": "w"}]}, "workers.0.kubeconfig"),
 ])
@@ -157,6 +172,8 @@ def test_lease_timings_must_let_a_leader_stop_before_a_standby_starts(tmp_path):
     ("--workers", "-1", "argument --workers: must be at least 1, got -1"),
     ("--gc-interval", "inf", "argument --gc-interval: must be a finite number of seconds"),
     ("--worker-lost-timeout", "nan", "argument --worker-lost-timeout: must be a finite"),
+    ("--python-gc-sweep-interval", "-5",
+     "argument --python-gc-sweep-interval: must be a finite number of seconds, 0 or more"),
 ])
 def test_flags_out_of_range_are_refused_by_their_name(flag, value, says):
     import subprocess
