@@ -11,7 +11,9 @@ host can change speed by a third between two runs:
   where the run recorded it, before each repeat;
 - the machine's CPU per unit of work in each step (every process group's CPU seconds over
   the jobs dispatched or statuses copied): the same work costing more CPU in one run
-  means a slower host, or a busier one, in that run.
+  means a slower host, or a busier one, in that run;
+- the share of each step the host was slow, from the probe that times a slice of the
+  reference work twice a second (``bench.host_speed``).
 
 Exit status 0 when every latency figure agrees, 1 when one does not, 2 on bad input.
 """
@@ -38,11 +40,14 @@ class Pair:
     figure: str
     a: float | None
     b: float | None
+    share: bool = False  # a and b are shares (0-1): shown as percentages, apart in points
 
     @property
     def apart(self) -> float | None:
-        """How far apart, as the larger over the smaller less one; None if either is
-        missing or zero."""
+        """How far apart, as the larger over the smaller less one (shares: the difference);
+        None if either is missing (or, not a share, zero)."""
+        if self.share:
+            return None if self.a is None or self.b is None else abs(self.a - self.b)
         if not self.a or not self.b:
             return None
         return max(self.a, self.b) / min(self.a, self.b) - 1
@@ -109,6 +114,9 @@ def host_pairs(a: dict, b: dict) -> list[Pair]:
                           _median_reference(step_a), _median_reference(step_b)))
         pairs.append(Pair(f"{name}: machine CPU per unit of work, ms",
                           cpu_per_unit_ms(step_a, units_a), cpu_per_unit_ms(step_b, units_b)))
+        pairs.append(Pair(f"{name}: share of the repeats the host was slow",
+                          (step_a.get("cpu") or {}).get("host_slow_share"),
+                          (step_b.get("cpu") or {}).get("host_slow_share"), share=True))
     return pairs
 
 
@@ -118,12 +126,16 @@ def _median_reference(step: dict) -> float | None:
     return round(statistics.median(speeds), 2) if speeds else None
 
 
-def _cell(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:g}"
+def _cell(value: float | None, share: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.0%}" if share else f"{value:g}"
 
 
 def _apart(pair: Pair) -> str:
-    return "n/a" if pair.apart is None else f"{pair.apart:.0%}"
+    if pair.apart is None:
+        return "n/a"
+    return f"{pair.apart * 100:.0f} points" if pair.share else f"{pair.apart:.0%}"
 
 
 def render(a: dict, b: dict, names: tuple[str, str], within: float) -> tuple[str, bool]:
@@ -139,7 +151,7 @@ def render(a: dict, b: dict, names: tuple[str, str], within: float) -> tuple[str
         lines.append(f"| {pair.figure} | {_cell(pair.a)} | {_cell(pair.b)} | "
                      f"{_apart(pair)} | {met} |")
     lines += ["", "| what the host gave | A | B | apart |", "|---|---|---|---|"]
-    lines += [f"| {p.figure} | {_cell(p.a)} | {_cell(p.b)} | {_apart(p)} |"
+    lines += [f"| {p.figure} | {_cell(p.a, p.share)} | {_cell(p.b, p.share)} | {_apart(p)} |"
               for p in host_pairs(a, b)]
     every = bool(latency) and len(agreeing) == len(latency)
     lines += ["", f"{len(agreeing)} of {len(latency)} latency figures agree within "
@@ -153,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.agreement",
         description="Compare two benchmark runs' latency figures (the steady steps' and the "
         "status sync's p50, p90 and p99) and say whether each pair agrees within a share, "
-        "beside what the host gave each run (reference work, CPU per unit of work). "
+        "beside what the host gave each run (reference work, CPU per unit of work, the share "
+        "of each step the host was slow). "
         "Exit status: 0 every figure agrees, 1 one does not, 2 bad input.")
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN",
                         help="a benchmark's --output directory, or its results.json")

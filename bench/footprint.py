@@ -6,6 +6,8 @@ import os
 import threading
 import time
 
+from bench import host_speed
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -107,6 +109,7 @@ class CpuAccount:
 
     def __enter__(self) -> CpuAccount:
         self.started = time.monotonic()
+        self.wall_started = time.time()
         self.host_start = _host_stat()
         self.start = self._read()
         return self
@@ -119,9 +122,10 @@ class CpuAccount:
         self.host_busy = busy - self.host_start[0]
         self.host_total = total - self.host_start[1]
         self.host_stolen = stolen - self.host_start[2]
+        self.host_slow = host_speed.slow_share(self.wall_started, time.time())
 
     def figures(self) -> dict:
-        return {
+        figures = {
             "cpu_seconds": {group: round(s, 2) for group, s in self.used.items()},
             "host_busy_share": round(self.host_busy / self.host_total, 3)
             if self.host_total else None,
@@ -129,6 +133,11 @@ class CpuAccount:
             "host_steal_share": round(self.host_stolen / self.host_total, 3)
             if self.host_total else None,
         }
+        if self.host_slow is not None:
+            # How much of the window the host itself was slow (bench.host_speed's probe).
+            figures["host_slow_share"] = round(self.host_slow[0], 3)
+            figures["host_probe_readings"] = self.host_slow[1]
+        return figures
 
 
 def cpu_sum(accounts: list[dict]) -> dict:
@@ -151,4 +160,10 @@ def cpu_sum(accounts: list[dict]) -> dict:
               "host_busy_share": weighted("host_busy_share")}
     if any("host_steal_share" in a for a in accounts):
         merged["host_steal_share"] = weighted("host_steal_share")
+    probed = [a for a in accounts if a.get("host_probe_readings")]
+    if probed:
+        readings = sum(a["host_probe_readings"] for a in probed)
+        merged["host_slow_share"] = round(
+            sum(a["host_slow_share"] * a["host_probe_readings"] for a in probed) / readings, 3)
+        merged["host_probe_readings"] = readings
     return merged

@@ -9,16 +9,34 @@ does less. It is measured while the run's clusters are down, so what it shows is
 the host, not this machine's own load (a busy core sibling or a shared cache still count),
 and two runs' figures are read in its light. The work is what the dispatcher does most per
 job: encode and decode a TrainJob-sized object, copy and compare dicts, format strings.
+
+Such a host also changes speed within a run: for a few seconds at a time, every ten
+seconds to a minute, the same work takes 60-75 % longer. So during the dispatcher's
+scenarios a probe (``python -m bench.host_speed``, its own process, so that it takes no
+turn of the benchmark's interpreter lock) times a small slice of the work twice a second,
+and each CPU window (``bench.footprint.CpuAccount``) reports the share of its readings
+when the host was slow: more than ``SLOW`` times the fastest reading so far.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 
+from clusters.processes import spawn, terminate
+
 ROUNDS = 4000
 REPEATS = 5
+# The probe: a slice of the work (about 1.3 ms of CPU on a fast host) every half second.
+PROBE_ROUNDS = 200
+PROBE_INTERVAL = 0.5
+SLOW = 1.3
 
 
 def _object(index: int) -> dict:
@@ -55,3 +73,69 @@ def reference_ms(repeats: int = REPEATS) -> float:
         reference_work()
         best = min(best, time.thread_time() - started)
     return round(best * 1000, 2)
+
+
+def probe(path: Path, interval: float = PROBE_INTERVAL) -> None:
+    """The probe's loop: one line per reading appended to ``path``: wall time, CPU ms of
+    the slice, 1 if slow (over ``SLOW`` times the fastest reading so far) else 0."""
+    fastest = float("inf")
+    pace = threading.Event()
+    with path.open("a") as out:
+        while True:
+            started = time.thread_time()
+            reference_work(PROBE_ROUNDS)
+            ms = (time.thread_time() - started) * 1000
+            fastest = min(fastest, ms)
+            out.write(f"{time.time():.3f} {ms:.3f} {int(ms > SLOW * fastest)}\n")
+            out.flush()
+            pace.wait(interval)  # a sampling period, not a wait for something
+
+
+class Probe:
+    """The probe process while ``running``; ``slow_share(since, until)`` reads its file."""
+
+    current: Probe | None = None
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.pid: int | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Probe]:
+        """Start the probe (tied to this process: it ends with it) and make it the one CPU
+        windows read; stop it on the way out."""
+        self.path.write_text("")
+        self.pid = spawn([sys.executable, "-m", "bench.host_speed", str(self.path)],
+                         self.path.with_suffix(".log"), tied_to_parent=True)
+        Probe.current = self
+        try:
+            yield self
+        finally:
+            Probe.current = None
+            terminate(self.pid, self.path.parent, grace=5.0)
+
+    def readings(self, since: float, until: float) -> list[tuple[float, bool]]:
+        """(CPU ms, slow) of the readings taken between the wall times ``since`` and
+        ``until``."""
+        out = []
+        for line in self.path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and since <= float(parts[0]) <= until:
+                out.append((float(parts[1]), parts[2] == "1"))
+        return out
+
+
+def slow_share(since: float, until: float) -> tuple[float, int] | None:
+    """The share of the running probe's readings between ``since`` and ``until`` (wall
+    times) when the host was slow, and how many readings there were; None without a probe
+    or a reading."""
+    if Probe.current is None:
+        return None
+    readings = Probe.current.readings(since, until)
+    if not readings:
+        return None
+    return sum(slow for _, slow in readings) / len(readings), len(readings)
+
+
+if __name__ == "__main__":
+    probe(Path(sys.argv[1]))

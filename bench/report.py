@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench import host_speed
 from trainjob.gc_pauses import PAUSE_BUCKETS
 
 
@@ -177,6 +178,12 @@ def _spread_rows(summary: dict, runs: list[dict]) -> list[str]:
     if speeds:
         rows.append("| | host speed before each repeat: reference work CPU ms | "
                     + " / ".join(str(x) for x in speeds) + " |")
+    slow = [r["cpu"]["host_slow_share"] for r in runs
+            if (r.get("cpu") or {}).get("host_slow_share") is not None]
+    if slow:
+        rows.append(f"| | host slow during each repeat (reference work over "
+                    f"{host_speed.SLOW:g}x its fastest) | "
+                    + " / ".join(f"{x:.0%}" for x in slow) + " |")
     return rows
 
 
@@ -187,8 +194,10 @@ def _cpu_groups(burst: dict) -> str:
     values = " / ".join(str(v) for v in cpu["cpu_seconds"].values())
     stolen = cpu.get("host_steal_share")
     stolen = f", {stolen:.1%} stolen by the host" if stolen is not None else ""
+    slow = cpu.get("host_slow_share")
+    slow = f", host slow {slow:.0%} of the time" if slow is not None else ""
     return (f"{names} | {values} (of {cpu['host_cpu_seconds_available']} s available; "
-            f"machine busy {cpu['host_busy_share']:.0%}{stolen})")
+            f"machine busy {cpu['host_busy_share']:.0%}{stolen}{slow})")
 
 
 def _met(value) -> str:

@@ -49,7 +49,10 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
     reference = {"start": host_speed.reference_ms()}
     results.setdefault("environment", {})["reference_work_ms"] = reference
     if settings.suite in ("all", "dispatcher"):
-        _dispatcher_suite(settings, output, state_dir, results)
+        (output / "logs").mkdir(exist_ok=True)
+        # How fast the host is, second by second, while the dispatcher's scenarios run.
+        with host_speed.Probe(output / "logs" / "host-probe.txt").running():
+            _dispatcher_suite(settings, output, state_dir, results)
     if settings.suite in ("all", "compare"):
         started = time.monotonic()
         run_comparison(settings, output, results)

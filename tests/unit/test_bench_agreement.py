@@ -96,3 +96,28 @@ def test_the_table_shows_the_host_speed_before_each_repeat():
         "| | host speed before each repeat: reference work CPU ms | 25.4 / 25.9 / 41.0 |"]
     # Results from before the host was timed per repeat: the spread row alone.
     assert len(_spread_rows(summary, [{"settle": {"settled": True}}])) == 1
+
+
+def test_the_share_of_a_step_the_host_was_slow_is_compared_in_points(tmp_path, capsys):
+    a = _results(tmp_path, "a", sync_p99=40.0)
+    b = _results(tmp_path, "b", sync_p99=40.0)
+    for path, share in ((a, 0.05), (b, 0.3)):
+        results = json.loads((tmp_path / path / "results.json").read_text())
+        results["sync"]["cpu"]["host_slow_share"] = share
+        (tmp_path / path / "results.json").write_text(json.dumps(results))
+    assert agreement.main([a, b]) == 0
+    out = capsys.readouterr().out
+    assert "| status sync lag: share of the repeats the host was slow | 5% | 30% | 25 points |" \
+        in out, out
+    # A run without the probe's readings: n/a, not zero.
+    assert "| steady 50 jobs/s: share of the repeats the host was slow | n/a | n/a | n/a |" \
+        in out, out
+
+
+def test_the_table_shows_how_much_of_each_repeat_the_host_was_slow():
+    summary = {"spread": {"p99_ms": {"min": 20.0, "median": 25.0, "max": 41.0}}}
+    runs = [{"settle": {"reference_ms": 25.0}, "cpu": {"host_slow_share": x}}
+            for x in (0.0, 0.354, 0.12)]
+    assert _spread_rows(summary, runs)[-1] == (
+        "| | host slow during each repeat (reference work over 1.3x its fastest) | "
+        "0% / 35% / 12% |")
