@@ -10,8 +10,8 @@ with a handful of slow answers), reported with each repeat's own minimum, median
 maximum.
 
 Once the machine is quiet, ``settle`` also times the host's reference work
-(``bench.host_speed``): what a shared host gives the next repeat changes by a third within
-minutes, and a repeat's figures are read with its host's speed beside them.
+(``bench.host_speed``): on a shared host the same work can take three quarters longer for
+seconds at a time, and a repeat's figures are read with its host's speed beside them.
 """
 
 from __future__ import annotations
