@@ -5,7 +5,7 @@ This compares two runs' ``results.json`` (each a directory or the file): every l
 percentile of the steady steps and of the status sync, how far apart each pair is
 (the larger over the smaller, so 30 % means one is 1.3 times the other), and whether that
 is within ``--within``. Beside them it sets what the host gave each run, since a shared
-host can change speed by a third between two runs:
+host can take three quarters longer over the same work for seconds at a time:
 
 - the reference work's CPU time (``bench.host_speed``) at each run's start and end and,
   where the run recorded it, before each repeat;
@@ -26,6 +26,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.repeats import host_speeds
 
 PERCENTILES = ("p50_ms", "p90_ms", "p99_ms")
 DEFAULT_WITHIN = 0.30
@@ -121,8 +123,7 @@ def host_pairs(a: dict, b: dict) -> list[Pair]:
 
 
 def _median_reference(step: dict) -> float | None:
-    speeds = [run["settle"]["reference_ms"] for run in step.get("runs", [])
-              if (run.get("settle") or {}).get("reference_ms") is not None]
+    speeds = host_speeds(step.get("runs", []))
     return round(statistics.median(speeds), 2) if speeds else None
 
 

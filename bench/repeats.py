@@ -68,6 +68,12 @@ def settle(dispatcher=None, timeout: float = SETTLE_TIMEOUT) -> dict:
                     "reference_ms": host_speed.reference_ms(REFERENCE_REPEATS)}
 
 
+def host_speeds(runs: list[dict]) -> list[float]:
+    """The reference work's CPU ms before each repeat that recorded it (``settle``)."""
+    return [run["settle"]["reference_ms"] for run in runs
+            if (run.get("settle") or {}).get("reference_ms") is not None]
+
+
 def spread(summaries: list[dict]) -> dict:
     """Per percentile, the minimum, median and maximum over the repeats' summaries
     (``stats.summary_ms`` shapes); a repeat that saw nothing does not count as a zero."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import host_speed
+from bench.repeats import host_speeds
 from trainjob.gc_pauses import PAUSE_BUCKETS
 
 
@@ -173,8 +174,7 @@ def _spread_rows(summary: dict, runs: list[dict]) -> list[str]:
     cells = "; ".join(f"{name[:-3]} {v['min']} / {v['median']} / {v['max']}"
                       for name in ("p50_ms", "p99_ms") if (v := spread.get(name)))
     rows = [f"| | over the repeats, min / median / max ms | {cells} |"]
-    speeds = [r["settle"]["reference_ms"] for r in runs
-              if (r.get("settle") or {}).get("reference_ms") is not None]
+    speeds = host_speeds(runs)
     if speeds:
         rows.append("| | host speed before each repeat: reference work CPU ms | "
                     + " / ".join(str(x) for x in speeds) + " |")
