@@ -26,22 +26,25 @@ def test_the_probe_runs_as_a_process_of_its_own_until_the_block_ends(tmp_path):
 
 def test_a_window_reports_the_share_of_its_readings_when_the_host_was_slow(tmp_path):
     probe = host_speed.Probe(tmp_path / "probe.txt")
-    now = time.time()
-    # Four readings in the window, one of them slow; one before it, which does not count.
-    lines = [(now - 100, 1.2, 0), (now + 0.1, 1.3, 0), (now + 0.2, 2.1, 1),
-             (now + 0.3, 1.2, 0), (now + 0.4, 1.3, 0)]
+    # Readings an hour from now, so that the CPU window below, which ends long before,
+    # has none however slow the machine is.
+    later = time.time() + 3600
+    # Four readings in the window asked about, one of them slow; one before it, which
+    # does not count.
+    lines = [(later - 100, 1.2, 0), (later + 0.1, 1.3, 0), (later + 0.2, 2.1, 1),
+             (later + 0.3, 1.2, 0), (later + 0.4, 1.3, 0)]
     probe.path.write_text("".join(f"{t:.3f} {ms} {slow}\n" for t, ms, slow in lines))
     host_speed.Probe.current = probe
     try:
-        assert host_speed.slow_share(now, now + 1) == (0.25, 4)
-        assert host_speed.slow_share(now + 10, now + 11) is None
+        assert host_speed.slow_share(later, later + 1) == (0.25, 4)
+        assert host_speed.slow_share(later + 10, later + 11) is None
         with CpuAccount({}) as account:
             pass
-        # The window just ended has no reading: no share rather than a zero.
+        # A window without a reading: no share rather than a zero.
         assert "host_slow_share" not in account.figures()
     finally:
         host_speed.Probe.current = None
-    assert host_speed.slow_share(now, now + 1) is None
+    assert host_speed.slow_share(later, later + 1) is None
 
 
 def test_windows_merge_their_slow_shares_by_readings():
