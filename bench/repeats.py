@@ -52,20 +52,20 @@ def settle(dispatcher=None, timeout: float = SETTLE_TIMEOUT) -> dict:
     machine that stays busy is reported, not waited for forever) and the host's speed
     then (``reference_ms``, CPU ms of the reference work)."""
     started = time.monotonic()
-    queued = busy = None
     while True:
         queued = dispatcher.metric("dispatcher_events_queued") if dispatcher else 0.0
         busy = busy_share()
         waited = time.monotonic() - started
-        if queued == 0 and busy < QUIET_SHARE:
-            return {"seconds": round(waited, 1), "settled": True, "busy_share": round(busy, 3),
-                    "reference_ms": host_speed.reference_ms(REFERENCE_REPEATS)}
-        if waited >= timeout:
-            log.warning("the machine did not settle within %.0f s (busy %.0f%%, %d Events "
-                        "queued); measuring anyway", timeout, busy * 100, queued)
-            return {"seconds": round(waited, 1), "settled": False,
-                    "busy_share": round(busy, 3), "events_queued": int(queued),
-                    "reference_ms": host_speed.reference_ms(REFERENCE_REPEATS)}
+        settled = queued == 0 and busy < QUIET_SHARE
+        if settled or waited >= timeout:
+            break
+    outcome = {"seconds": round(waited, 1), "settled": settled, "busy_share": round(busy, 3)}
+    if not settled:
+        log.warning("the machine did not settle within %.0f s (busy %.0f%%, %d Events "
+                    "queued); measuring anyway", timeout, busy * 100, queued)
+        outcome["events_queued"] = int(queued)
+    outcome["reference_ms"] = host_speed.reference_ms(REFERENCE_REPEATS)
+    return outcome
 
 
 def host_speeds(runs: list[dict]) -> list[float]:

@@ -88,10 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
-    run.add_argument("--python-gc-sweep-interval", type=command_line.seconds,
-                     dest="python_gc_sweep_seconds", metavar="SECONDS",
-                     help=command_line.PYTHON_GC_SWEEP_HELP
-                     + " (default: 21600, 6 hours)")
+    command_line.add_python_gc_sweep_argument(run, None)  # the config's default
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "
                      "replica writes (default: on)")

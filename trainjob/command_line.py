@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
+from trainjob.gc_pauses import SWEEP_SECONDS
+
 DISTRIBUTION = "trainjob-dispatcher"
 
 
@@ -63,13 +65,18 @@ def seconds(text: str) -> float:
     return value
 
 
-# The dispatcher's and the operator's flag of the same name (trainjob/gc_pauses.py).
-PYTHON_GC_SWEEP_HELP = (
-    "seconds between full collections of every object the interpreter froze: each reclaims "
-    "reference cycles that became garbage while frozen (48 objects after 30 minutes of 10 "
-    "new jobs a second) and stops every thread while it walks the caches (about 100 ms, "
-    "and 340 ms with 20,000 jobs cached, on two cores); 0: none after the one that freezes "
-    "the caches at start")
+def add_python_gc_sweep_argument(parser: argparse.ArgumentParser,
+                                 default: float | None) -> None:
+    """``--python-gc-sweep-interval``, the dispatcher's and the operator's alike
+    (trainjob/gc_pauses.py); ``default`` None where a configuration file fills it in."""
+    parser.add_argument(
+        "--python-gc-sweep-interval", type=seconds, default=default,
+        dest="python_gc_sweep_seconds", metavar="SECONDS",
+        help="seconds between full collections of every object the interpreter froze: each "
+        "reclaims reference cycles that became garbage while frozen (48 objects after 30 "
+        "minutes of 10 new jobs a second) and stops every thread while it walks the caches "
+        "(about 100 ms, and 340 ms with 20,000 jobs cached, on two cores); 0: none after "
+        f"the one that freezes the caches at start (default: {SWEEP_SECONDS:g}, 6 hours)")
 
 
 def exit_quietly_on_broken_pipe(main: Callable[[], int]) -> int:

@@ -99,9 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     election.add_argument("--retry-period", type=command_line.seconds, default=2.0,
                           help="seconds between renewals and acquisition attempts "
                           "(default: %(default)s)")
-    run.add_argument("--python-gc-sweep-interval", type=command_line.seconds,
-                     default=SWEEP_SECONDS, dest="python_gc_sweep_seconds", metavar="SECONDS",
-                     help=command_line.PYTHON_GC_SWEEP_HELP + " (default: %(default)g, 6 hours)")
+    command_line.add_python_gc_sweep_argument(run, SWEEP_SECONDS)
     run.add_argument("--cluster-name", default=None,
                      help="name of this cluster, added to every log line as cluster=NAME "
                      "(e.g. the MultiKueueCluster name the manager knows it by)")
