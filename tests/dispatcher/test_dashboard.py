@@ -212,8 +212,11 @@ def test_clusters_and_jobs_in_several_states_are_rendered(dispatch_env, browser,
                 f"{team_b}/live": "Running"}
 
     def shows_every_job(rows):
+        # The pending job's reason names worker-1's room once that worker's Namespace cache
+        # has the test's namespace (before: "namespace ... not found"); the page follows.
         return set(rows) == set(expected) and all(
-            rows[key]["state"].startswith(state) for key, state in expected.items())
+            rows[key]["state"].startswith(state) for key, state in expected.items()) and \
+            "worker-1: needs" in rows[f"{team_a}/pending"]["state"]
 
     rows = eventually(lambda: _rendered_jobs(browser, namespaces), shows_every_job,
                       expected="every test job rendered in its state", timeout=30)
