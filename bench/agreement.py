@@ -76,7 +76,7 @@ def load(path: Path) -> dict:
     return results
 
 
-def _steps(results: dict) -> dict[str, tuple[dict, dict, int]]:
+def steps(results: dict) -> dict[str, tuple[dict, dict, int]]:
     """Each step by name: (its percentiles, the step, its units of work)."""
     named = {f"steady {s['rate']} jobs/s": (s["latency"], s, s["dispatched"])
              for s in results["steady"]}
@@ -87,7 +87,7 @@ def _steps(results: dict) -> dict[str, tuple[dict, dict, int]]:
 
 def latency_pairs(a: dict, b: dict) -> list[Pair]:
     """The latency percentiles of the steps both runs have, in the first run's order."""
-    steps_a, steps_b = _steps(a), _steps(b)
+    steps_a, steps_b = steps(a), steps(b)
     return [Pair(f"{name} {p[:-3]} ms", steps_a[name][0].get(p), steps_b[name][0].get(p))
             for name in steps_a if name in steps_b for p in PERCENTILES]
 
@@ -107,7 +107,7 @@ def host_pairs(a: dict, b: dict) -> list[Pair]:
     ref_b = b.get("environment", {}).get("reference_work_ms") or {}
     pairs = [Pair(f"host reference work at the run's {when}, CPU ms", ref_a.get(when),
                   ref_b.get(when)) for when in ("start", "end")]
-    steps_a, steps_b = _steps(a), _steps(b)
+    steps_a, steps_b = steps(a), steps(b)
     for name in steps_a:
         if name not in steps_b:
             continue

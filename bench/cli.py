@@ -57,7 +57,8 @@ Event left for the dispatcher to write, the machine's CPU under 35% busy over a 
 a percentile is over all the repeats' samples, shown with each repeat's min, median and
 max, and with the host's speed before each repeat (a fixed piece of CPU work, timed). The
 idle windows also wait for the machine to settle. Whether two runs agree:
-python -m bench.agreement RUN_A RUN_B.
+python -m bench.agreement RUN_A RUN_B; how much of several runs' differences follows the
+host's speed: python -m bench.host_effect RUN RUN RUN ...
 Every target is printed with the measured value and whether it was met. A run that stops
 early (a controller that does not start, Ctrl-C) still writes results.json, marked
 incomplete; a controller that does not start is named with its log file.

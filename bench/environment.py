@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -364,9 +365,27 @@ def dispatcher_configuration(env: BenchClusters, workers: int, placement_policy:
             "config": config.model_dump(mode="json")}
 
 
+def source_revision() -> dict | None:
+    """The project's commit and whether the files differ from it (None outside a git
+    checkout): runs are compared across changes of the code, and must say which they ran."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "local_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def describe(env: BenchClusters, settings) -> dict:
-    """The machine, the clusters' Kubernetes and the dispatcher's configuration."""
+    """The machine, the clusters' Kubernetes, the project's revision and the dispatcher's
+    configuration."""
     return {
+        "source": source_revision(),
         "kubernetes": env.kubernetes_version(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

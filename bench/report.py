@@ -366,6 +366,14 @@ def _host_speed_line(env: dict) -> list[str]:
             f"start{end} (lower is faster; compare runs by it)"]
 
 
+def _revision(env: dict) -> str:
+    source = env.get("source")  # absent in runs from before it was recorded
+    if not source:
+        return ""
+    return f"; commit {source['commit'][:12]}" + (
+        " with local changes" if source["local_changes"] else "")
+
+
 def _dispatcher_table(results: dict) -> str:
     env = results["environment"]
     dispatcher = env["dispatcher"]
@@ -374,7 +382,7 @@ def _dispatcher_table(results: dict) -> str:
         f"{env['kubernetes'].get('gitVersion')}, {env['cpu_count']} CPUs, "
         f"{dispatcher['config']['placement_policy']} placement, "
         f"{dispatcher['reconcile_workers']} reconcile workers, client qps "
-        f"{dispatcher['config']['client']['qps']:g} per worker",
+        f"{dispatcher['config']['client']['qps']:g} per worker{_revision(env)}",
         "",
         "| Scenario | Figure | Measured |",
         "|---|---|---|",

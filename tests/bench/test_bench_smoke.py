@@ -81,6 +81,11 @@ def test_every_figure_is_there_and_sane(bench_run):
     assert env["dispatcher"]["reconcile_workers"] >= 1
     reference = env["reference_work_ms"]
     assert reference["start"] > 0 and reference["end"] > 0, reference
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():  # which code ran, so that runs can be told apart
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        assert env["source"]["commit"] == head, env["source"]
 
     ceiling = results["ceiling"]
     for cluster in ("manager", "worker-1"):
@@ -152,6 +157,20 @@ def test_a_run_agrees_with_itself(bench_run):
     assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     for text in ("| steady 5 jobs/s p99 ms |", "| status sync lag p50 ms |",
                  "6 of 6 latency figures agree within 30%."):
+        assert text in done.stdout, f"expected {text!r} in:\n{done.stdout}"
+
+
+def test_host_effect_reads_real_results(bench_run):
+    """``python -m bench.host_effect`` on real results: the run three times over, so every
+    row costs the same CPU and no correlation can be given."""
+    output, _, results = bench_run
+    done = subprocess.run([sys.executable, "-m", "bench.host_effect", *[str(output)] * 3],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+    p50 = results["sync"]["lag"]["p50_ms"]
+    for text in ("### steady 5 jobs/s", "### status sync lag",
+                 f"| {output} | ", f" | {p50:g} | ",
+                 "Correlation with it: p50 n/a, p90 n/a, p99 n/a."):
         assert text in done.stdout, f"expected {text!r} in:\n{done.stdout}"
 
 
