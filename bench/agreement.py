@@ -31,6 +31,8 @@ from bench.repeats import host_speeds
 
 PERCENTILES = ("p50_ms", "p90_ms", "p99_ms")
 DEFAULT_WITHIN = 0.30
+# Two steps had about the same host when the machine's CPU per unit of work is this close.
+DEFAULT_HOST_WITHIN = 0.10
 
 
 class RunError(ValueError):
@@ -43,6 +45,7 @@ class Pair:
     a: float | None
     b: float | None
     share: bool = False  # a and b are shares (0-1): shown as percentages, apart in points
+    step: str = ""  # the step a latency figure is from
 
     @property
     def apart(self) -> float | None:
@@ -88,8 +91,19 @@ def steps(results: dict) -> dict[str, tuple[dict, dict, int]]:
 def latency_pairs(a: dict, b: dict) -> list[Pair]:
     """The latency percentiles of the steps both runs have, in the first run's order."""
     steps_a, steps_b = steps(a), steps(b)
-    return [Pair(f"{name} {p[:-3]} ms", steps_a[name][0].get(p), steps_b[name][0].get(p))
+    return [Pair(f"{name} {p[:-3]} ms", steps_a[name][0].get(p), steps_b[name][0].get(p),
+                 step=name)
             for name in steps_a if name in steps_b for p in PERCENTILES]
+
+
+def cpu_pairs(a: dict, b: dict) -> dict[str, Pair]:
+    """By step both runs have: the machine's CPU per unit of work in each run. The work per
+    unit is the same, so how far apart they are is how differently the host ran them."""
+    steps_a, steps_b = steps(a), steps(b)
+    return {name: Pair(f"{name}: machine CPU per unit of work, ms",
+                       cpu_per_unit_ms(steps_a[name][1], steps_a[name][2]),
+                       cpu_per_unit_ms(steps_b[name][1], steps_b[name][2]))
+            for name in steps_a if name in steps_b}
 
 
 def cpu_per_unit_ms(step: dict, units: int) -> float | None:
@@ -108,14 +122,11 @@ def host_pairs(a: dict, b: dict) -> list[Pair]:
     pairs = [Pair(f"host reference work at the run's {when}, CPU ms", ref_a.get(when),
                   ref_b.get(when)) for when in ("start", "end")]
     steps_a, steps_b = steps(a), steps(b)
-    for name in steps_a:
-        if name not in steps_b:
-            continue
-        (_, step_a, units_a), (_, step_b, units_b) = steps_a[name], steps_b[name]
+    for name, cpu in cpu_pairs(a, b).items():
+        step_a, step_b = steps_a[name][1], steps_b[name][1]
         pairs.append(Pair(f"{name}: host reference work before the repeats, median CPU ms",
                           _median_reference(step_a), _median_reference(step_b)))
-        pairs.append(Pair(f"{name}: machine CPU per unit of work, ms",
-                          cpu_per_unit_ms(step_a, units_a), cpu_per_unit_ms(step_b, units_b)))
+        pairs.append(cpu)
         pairs.append(Pair(f"{name}: share of the repeats the host was slow",
                           (step_a.get("cpu") or {}).get("host_slow_share"),
                           (step_b.get("cpu") or {}).get("host_slow_share"), share=True))
@@ -139,18 +150,21 @@ def _apart(pair: Pair) -> str:
     return f"{pair.apart * 100:.0f} points" if pair.share else f"{pair.apart:.0%}"
 
 
-def render(a: dict, b: dict, names: tuple[str, str], within: float) -> tuple[str, bool]:
+def render(a: dict, b: dict, names: tuple[str, str], within: float,
+           host_within: float = DEFAULT_HOST_WITHIN) -> tuple[str, bool]:
     """The comparison as Markdown, and whether every latency figure agrees."""
     latency = latency_pairs(a, b)
     agreeing = [p for p in latency if p.apart is not None and p.apart <= within]
+    cpu = cpu_pairs(a, b)
     lines = [f"Run A: {names[0]} ({a.get('mode')}, started {a.get('started')})",
              f"Run B: {names[1]} ({b.get('mode')}, started {b.get('started')})", "",
-             f"| latency figure | A | B | apart | within {within:.0%} |",
-             "|---|---|---|---|---|"]
+             f"| latency figure | A | B | apart | within {within:.0%} | the step's machine CPU "
+             "per unit apart |",
+             "|---|---|---|---|---|---|"]
     for pair in latency:
         met = "n/a" if pair.apart is None else ("yes" if pair.apart <= within else "NO")
         lines.append(f"| {pair.figure} | {_cell(pair.a)} | {_cell(pair.b)} | "
-                     f"{_apart(pair)} | {met} |")
+                     f"{_apart(pair)} | {met} | {_apart(cpu[pair.step])} |")
     lines += ["", "| what the host gave | A | B | apart |", "|---|---|---|---|"]
     lines += [f"| {p.figure} | {_cell(p.a, p.share)} | {_cell(p.b, p.share)} | {_apart(p)} |"
               for p in host_pairs(a, b)]
@@ -158,6 +172,13 @@ def render(a: dict, b: dict, names: tuple[str, str], within: float) -> tuple[str
     lines += ["", f"{len(agreeing)} of {len(latency)} latency figures agree within "
               f"{within:.0%}" + ("." if every else "; see the NO rows, and read them with "
                                  "what the host gave each run.")]
+    same_host = [p for p in latency
+                 if cpu[p.step].apart is not None and cpu[p.step].apart <= host_within]
+    if not every:
+        held = [p for p in same_host if p in agreeing]
+        lines.append(f"From the steps whose machine CPU per unit of work was within "
+                     f"{host_within:.0%} (the host about as fast in both runs): {len(held)} "
+                     f"of {len(same_host)} agree.")
     return "\n".join(lines), every
 
 
@@ -174,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--within", type=_share, default=DEFAULT_WITHIN, metavar="PERCENT",
                         help="how far apart two figures may be and still agree, as the "
                         "larger over the smaller (default 30)")
+    parser.add_argument("--host-within", type=_share, default=DEFAULT_HOST_WITHIN,
+                        metavar="PERCENT",
+                        help="how close a step's machine CPU per unit of work must be in both "
+                        "runs for the host to count as equally fast: the last line counts "
+                        "the figures of those steps apart (default 10; the exit status does "
+                        "not change)")
     return parser
 
 
@@ -199,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
               "their steps differ in length and rate, so compare runs of one mode",
               file=sys.stderr)
         return 2
-    table, every = render(a, b, (str(args.runs[0]), str(args.runs[1])), args.within)
+    table, every = render(a, b, (str(args.runs[0]), str(args.runs[1])), args.within,
+                          args.host_within)
     print(table)
     return 0 if every else 1
 

@@ -61,8 +61,19 @@ def test_a_figure_apart_is_named_and_measured_from_the_smaller(tmp_path, capsys)
     assert "| status sync lag: machine CPU per unit of work, ms | 20 | 26 | 30% |" in out, out
     assert ("| status sync lag: host reference work before the repeats, median CPU ms | "
             "26 | 34 | 31% |") in out, out
-    # A looser share accepts the same pair.
+    # Each figure beside how differently the host ran its step (the machine's CPU per unit
+    # of work apart), and the figures counted again over the steps the host ran alike.
+    assert "| status sync lag p99 ms | 40 | 53 | 32% | NO | 30% |" in out, out
+    assert "| steady 50 jobs/s p99 ms | 20 | 20 | 0% | yes | 0% |" in out, out
+    assert ("From the steps whose machine CPU per unit of work was within 10% (the host "
+            "about as fast in both runs): 3 of 3 agree.") in out, out
+    assert agreement.main([a, b, "--host-within", "35"]) == 1
+    assert "within 35% (the host about as fast in both runs): 5 of 6 agree." in \
+        capsys.readouterr().out
+    # A looser share accepts the same pair, and with every figure agreeing there is no
+    # second count.
     assert agreement.main([a, b, "--within", "35%"]) == 0
+    assert "From the steps" not in capsys.readouterr().out
 
 
 def test_input_that_cannot_be_compared_is_refused_with_the_reason(tmp_path, capsys):
