@@ -174,7 +174,10 @@ def render(a: dict, b: dict, names: tuple[str, str], within: float,
                                  "what the host gave each run.")]
     same_host = [p for p in latency
                  if cpu[p.step].apart is not None and cpu[p.step].apart <= host_within]
-    if not every:
+    if not every and not same_host:
+        lines.append(f"No step's machine CPU per unit of work was within {host_within:.0%} "
+                     "in both runs: the host ran every step at a different speed.")
+    elif not every:
         held = [p for p in same_host if p in agreeing]
         lines.append(f"From the steps whose machine CPU per unit of work was within "
                      f"{host_within:.0%} (the host about as fast in both runs): {len(held)} "

@@ -67,6 +67,14 @@ def test_a_figure_apart_is_named_and_measured_from_the_smaller(tmp_path, capsys)
     assert "| steady 50 jobs/s p99 ms | 20 | 20 | 0% | yes | 0% |" in out, out
     assert ("From the steps whose machine CPU per unit of work was within 10% (the host "
             "about as fast in both runs): 3 of 3 agree.") in out, out
+    # Every step run at a different speed: said so, rather than "0 of 0 agree".
+    c = _results(tmp_path, "c", sync_p99=53.0, sync_cpu=39.0)
+    results = json.loads((tmp_path / "c" / "results.json").read_text())
+    results["steady"][0]["cpu"]["cpu_seconds"]["dispatcher"] *= 2
+    (tmp_path / "c" / "results.json").write_text(json.dumps(results))
+    assert agreement.main([a, c]) == 1
+    assert ("No step's machine CPU per unit of work was within 10% in both runs: the host "
+            "ran every step at a different speed.") in capsys.readouterr().out
     assert agreement.main([a, b, "--host-within", "35"]) == 1
     assert "within 35% (the host about as fast in both runs): 5 of 6 agree." in \
         capsys.readouterr().out
