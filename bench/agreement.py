@@ -114,7 +114,7 @@ def cpu_per_unit_ms(step: dict, units: int) -> float | None:
     return round(sum(cpu["cpu_seconds"].values()) / units * 1000, 1)
 
 
-def host_pairs(a: dict, b: dict) -> list[Pair]:
+def host_pairs(a: dict, b: dict, cpu: dict[str, Pair]) -> list[Pair]:
     """What the host gave each run: the reference work at start and end, its median over
     a step's repeats, and the machine's CPU per unit of work in each step."""
     ref_a = a.get("environment", {}).get("reference_work_ms") or {}
@@ -122,11 +122,11 @@ def host_pairs(a: dict, b: dict) -> list[Pair]:
     pairs = [Pair(f"host reference work at the run's {when}, CPU ms", ref_a.get(when),
                   ref_b.get(when)) for when in ("start", "end")]
     steps_a, steps_b = steps(a), steps(b)
-    for name, cpu in cpu_pairs(a, b).items():
+    for name, per_unit in cpu.items():
         step_a, step_b = steps_a[name][1], steps_b[name][1]
         pairs.append(Pair(f"{name}: host reference work before the repeats, median CPU ms",
                           _median_reference(step_a), _median_reference(step_b)))
-        pairs.append(cpu)
+        pairs.append(per_unit)
         pairs.append(Pair(f"{name}: share of the repeats the host was slow",
                           (step_a.get("cpu") or {}).get("host_slow_share"),
                           (step_b.get("cpu") or {}).get("host_slow_share"), share=True))
@@ -167,7 +167,7 @@ def render(a: dict, b: dict, names: tuple[str, str], within: float,
                      f"{_apart(pair)} | {met} | {_apart(cpu[pair.step])} |")
     lines += ["", "| what the host gave | A | B | apart |", "|---|---|---|---|"]
     lines += [f"| {p.figure} | {_cell(p.a, p.share)} | {_cell(p.b, p.share)} | {_apart(p)} |"
-              for p in host_pairs(a, b)]
+              for p in host_pairs(a, b, cpu)]
     every = bool(latency) and len(agreeing) == len(latency)
     lines += ["", f"{len(agreeing)} of {len(latency)} latency figures agree within "
               f"{within:.0%}" + ("." if every else "; see the NO rows, and read them with "

@@ -79,6 +79,20 @@ def wait_placed(env, namespace: str, name: str, timeout: float = 60) -> tuple[st
     return worker, copies[worker]
 
 
+def wait_pending(env, namespace: str, name: str, *says: str, timeout: float = 30) -> dict:
+    """Until the manager job's ``Placed`` condition is False for ``NoWorkerFits`` with a
+    message holding every one of ``says``; returns the condition. The message is the one
+    that follows the workers' caches: a worker's Namespace cache can trail a test's new
+    namespace by a moment, and the first message then says "namespace ... not found" for
+    that worker."""
+    return eventually(
+        lambda: condition(get(env.manager, namespace, name), "Placed") or {},
+        lambda placed: placed.get("reason") == c.REASON_NO_WORKER
+        and all(part in placed.get("message", "") for part in says),
+        expected=f"{namespace}/{name} Placed=False {c.REASON_NO_WORKER}, the message saying "
+                 f"{list(says)}", timeout=timeout)
+
+
 def wait_no_namespace_terminating(env) -> None:
     """Until earlier tests' namespaces (and their pods) are gone on every cluster, so what a
     test counts or expects to stay quiet is its own."""

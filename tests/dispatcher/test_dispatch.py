@@ -19,7 +19,7 @@ from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
     MK, PYTHON_GC_SWEEP_SECONDS, QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
-    remotes, trainjob, wait_no_namespace_terminating, wait_placed)
+    remotes, trainjob, wait_no_namespace_terminating, wait_pending, wait_placed)
 
 def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
     env = dispatch_env
@@ -132,15 +132,8 @@ def test_pending_with_reasons_then_placed_when_a_node_appears(dispatch_env, name
     env = dispatch_env
     resource = f"example.com/{namespace}"
     create(env.manager, namespace, trainjob("waits", requests={"cpu": "100m", resource: "2"}))
-    # On a busy machine a worker's Namespace cache can trail the test's namespace by a
-    # moment ("namespace ... not found" for that worker); the condition follows.
-    eventually(
-        lambda: get(env.manager, namespace, "waits"),
-        lambda obj: (condition(obj, "Placed") or {}).get("reason") == "NoWorkerFits"
-        and all(f"{worker}: needs 2 {resource}, 0 free" in condition(obj, "Placed")["message"]
-                for worker in ("worker-1", "worker-2")),
-        expected=f"a Placed=False NoWorkerFits condition saying each worker needs 2 {resource}"
-                 ", 0 free")
+    wait_pending(env, namespace, "waits", *(f"{worker}: needs 2 {resource}, 0 free"
+                                             for worker in ("worker-1", "worker-2")))
     # Events are recorded asynchronously, after the condition write.
     eventually(
         lambda: [(e.type, e.reason) for e in env.manager.core.list_namespaced_event(

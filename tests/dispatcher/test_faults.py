@@ -14,7 +14,7 @@ from clusters import fixtures
 from clusters.testing import eventually, holds_for
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    trainjob, create, get, placement, condition, remotes, wait_placed, wait_no_namespace_terminating, MK, CONFIG, active)
+    trainjob, create, get, placement, remotes, wait_pending, wait_placed, wait_no_namespace_terminating, MK, CONFIG, active)
 
 
 def test_the_manager_apiserver_restarting(dispatch_env, namespace):
@@ -107,14 +107,7 @@ def test_a_job_nothing_can_run_waits_quietly(dispatch_env, namespace):
     messages = {}
     for name, words in (("nowhere", "ClusterTrainingRuntime no-such-runtime not found"),
                         ("too-big", "needs 1000.2 cpu")):
-        # A worker's Namespace cache can trail the test's namespace by a moment ("namespace
-        # ... not found" for that worker); the condition follows once it has it.
-        placed = eventually(
-            lambda n=name: condition(get(env.manager, namespace, n), "Placed") or {},
-            lambda p, w=words: p.get("reason") == "NoWorkerFits"
-            and f"worker-1: {w}" in p.get("message", "")
-            and f"worker-2: {w}" in p.get("message", ""),
-            expected=f"{name} pending, the message saying '{words}' for both workers")
+        placed = wait_pending(env, namespace, name, f"worker-1: {words}", f"worker-2: {words}")
         messages[name] = placed["message"]
 
     def warnings() -> list[tuple[str, str, int]]:

@@ -17,7 +17,7 @@ from clusters.testing import eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    create, get, condition, wait_placed)
+    create, get, condition, wait_pending, wait_placed)
 
 
 GPU = "nvidia.com/gpu"
@@ -208,11 +208,6 @@ def test_a_job_no_node_admits_waits_with_the_rule_named(dispatch_env, namespace,
          taints=[{"key": "reserved", "value": "ops", "effect": "NoSchedule"}])
     _install_runtime(env, namespace, "idle", {})
     create(env.manager, namespace, _job("unplaceable", "idle", namespace, num_nodes=1, cpu="1"))
-    rules = (f"without label test-pool={namespace} (nodeSelector)",
-             "with taint reserved=ops:NoSchedule (not tolerated)")
-    # A worker's Namespace cache can trail the test's namespace by a moment ("namespace ...
-    # not found" for that worker); the condition follows once it has it.
-    eventually(lambda: condition(get(env.manager, namespace, "unplaceable"), "Placed") or {},
-               lambda placed: placed.get("reason") == "NoWorkerFits"
-               and all(rule in placed.get("message", "") for rule in rules),
-               expected=f"unplaceable pending with a message naming {rules}", timeout=30)
+    wait_pending(env, namespace, "unplaceable",
+                 f"without label test-pool={namespace} (nodeSelector)",
+                 "with taint reserved=ops:NoSchedule (not tolerated)")
