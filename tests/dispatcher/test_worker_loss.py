@@ -86,13 +86,16 @@ def test_the_unreachable_condition_clears_when_the_worker_answers_again(dispatch
                        expected="WorkerReachable=False on the manager job")
         finally:
             env.multicluster.start("worker-1")
-        eventually(lambda: active(env, "worker-1"), lambda cond: cond.get("status") == "True",
-                   timeout=30, expected="worker-1 Active=True again")
+        back = eventually(lambda: active(env, "worker-1"),
+                          lambda cond: cond.get("status") == "True", timeout=30,
+                          expected="worker-1 Active=True again")
         cleared = eventually(lambda: get(env.manager, namespace, "quiet"),
                              lambda obj: condition(obj, "WorkerReachable") is None, timeout=10,
                              expected="WorkerReachable gone from the manager job within "
                                       "seconds of worker-1 answering")
-        assert placement(cleared) == "worker-1"
+        assert placement(cleared) == "worker-1", (
+            f"the job moved off worker-1 (Active again at {back['lastTransitionTime']}); only "
+            f"{WORKER_LOST_TIMEOUT}s unreachable may move it")
     finally:
         env.operators["worker-1"] = operator.start()
 
