@@ -55,12 +55,17 @@ _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAIN
 
 
 def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
-    """A pod event after which a worker may have room it did not have: the pod is gone, or
-    it has just finished (a finished pod holds no resources)."""
+    """A pod event after which a job waiting on a worker may fit there: the pod is gone, or
+    it has just finished (a finished pod holds no resources), or it has just been bound (a
+    job may wait for the pods of jobs placed before it to bind: capacity's
+    ``_order_problem``)."""
     if kind == "DELETED":
         return True
     old_phase, new_phase = (((pod or {}).get("status") or {}).get("phase") for pod in (old, new))
-    return new_phase in ("Succeeded", "Failed") and old_phase not in ("Succeeded", "Failed")
+    if new_phase in ("Succeeded", "Failed") and old_phase not in ("Succeeded", "Failed"):
+        return True
+    return bool(((new or {}).get("spec") or {}).get("nodeName")) and not (
+        (old or {}).get("spec") or {}).get("nodeName")
 
 
 class DispatcherController:

@@ -1,8 +1,8 @@
-"""Resource amounts as the dispatcher's messages show them (pure).
+"""Resource amounts: whether a pod fits a Node's room, and how messages word amounts (pure).
 
-Its own module because both the capacity picture (``capacity``) and the choice of a worker
-(``chooser``) word amounts, and the chooser reads capacity's ``PODS``: kept in either,
-the two would import each other.
+Its own module because the capacity picture (``capacity``), the check of arrival orders
+(``arrival``) and the choice of a worker (``chooser``) all use them: kept in one of them,
+they would import each other.
 """
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from __future__ import annotations
 from decimal import Decimal
 
 from trainjob.runtime.podsets import format_quantity
+
+# Pod slots are accounted like any other resource: each pod uses one, nodes allocate them.
+PODS = "pods"
+_ZERO = Decimal(0)
 
 _BYTE_RESOURCES = ("memory", "ephemeral-storage")
 _BINARY_UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
@@ -30,3 +34,13 @@ def format_amount(resource: str, amount: Decimal) -> str:
     exact = [f"{int(amount) // size}{suffix}" for suffix, size in _BINARY_UNITS + _DECIMAL_UNITS
              if int(amount) % size == 0]
     return min(exact + [plain], key=len)
+
+
+def fits(free: dict[str, Decimal], wanted: dict[str, Decimal]) -> bool:
+    """Whether a Node with ``free`` left has room for a pod asking ``wanted`` (pod slots
+    only where the Node counts them)."""
+    for resource, amount in wanted.items():
+        if amount > 0 and free.get(resource, _ZERO) < amount and (
+                resource != PODS or resource in free):
+            return False
+    return True

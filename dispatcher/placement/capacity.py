@@ -11,7 +11,9 @@ the worker has in sum. ``pack`` puts each pod where the worker's scheduler would
 NodeResourcesFit scoring: LeastAllocated by default, which spreads), and a job placed by
 packing keeps its room on those Nodes until its pods take it, so the next decision packs
 around it. A prediction that packed where the scheduler spreads let a burst fragment the
-Nodes: every job fit on paper, and a large pod found no Node.
+Nodes: every job fit on paper, and a large pod found no Node. Last, a job whose pods and
+those in flight could strand one another in some order of arrival waits for them to bind
+(``arrival``).
 """
 
 from __future__ import annotations
@@ -25,14 +27,13 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.placement.amounts import format_amount
+from dispatcher.placement import arrival
+from dispatcher.placement.amounts import PODS, fits, format_amount
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
 log = logging.getLogger(__name__)
 
-# Pod slots are accounted like any other resource: each pod uses one, nodes allocate them.
-PODS = "pods"
 # kube-scheduler's NodeResourcesFit scoring strategies (its default is LeastAllocated), the
 # resources it scores (cpu and memory, weight 1 each) and what it assumes for a container
 # that requests none of them when scoring (not when filtering).
@@ -85,6 +86,9 @@ class WorkerCapacity:
         # Where a reserved job's pods were packed (node -> requests), and what its bound
         # pods use per node: the planned room stays taken until the pods take it.
         self._planned: dict[JobKey, dict[str, Resources]] = {}
+        # The nodeSelector and tolerations of a planned job's pods: which Nodes they may
+        # still go to, for the check of arrival orders (``_order_problem``).
+        self._rules: dict[JobKey, tuple[dict[str, str] | None, list[dict] | None]] = {}
         self._job_node_used: dict[tuple[JobKey, str], Resources] = {}
         # What each reservation still counts for, and the sum of those: kept current as
         # reservations and pods change, so a placement does not sum every placed job.
@@ -138,9 +142,11 @@ class WorkerCapacity:
     # --- reservations -----------------------------------------------------------------
 
     def reserve(self, job_key: JobKey, requests: Resources, pods: int,
-                planned: dict[str, Resources] | None = None) -> None:
+                planned: dict[str, Resources] | None = None,
+                rules: tuple[dict[str, str] | None, list[dict] | None] = (None, None)) -> None:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
-        ``planned`` says on which Nodes its pods were packed. Re-reserving the same
+        ``planned`` says on which Nodes its pods were packed, ``rules`` the nodeSelector
+        and tolerations they were packed by. Re-reserving the same
         footprint without a plan (the copy's events do) keeps the plan; a reservation
         re-made after a restart has none and counts against every selection of Nodes.
         Only ``reservations.Reservations`` calls this and ``release``."""
@@ -148,10 +154,12 @@ class WorkerCapacity:
         with self._lock:
             if planned:
                 self._planned[job_key] = planned
+                self._rules[job_key] = rules
             elif self._reserved.get(job_key) == amounts:
                 return  # the same footprint again (each event of its copy): nothing moves
             else:
                 self._planned.pop(job_key, None)  # another footprint: the plan is not its
+                self._rules.pop(job_key, None)
             self._reserved[job_key] = amounts
             self._recount(job_key)
 
@@ -165,6 +173,7 @@ class WorkerCapacity:
         there was one."""
         with self._lock:
             self._planned.pop(job_key, None)
+            self._rules.pop(job_key, None)
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
                 return True
@@ -258,7 +267,65 @@ class WorkerCapacity:
                 if name is None:
                     return _no_node_for(pod, room)
                 _accumulate(room[name], pod, -1)
-            return self._rehome_held(room, allocatable, sign) or plan
+            return (self._rehome_held(room, allocatable, sign)
+                    or self._order_problem(wanted, frozenset(names)) or plan)
+
+    def _order_problem(self, wanted: list[Resources], names: frozenset[str]) -> str | None:
+        """Why the job should wait for the pods of jobs placed before it to bind: in some
+        order of arrival, its pods and theirs could leave one of them without a Node
+        (``arrival``), where neither group could on its own. If one could, waiting would
+        not help (its own pods) or could last as long as a held pod stays unbound: packing's
+        answer stands. Called under the lock."""
+        pending = dict(self._counted_total)
+        for pod in wanted:
+            _accumulate(pending, pod)
+        # The usual case, checked cheaply: a Node that could take every pending pod and
+        # still fit this job's pods, and the same for every Node with held room.
+        holding = [name for name, amounts in self._node_planned.items() if any(amounts.values())]
+        absorbs = {name: fits(self._node_room(name, held=False), pending)
+                   for name in names.union(holding) if name in self._nodes}
+        if any(absorbs.get(name) for name in names) and all(
+                absorbs.get(name, False) for name in holding):
+            return None
+        mine = [arrival.PendingPod(pod, names, names) for pod in wanted]
+        held = self._held_pods()
+        room = {name: self._node_room(name, held=False)
+                for name, node in self._nodes.items() if node.usable}
+        stranded = arrival.stranded(held + mine, room)
+        if stranded is None or arrival.stranded(mine, room) or arrival.stranded(held, room):
+            return None
+        asked = " and ".join(f"{format_amount(r, a)} {r}"
+                             for r, a in sorted(stranded.amounts.items()) if r != PODS and a)
+        return ("pods of jobs placed here moments ago are not bound yet: in some order of "
+                f"arrival, theirs and this job's could leave a pod of {asked} without a Node "
+                "(it waits for them to bind)")
+
+    def _held_pods(self) -> list[arrival.PendingPod]:
+        """The pods reservations still stand for, one job's on one Node as equal parts of
+        what is held there (how initializers and trainer divide it is not known), each
+        free to go to any Node its job's rules admit. A reservation without a plan (re-made
+        after a restart) is one lump that may go anywhere, and its own room is not asked.
+        Called under the lock."""
+        pods: list[arrival.PendingPod] = []
+        admitted: dict[tuple, frozenset[str]] = {}
+        for job, counted in self._counted.items():
+            per_node = self._planned_counted.get(job)
+            nodes = None
+            if per_node:
+                selector, tolerations = self._rules.get(job, (None, None))
+                rules = (tuple(sorted((selector or {}).items())), repr(tolerations))
+                if rules not in admitted:
+                    admitted[rules] = frozenset(
+                        name for name, node in self._nodes.items()
+                        if node.usable and admits(node.labels, node.taints, selector,
+                                                  tolerations))
+                nodes = admitted[rules]
+            for amounts in (per_node.values() if per_node else (counted,)):
+                count = max(int(amounts.get(PODS, _ONE)), 1)
+                part = {r: a / count for r, a in amounts.items() if r != PODS}
+                part[PODS] = _ONE
+                pods.extend(arrival.PendingPod(part, nodes, nodes) for _ in range(count))
+        return pods
 
     def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
                      sign: int) -> str | None:
@@ -368,7 +435,7 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
     """The Node the scheduler scores best for a pod among those with room for it (highest
     score first; the scheduler breaks ties at random, this by name), where the pod then
     takes its room; None when it fits nowhere."""
-    fitting = [name for name, free in room.items() if _fits(free, wanted)]
+    fitting = [name for name, free in room.items() if fits(free, wanted)]
     if not fitting:
         return None
     # Scoring only ranks: a pod with one Node to go to goes there.
@@ -376,16 +443,6 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
         fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
     _accumulate(room[best], wanted, -1)
     return best
-
-
-def _fits(free: Resources, wanted: Resources) -> bool:
-    """Whether a Node with ``free`` left has room for a pod asking ``wanted`` (pod slots
-    only where the Node counts them)."""
-    for resource, amount in wanted.items():
-        if amount > 0 and free.get(resource, _ZERO) < amount and (
-                resource != PODS or resource in free):
-            return False
-    return True
 
 
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:

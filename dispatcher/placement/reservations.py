@@ -60,7 +60,8 @@ class Reservations:
         """A job was just placed on ``worker``: count its need there (``plan``: on which
         Nodes its pods were packed), and against its Kueue queue's quota when it has one
         (Kueue mode, nominated and not reserved by the worker's Kueue yet)."""
-        worker.capacity.reserve(job, need.requests, need.pods, plan)
+        worker.capacity.reserve(job, need.requests, need.pods, plan,
+                                (need.node_selector, need.tolerations))
         if need.queue is not None and worker.quota is not None:
             worker.quota.hold(job, need.queue, need.requests, need.pods)
 

@@ -506,8 +506,15 @@ def test_a_spread_worker_refuses_what_its_scheduler_could_not_place():
     # Another footprint (the job changed) drops the plan, which says nothing of the new
     # pods: the reservation holds no room on Node a any more, only in the sum.
     capacity.reserve(("team-a", "first"), {"cpu": D(6)}, pods=1)
-    assert list(capacity.pack([{"cpu": D(8)}])) == ["a"]
     assert capacity.free()["cpu"] == 6
+    # So Node a has room for an 8-cpu pod, but the first job's pod, wherever it lands,
+    # could take it first: the job waits for the pods in flight to bind.
+    assert capacity.pack([{"cpu": D(8)}]).startswith(
+        "pods of jobs placed here moments ago are not bound yet")
+    # It did, on b: the second job's pod must now go to a, and 8 cpu fit nowhere.
+    _bind(capacity, "first", 0, "b", 6)
+    assert capacity.pack([{"cpu": D(8)}]) == (
+        "no Node has room for a pod of 8 cpu (most free on one Node: 4)")
 
 
 def test_a_planned_job_keeps_its_room_on_its_nodes_until_its_pods_take_it():
@@ -564,10 +571,10 @@ def test_a_pod_bound_off_its_plan_leaves_no_room_counted_twice_or_lost():
     add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
     assert _placed(capacity, "wide", 3, 3) == {"a": {"cpu": D(3), "pods": D(1)},
                                                "b": {"cpu": D(3), "pods": D(1)}}
-    assert list(_placed(capacity, "small-0", 1)) == ["a"]  # a tie: by name
-    assert list(_placed(capacity, "small-1", 1)) == ["b"]
     _bind(capacity, "wide", 0, "a", 3)
     _bind(capacity, "wide", 1, "b", 3)
+    assert list(_placed(capacity, "small-0", 1)) == ["a"]  # a tie: by name
+    assert list(_placed(capacity, "small-1", 1)) == ["b"]
     _bind(capacity, "small-0", 0, "b", 1)  # not where planned
     assert capacity.free()["cpu"] == 0
     assert capacity.pack([{"cpu": D(1)}]) == (
@@ -580,7 +587,11 @@ def _wide_and_two_small():
     add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
     _placed(capacity, "wide", 3, 3)
     _placed(capacity, "small-0", 1)
-    _placed(capacity, "small-1", 1)
+    # Reserved as packing alone would: placing it now waits for the others' pods
+    # (test_a_job_waits_while_pods_in_flight_could_strand_one), but a dispatcher that
+    # restarted, or one before that check, holds it so.
+    capacity.reserve(("team-a", "small-1"), {"cpu": D(1)}, pods=1,
+                     planned={"b": {"cpu": D(1), "pods": D(1)}})
     return capacity
 
 
@@ -655,3 +666,58 @@ def test_a_job_whose_pods_could_come_first_must_leave_the_held_pods_room():
         "of 8 cpu (most free on one Node: 7.8)")
     _bind(capacity, "first", 0, "a", 8)
     assert list(capacity.pack([{"cpu": D(4)}, initializer])) == ["b"]
+
+
+def test_a_job_waits_while_pods_in_flight_could_strand_one():
+    """Two 4-cpu Nodes, a wide job (3 + 3 cpu) and two 1-cpu jobs: every packing order
+    fits, but a small pod, then one wide pod, then the other small pod (each to the Node
+    the scheduler sees emptier) leave the second wide pod 2 cpu on each Node. The second
+    small job waits until the wide job's pods are bound, whichever came first."""
+    for first, then in ((("wide", 3, 3), ("small-0", 1)), (("small-0", 1), ("wide", 3, 3))):
+        capacity = WorkerCapacity()
+        add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+        _placed(capacity, *first)
+        _placed(capacity, *then)
+        refused = capacity.pack([{"cpu": D(1)}])
+        assert refused == (
+            "pods of jobs placed here moments ago are not bound yet: in some order of "
+            "arrival, theirs and this job's could leave a pod of 3 cpu without a Node (it "
+            "waits for them to bind)"), (first, then)
+        _bind(capacity, "wide", 0, "a", 3)
+        # One wide pod still in flight: two small pods on b would still strand it.
+        assert capacity.pack([{"cpu": D(1)}]).startswith("pods of jobs placed here")
+        _bind(capacity, "wide", 1, "b", 3)
+        assert not isinstance(capacity.pack([{"cpu": D(1)}]), str)
+
+
+def test_pods_in_flight_with_room_to_spare_make_nothing_wait():
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=8), node("b", cpu=8))
+    _placed(capacity, "wide", 3, 3)
+    _placed(capacity, "small-0", 1)
+    assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]
+
+
+def test_a_job_that_could_strand_only_its_own_pod_is_placed_all_the_same():
+    """Pods of 3 and 2 cpu on Nodes of 3 and 2: if the 2 comes first, the scheduler may
+    put it on the 3-cpu Node and leave the 3 nowhere. Waiting would not change that, so
+    the job goes (packing puts each where it fits)."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=3), node("b", cpu=2))
+    assert capacity.pack([{"cpu": D(3)}, {"cpu": D(2)}]) == {
+        "a": {"cpu": D(3), "pods": D(1)}, "b": {"cpu": D(2), "pods": D(1)}}
+
+
+def test_held_pods_are_checked_on_every_node_their_rules_admit():
+    """A job held on Node a with nothing to stop it using b: a small job that could take
+    a leaves it b, so nothing waits. The same job kept to a by its nodeSelector would be
+    stranded there: the small job waits."""
+    for selector, waits in ((None, False), ({"zone": "a"}, True)):
+        capacity = WorkerCapacity()
+        add_nodes(capacity, node("a", cpu=4, labels={"zone": "a"}), node("b", cpu=4))
+        plan = capacity.pack([{"cpu": D(4)}], node_selector=selector)
+        assert list(plan) == ["a"]
+        capacity.reserve(("team-a", "held"), {"cpu": D(4)}, pods=1, planned=plan,
+                         rules=(selector, None))
+        answer = capacity.pack([{"cpu": D(1)}])
+        assert isinstance(answer, str) is waits, (selector, answer)

@@ -1,0 +1,129 @@
+"""Whether pods that are not bound yet could leave one of them without a Node, in some
+order of arrival at the scheduler (pure).
+
+Packing (``WorkerCapacity.pack``) finds Nodes for a job's pods as the scheduler would put
+them in two orders: the pods of jobs placed before it first, or its own first. Pods come in
+any order, though (a small job's pod between a large job's two), and the scheduler's choice
+among the Nodes that fit is not only the resource score packing models (it balances, it
+spreads, it breaks ties at random). A small pod on the Node a large one was counted on can
+leave the large one with no Node at all, Pending until something ends.
+
+So this asks the worst case: could the other pending pods, each put on some Node where it
+fits when it comes, leave no Node with room for a given one? A Node that could take every
+other pending pod and still fit it says no at once (the usual case: room to spare);
+otherwise a bounded search tries the others on the Nodes it may use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from dispatcher.placement.amounts import fits
+
+Resources = dict[str, Decimal]
+
+# Search steps per question: the close cases it is for are a few pods on a few Nodes, and
+# it runs under the capacity lock. Beyond it, packing's answer stands.
+SEARCH_BUDGET = 2000
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """A pod not bound yet. ``lands``: the Nodes it may go to as a rival of others (None:
+    any where it fits); ``asked``: the Nodes its own room is checked on (None: it is not
+    checked, only counted against the others)."""
+
+    amounts: Resources
+    lands: frozenset[str] | None
+    asked: frozenset[str] | None
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+def stranded(pods: Sequence[PendingPod], room: dict[str, Resources],
+             budget: int = SEARCH_BUDGET) -> PendingPod | None:
+    """A pod of ``pods`` that some order of arrival leaves without a Node, given each Node's
+    ``room`` with bound pods only; None when every order binds them all, or when the search
+    ran past ``budget`` steps."""
+    steps = [budget]
+    done: set = set()
+    for index, pod in enumerate(pods):
+        if pod.asked is None:
+            continue
+        # Pods alike meet the same rivals: one answer serves them all.
+        key = (tuple(sorted(pod.amounts.items())), pod.lands, pod.asked)
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            if _can_strand(pod, [*pods[:index], *pods[index + 1:]], room, steps):
+                return pod
+        except _OutOfBudget:
+            return None
+    return None
+
+
+def _can_strand(pod: PendingPod, others: list[PendingPod], room: dict[str, Resources],
+                steps: list[int]) -> bool:
+    wanted = pod.amounts
+    nodes = sorted(n for n in pod.asked if n in room and fits(room[n], wanted))
+    if not nodes:
+        return False  # no room even alone: packing's business, not an order's
+    rivals = sorted((o for o in others if o.lands is None or not o.lands.isdisjoint(nodes)),
+                    key=lambda o: sorted(o.amounts.items()), reverse=True)
+    # What the rivals from the i-th on could take, in all.
+    after: list[Resources] = [{}]
+    for rival in reversed(rivals):
+        after.append(_plus(after[-1], rival.amounts))
+    after.reverse()
+    left = {n: dict(room[n]) for n in nodes}
+    return _search(wanted, rivals, 0, left, after, steps, set())
+
+
+def _search(wanted: Resources, rivals: list[PendingPod], i: int, left: dict[str, Resources],
+            after: list[Resources], steps: list[int], seen: set) -> bool:
+    """Whether rivals ``i`` on, each on an open Node where it fits or not at all, can
+    close every Node to ``wanted``."""
+    steps[0] -= 1
+    if steps[0] < 0:
+        raise _OutOfBudget
+    open_nodes = [n for n, free in left.items() if fits(free, wanted)]
+    if not open_nodes:
+        return True
+    # A Node that fits ``wanted`` after all the rivals left stays open whatever they do.
+    if any(fits(_minus(left[n], after[i]), wanted) for n in open_nodes):
+        return False
+    state = (i, tuple((n, tuple(sorted(left[n].items()))) for n in open_nodes))
+    if state in seen:
+        return False
+    seen.add(state)
+    rival = rivals[i]
+    for n in open_nodes:
+        if (rival.lands is None or n in rival.lands) and fits(left[n], rival.amounts):
+            _take(left[n], rival.amounts, -1)
+            closed = _search(wanted, rivals, i + 1, left, after, steps, seen)
+            _take(left[n], rival.amounts, 1)
+            if closed:
+                return True
+    # It lands on another Node, or after ``wanted`` has its own.
+    return _search(wanted, rivals, i + 1, left, after, steps, seen)
+
+
+def _take(free: Resources, amounts: Resources, sign: int) -> None:
+    for resource, amount in amounts.items():
+        free[resource] = free.get(resource, Decimal(0)) + sign * amount
+
+
+def _plus(a: Resources, b: Resources) -> Resources:
+    total = dict(a)
+    _take(total, b, 1)
+    return total
+
+
+def _minus(free: Resources, taken: Resources) -> Resources:
+    # Only what the Node counts: a resource it does not list stays unlisted.
+    return {r: amount - taken.get(r, Decimal(0)) for r, amount in free.items()}
