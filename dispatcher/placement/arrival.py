@@ -26,7 +26,7 @@ Resources = dict[str, Decimal]
 
 # Search steps per question: the close cases it is for are a few pods on a few Nodes, and
 # it runs under the capacity lock. Beyond it, packing's answer stands.
-SEARCH_BUDGET = 2000
+SEARCH_BUDGET = 500
 
 
 @dataclass(frozen=True)
