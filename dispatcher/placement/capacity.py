@@ -303,9 +303,9 @@ class WorkerCapacity:
     def _held_pods(self) -> list[arrival.PendingPod]:
         """The pods reservations still stand for, one job's on one Node as equal parts of
         what is held there (how initializers and trainer divide it is not known), each
-        free to go to any Node its job's rules admit. A reservation without a plan (re-made
-        after a restart) is one lump that may go anywhere, and its own room is not asked.
-        Called under the lock."""
+        free to go to any Node its job's rules admit. Those of a reservation without a plan
+        (re-made after a restart: its rules are not known) may go anywhere, and their own
+        room is not asked. Called under the lock."""
         pods: list[arrival.PendingPod] = []
         admitted: dict[tuple, frozenset[str]] = {}
         for job, counted in self._counted.items():
