@@ -13,7 +13,8 @@ host can take three quarters longer over the same work for seconds at a time:
   the jobs dispatched or statuses copied): the same work costing more CPU in one run
   means a slower host, or a busier one, in that run;
 - the share of each step the host was slow, from the probe that times a slice of the
-  reference work twice a second (``bench.host_speed``).
+  reference work twice a second, and the probe's median time per read at random places
+  of a buffer the shared cache should hold (``bench.host_speed``).
 
 Exit status 0 when every latency figure agrees, 1 when one does not, 2 on bad input.
 """
@@ -130,6 +131,9 @@ def host_pairs(a: dict, b: dict, cpu: dict[str, Pair]) -> list[Pair]:
         pairs.append(Pair(f"{name}: share of the repeats the host was slow",
                           (step_a.get("cpu") or {}).get("host_slow_share"),
                           (step_b.get("cpu") or {}).get("host_slow_share"), share=True))
+        pairs.append(Pair(f"{name}: host cache read at random, median ns",
+                          (step_a.get("cpu") or {}).get("host_cache_read_ns"),
+                          (step_b.get("cpu") or {}).get("host_cache_read_ns")))
     return pairs
 
 

@@ -135,8 +135,10 @@ class CpuAccount:
         }
         if self.host_slow is not None:
             # How much of the window the host itself was slow (bench.host_speed's probe).
-            figures["host_slow_share"] = round(self.host_slow[0], 3)
-            figures["host_probe_readings"] = self.host_slow[1]
+            figures["host_slow_share"] = round(self.host_slow.slow_share, 3)
+            figures["host_probe_readings"] = self.host_slow.readings
+            if self.host_slow.cache_read_ns is not None:
+                figures["host_cache_read_ns"] = self.host_slow.cache_read_ns
         return figures
 
 
@@ -166,4 +168,10 @@ def cpu_sum(accounts: list[dict]) -> dict:
         merged["host_slow_share"] = round(
             sum(a["host_slow_share"] * a["host_probe_readings"] for a in probed) / readings, 3)
         merged["host_probe_readings"] = readings
+        read = [a for a in probed if a.get("host_cache_read_ns") is not None]
+        if read:
+            # The windows' medians, weighted by their readings.
+            merged["host_cache_read_ns"] = round(
+                sum(a["host_cache_read_ns"] * a["host_probe_readings"] for a in read)
+                / sum(a["host_probe_readings"] for a in read), 1)
     return merged

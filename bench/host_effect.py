@@ -5,7 +5,10 @@ under it is slower for a while. For each step every run has (the steady rates an
 sync), this sets the latency percentiles beside the machine's CPU per unit of work: every
 process group's CPU seconds over the jobs dispatched or the statuses copied. Then, for each
 percentile, its correlation with that CPU over the runs (Pearson). A correlation near 1
-says the figure follows the host: where those runs differ, the host did first.
+says the figure follows the host: where those runs differ, the host did first. Where the
+runs recorded it, the host probe's median time per cache read (``bench.host_speed``) is
+set beside them too, with its own correlation with the CPU: whether the probe sees what
+makes the host slower.
 
 Quick and full runs may be mixed: a step at a rate does the same work per job in both (a
 full run's step only collects more samples).
@@ -33,6 +36,15 @@ def _correlation(xs: list[float], ys: list[float]) -> float | None:
         return None
 
 
+def _with_cpu(rows: list[tuple], values: list[float | None]) -> str:
+    """The correlation of ``values`` (one per row) with the rows' CPU per unit, over the
+    rows that have one; "n/a" with fewer than ``MIN_RUNS`` or a constant series."""
+    pairs = [(row[0], v) for row, v in zip(rows, values) if v is not None]
+    r = _correlation([c for c, _ in pairs], [v for _, v in pairs]) \
+        if len(pairs) >= MIN_RUNS else None
+    return "n/a" if r is None else f"{r:.2f}"
+
+
 def render(runs: list[tuple[str, dict]]) -> str:
     """Per step every run (lowest CPU per unit first) and each percentile's correlation."""
     named = [(name, steps(results)) for name, results in runs]
@@ -44,27 +56,25 @@ def render(runs: list[tuple[str, dict]]) -> str:
             summary, data, units = by_step[step]
             cpu = cpu_per_unit_ms(data, units)
             if cpu is not None:
-                rows.append((cpu, name, [summary.get(p) for p in PERCENTILES]))
+                rows.append((cpu, name, [summary.get(p) for p in PERCENTILES],
+                             (data.get("cpu") or {}).get("host_cache_read_ns")))
         rows.sort()
         lines += [f"### {step}", "",
                   "| run | machine CPU per unit, ms | " + " | ".join(
-                      f"{p[:-3]} ms" for p in PERCENTILES) + " |",
-                  "|---|---|" + "---|" * len(PERCENTILES)]
+                      f"{p[:-3]} ms" for p in PERCENTILES) + " | host cache read, ns |",
+                  "|---|---|" + "---|" * (len(PERCENTILES) + 1)]
         lines += [f"| {name} | {cpu:g} | " + " | ".join(
-                      "n/a" if v is None else f"{v:g}" for v in figures) + " |"
-                  for cpu, name, figures in rows]
+                      "n/a" if v is None else f"{v:g}" for v in [*figures, read]) + " |"
+                  for cpu, name, figures, read in rows]
         lines.append("")
         if len(rows) < MIN_RUNS:
             lines += [f"Too few runs with CPU readings in this step ({len(rows)}) for a "
                       "correlation.", ""]
             continue
-        cpus = [cpu for cpu, _, _ in rows]
-        said = []
-        for i, p in enumerate(PERCENTILES):
-            pairs = [(cpu, figures[i]) for cpu, _, figures in rows if figures[i] is not None]
-            r = _correlation([c for c, _ in pairs], [v for _, v in pairs]) \
-                if len(pairs) >= MIN_RUNS else None
-            said.append(f"{p[:-3]} {'n/a' if r is None else f'{r:.2f}'}")
+        cpus = [cpu for cpu, _, _, _ in rows]
+        said = [f"{p[:-3]} {_with_cpu(rows, [figures[i] for _, _, figures, _ in rows])}"
+                for i, p in enumerate(PERCENTILES)]
+        said.append(f"the host's cache reads {_with_cpu(rows, [r for *_, r in rows])}")
         lines += [f"The machine's CPU per unit of work: {min(cpus):g} to {max(cpus):g} ms "
                   f"({max(cpus) / min(cpus) - 1:.0%} apart) over {len(rows)} runs. "
                   f"Correlation with it: {', '.join(said)}.", ""]

@@ -120,6 +120,7 @@ def test_every_figure_is_there_and_sane(bench_run):
         # The host probe's readings (two a second) during the step's repeats.
         assert step["cpu"]["host_probe_readings"] >= 2, step["cpu"]
         assert 0 <= step["cpu"]["host_slow_share"] <= 1, step["cpu"]
+        assert step["cpu"]["host_cache_read_ns"] > 0, step["cpu"]
         # Read from the dispatcher's python_gc_duration_seconds: every step allocates
         # enough for young collections.
         assert step["steps"]["GC"]["gen0"]["count"] >= 1, step["steps"]

@@ -8,12 +8,16 @@ import json
 from bench import host_effect
 
 
-def _run(tmp_path, name: str, cpu_ms: float, p50: float, p99: float, **extra) -> str:
-    """A run whose steady 50 jobs/s step and sync cost ``cpu_ms`` of machine CPU per unit."""
+def _run(tmp_path, name: str, cpu_ms: float, p50: float, p99: float,
+         read_ns: float | None = None, **extra) -> str:
+    """A run whose steady 50 jobs/s step and sync cost ``cpu_ms`` of machine CPU per unit
+    (and whose host probe read its cache in ``read_ns``, when given)."""
     def step(units: int) -> dict:
-        return {"cpu": {"cpu_seconds": {"manager apiserver+etcd": cpu_ms * units / 2000,
-                                        "dispatcher": cpu_ms * units / 2000}},
-                "runs": []}
+        cpu = {"cpu_seconds": {"manager apiserver+etcd": cpu_ms * units / 2000,
+                               "dispatcher": cpu_ms * units / 2000}}
+        if read_ns is not None:
+            cpu["host_cache_read_ns"] = read_ns
+        return {"cpu": cpu, "runs": []}
 
     summary = {"count": 1500, "p50_ms": p50, "p90_ms": p50 * 1.5, "p99_ms": p99}
     steady = {**step(1500), "rate": 50, "dispatched": 1500, "latency": summary}
@@ -28,16 +32,19 @@ def _run(tmp_path, name: str, cpu_ms: float, p50: float, p99: float, **extra) ->
 
 def test_runs_are_ordered_by_cpu_and_each_percentile_correlated(tmp_path, capsys):
     # p50 follows the CPU exactly; p99 falls as the CPU rises.
-    runs = [_run(tmp_path, "slow", 30.0, 15.0, 40.0), _run(tmp_path, "fast", 20.0, 10.0, 60.0),
-            _run(tmp_path, "mid", 25.0, 12.5, 45.0)]
+    # The probe's cache reads slower on the dearer hosts, though not in step.
+    runs = [_run(tmp_path, "slow", 30.0, 15.0, 40.0, 90.0),
+            _run(tmp_path, "fast", 20.0, 10.0, 60.0, 30.0),
+            _run(tmp_path, "mid", 25.0, 12.5, 45.0, 40.0)]
     assert host_effect.main(runs) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith(f"| {tmp_path}")]
     assert [line.split(" | ")[0][2:] for line in table[:3]] == [
         str(tmp_path / n) for n in ("fast", "mid", "slow")], out
-    assert f"| {tmp_path / 'fast'} | 20 | 10 | 15 | 60 |" in out, out
+    assert f"| {tmp_path / 'fast'} | 20 | 10 | 15 | 60 | 30 |" in out, out
     assert ("The machine's CPU per unit of work: 20 to 30 ms (50% apart) over 3 runs. "
-            "Correlation with it: p50 1.00, p90 1.00, p99 -0.96.") in out, out
+            "Correlation with it: p50 1.00, p90 1.00, p99 -0.96, the host's cache reads "
+            "0.93.") in out, out
     assert out.count("### ") == 2, out  # the steady step and the status sync
 
 
@@ -55,4 +62,8 @@ def test_equal_cpu_in_every_run_gives_no_correlation_rather_than_an_error(tmp_pa
     runs = [_run(tmp_path, n, 20.0, p50, 30.0) for n, p50 in (("a", 10.0), ("b", 11.0),
                                                               ("c", 12.0))]
     assert host_effect.main(runs) == 0
-    assert "Correlation with it: p50 n/a, p90 n/a, p99 n/a." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # Runs from before the probe read its cache: that column says so.
+    assert "| 20 | 10 | 15 | 30 | n/a |" in out, out
+    assert ("Correlation with it: p50 n/a, p90 n/a, p99 n/a, the host's cache reads "
+            "n/a.") in out, out

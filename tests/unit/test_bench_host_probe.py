@@ -21,7 +21,7 @@ def test_the_probe_runs_as_a_process_of_its_own_until_the_block_ends(tmp_path):
                               expected="two readings from the probe within 30 s")
     assert host_speed.Probe.current is None
     assert not is_alive(probe.pid), f"the probe (pid {probe.pid}) outlived its block"
-    assert all(ms > 0 for ms, _ in readings), readings
+    assert all(r.ms > 0 and r.read_ns > 0 for r in readings), readings
 
 
 def test_a_window_reports_the_share_of_its_readings_when_the_host_was_slow(tmp_path):
@@ -31,12 +31,16 @@ def test_a_window_reports_the_share_of_its_readings_when_the_host_was_slow(tmp_p
     later = time.time() + 3600
     # Four readings in the window asked about, one of them slow; one before it, which
     # does not count.
-    lines = [(later - 100, 1.2, 0), (later + 0.1, 1.3, 0), (later + 0.2, 2.1, 1),
-             (later + 0.3, 1.2, 0), (later + 0.4, 1.3, 0)]
-    probe.path.write_text("".join(f"{t:.3f} {ms} {slow}\n" for t, ms, slow in lines))
+    # The cache reads' median is that of the window's readings too.
+    lines = [(later - 100, 1.2, 0, 90.0), (later + 0.1, 1.3, 0, 30.0),
+             (later + 0.2, 2.1, 1, 80.0), (later + 0.3, 1.2, 0, 31.0),
+             (later + 0.4, 1.3, 0, 33.0)]
+    probe.path.write_text("".join(f"{t:.3f} {ms} {slow} {ns}\n"
+                                  for t, ms, slow, ns in lines))
     host_speed.Probe.current = probe
     try:
-        assert host_speed.slow_share(later, later + 1) == (0.25, 4)
+        assert host_speed.slow_share(later, later + 1) == host_speed.HostReadings(
+            0.25, 4, 32.0)
         assert host_speed.slow_share(later + 10, later + 11) is None
         with CpuAccount({}) as account:
             pass
@@ -49,8 +53,18 @@ def test_a_window_reports_the_share_of_its_readings_when_the_host_was_slow(tmp_p
 
 def test_windows_merge_their_slow_shares_by_readings():
     base = {"cpu_seconds": {}, "host_cpu_seconds_available": 10.0, "host_busy_share": 0.5}
-    merged = cpu_sum([{**base, "host_slow_share": 0.5, "host_probe_readings": 20},
-                      {**base, "host_slow_share": 0.0, "host_probe_readings": 60},
+    merged = cpu_sum([{**base, "host_slow_share": 0.5, "host_probe_readings": 20,
+                       "host_cache_read_ns": 60.0},
+                      {**base, "host_slow_share": 0.0, "host_probe_readings": 60,
+                       "host_cache_read_ns": 20.0},
                       base])
-    assert (merged["host_slow_share"], merged["host_probe_readings"]) == (0.125, 80)
+    assert (merged["host_slow_share"], merged["host_probe_readings"],
+            merged["host_cache_read_ns"]) == (0.125, 80, 30.0)
     assert "host_slow_share" not in cpu_sum([base])
+
+
+def test_a_probe_line_from_before_the_cache_reads_still_reads(tmp_path):
+    probe = host_speed.Probe(tmp_path / "probe.txt")
+    probe.path.write_text("100.000 1.2 0\n100.500 1.9 1 45.5\n")
+    assert probe.readings(0, 200) == [host_speed.Reading(1.2, False, None),
+                                      host_speed.Reading(1.9, True, 45.5)]
