@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -89,30 +90,70 @@ def holds_for(
         time.sleep(interval)
 
 
+# What a controller logs before it ends itself for having lost its Lease (trainjob.leader):
+# the one exit its supervisor is there to undo.
+LOST_LEADERSHIP = "lost leadership: stopping"
+
+
 class ServiceProcess:
     """A project command (``python -m <module> run ...``) as a separate process, tied to
-    the test process (PDEATHSIG), ready once its /readyz answers 200 ok."""
+    the test process (PDEATHSIG), ready once its /readyz answers 200 ok.
+
+    ``supervised``: when it ends itself for having lost its Lease, start it again, as the
+    Deployment that runs it would (a loaded machine can stall a short Lease's renewal).
+    Any other exit stays for the tests to see."""
 
     def __init__(self, module: str, kubeconfig: Path, log_file: Path,
-                 extra_args: tuple[str, ...]):
+                 extra_args: tuple[str, ...], supervised: bool = False):
         self.module = module
         self.kubeconfig = kubeconfig
         self.log_file = log_file
         self.extra_args = extra_args
+        self.supervised = supervised
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
+        # Restarts after a lost Lease, by the supervision.
+        self.lease_restarts = 0
+        self._stopping = threading.Event()
+        self._launching = threading.Lock()
+        self._log_start = 0
 
     def start(self) -> ServiceProcess:
-        argv = [sys.executable, "-m", self.module, "run",
-                "--kubeconfig", str(self.kubeconfig),
-                "--metrics-port", str(self.metrics_port), *self.extra_args]
-        with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
+        self._stopping.clear()
+        self._launch()
         eventually(self.readyz, lambda answer: answer[0] == 200,
                    expected=f"{self.module} /readyz to answer 200 (log: {self.log_file})",
                    timeout=60)
+        if self.supervised:
+            threading.Thread(target=self._supervise, args=(self.proc,), daemon=True,
+                             name=f"supervise-{self.module}").start()
         return self
+
+    def _launch(self) -> None:
+        argv = [sys.executable, "-m", self.module, "run",
+                "--kubeconfig", str(self.kubeconfig),
+                "--metrics-port", str(self.metrics_port), *self.extra_args]
+        self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
+
+    def _supervise(self, proc: subprocess.Popen) -> None:
+        while True:
+            proc.wait()
+            with self._launching:
+                if self._stopping.is_set() or proc is not self.proc:
+                    return
+                with open(self.log_file, "rb") as log:
+                    log.seek(self._log_start)
+                    if LOST_LEADERSHIP.encode() not in log.read():
+                        return
+                with open(self.log_file, "a") as log:
+                    log.write(f"(supervision: exit code {proc.returncode} after a lost "
+                              "Lease; starting again)\n")
+                self._launch()
+                self.lease_restarts += 1
+                proc = self.proc
 
     def readyz(self) -> tuple[int, str]:
         if self.proc is not None and self.proc.poll() is not None:
@@ -139,6 +180,8 @@ class ServiceProcess:
                    and all(sample.labels.get(key) == value for key, value in labels.items()))
 
     def stop(self, kill: bool = False) -> None:
+        with self._launching:
+            self._stopping.set()
         if self.proc is None or self.proc.poll() is not None:
             return
         if kill:

@@ -45,7 +45,8 @@ class DispatchEnv:
         self.dispatcher.stop(kill=kill)
         self.dispatcher = ServiceProcess(
             "dispatcher", self.manager.kubeconfig,
-            self.log_dir / f"dispatcher-{self.restarts}.log", self.dispatcher.extra_args)
+            self.log_dir / f"dispatcher-{self.restarts}.log", self.dispatcher.extra_args,
+            supervised=True)
         return self.dispatcher.start()
 
 
@@ -81,7 +82,10 @@ def dispatch_env(multicluster, tmp_path_factory):
                                  "--kubeconfig-dir", str(tmp_path_factory.getbasetemp()),
                                  "--kubeconfig-dir", str(multicluster.harness.state_dir),
                                  "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT),
-                                 *LEASE_ARGS, "--log-level", "debug")).start()
+                                 *LEASE_ARGS, "--log-level", "debug"),
+                                # Restarted after a lost Lease, as its Deployment would: the
+                                # short Lease above can miss a renewal on a loaded machine.
+                                supervised=True).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
     yield env
     # Namespaces deleted by the module's last fixtures still hold jobs with our finalizer:

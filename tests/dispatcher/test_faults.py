@@ -21,18 +21,22 @@ def test_the_manager_apiserver_restarting(dispatch_env, namespace):
     env = dispatch_env
     create(env.manager, namespace, trainjob("before"))
     wait_placed(env, namespace, "before")
+    restarts = env.dispatcher.lease_restarts
     env.multicluster.stop("manager")
     env.multicluster.start("manager")
     # The leader could not renew its lease meanwhile: it stopped writing and exited, as
-    # a leader must; its supervisor (here: the test) starts it again.
-    exited = eventually(lambda: env.dispatcher.proc.poll(), lambda code: code is not None,
-                        timeout=30, expected="the leader to exit after losing its lease")
-    assert exited == 1, f"expected exit code 1 (lost leadership), saw {exited}"
-    log = env.dispatcher.log_tail(60)
-    assert "lost leadership" in log, log
-    # Objects created while no dispatcher watched are handled once one runs again.
+    # a leader must, and its supervisor (here: the test's, as a Deployment would) started
+    # it again.
+    eventually(lambda: env.dispatcher.lease_restarts, lambda count: count > restarts,
+               timeout=30, expected="the leader to exit after losing its lease, and be "
+                                    "started again")
+    log = env.dispatcher.log_file.read_text()
+    assert "lost leadership: stopping" in log, env.dispatcher.log_tail(60)
+    assert "(supervision: exit code 1 after a lost Lease" in log, env.dispatcher.log_tail(60)
+    # Objects created while it starts again are handled once it runs.
     create(env.manager, namespace, trainjob("during"))
-    env.restart_dispatcher(kill=False)
+    eventually(env.dispatcher.readyz, lambda answer: answer[0] == 200, timeout=60,
+               expected="the restarted dispatcher ready")
     create(env.manager, namespace, trainjob("after"))
     for name in ("before", "during", "after"):
         wait_placed(env, namespace, name)

@@ -17,7 +17,8 @@ def test_one_writer_and_a_standby_that_takes_over(dispatch_env, namespace):
     env = dispatch_env
     first = env.dispatcher
     second = ServiceProcess("dispatcher", env.manager.kubeconfig,
-                            env.log_dir / "dispatcher-standby.log", first.extra_args).start()
+                            env.log_dir / "dispatcher-standby.log", first.extra_args,
+                            supervised=True).start()
     try:
         roles = eventually(lambda: {first.readyz()[1].split()[0], second.readyz()[1].split()[0]},
                            lambda seen: seen == {"leader", "standby"},
@@ -57,7 +58,7 @@ def test_sigterm_is_an_orderly_stop_that_hands_the_lease_over(dispatch_env, name
                expected="the module's dispatcher leading")
     standby = ServiceProcess("dispatcher", env.manager.kubeconfig,
                              env.log_dir / "dispatcher-sigterm-standby.log",
-                             leader.extra_args).start()
+                             leader.extra_args, supervised=True).start()
     try:
         eventually(lambda: standby.readyz()[1].split()[0], lambda role: role == "standby",
                    expected="the second replica a standby")
