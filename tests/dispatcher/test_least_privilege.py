@@ -169,7 +169,9 @@ def restricted(multicluster, tmp_path_factory):
         ("--namespace", DISPATCHER_NAMESPACE,
          "--multikueue-config", CONFIG, "--gc-interval", "2", "--leader-elect",
          "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
-         "--log-level", "debug")).start())
+         "--log-level", "debug"),
+        # Started again after a lost Lease, as its Deployment would (a short Lease).
+        supervised=True).start())
     apis = {key: api_client(path) for key, path in kubeconfigs.items()}
     yield multicluster, apis, processes
 
