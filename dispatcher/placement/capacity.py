@@ -219,10 +219,7 @@ class WorkerCapacity:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
         with self._lock:
-            nodes = [name for name, node in self._nodes.items()
-                     if node.usable and admits(node.labels, node.taints, node_selector,
-                                               tolerations)]
-            return self._free(nodes)
+            return self._free(self._admitting(node_selector, tolerations))
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
              tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
@@ -243,9 +240,7 @@ class WorkerCapacity:
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
-            names = [name for name, node in self._nodes.items()
-                     if node.usable and admits(node.labels, node.taints, node_selector,
-                                               tolerations)]
+            names = self._admitting(node_selector, tolerations)
             allocatable = {name: self._nodes[name].allocatable for name in names}
             held_room = {name: self._node_room(name) for name in names}
             # The held pods first, then this job's.
@@ -315,10 +310,7 @@ class WorkerCapacity:
                 selector, tolerations = self._rules.get(job, (None, None))
                 rules = (tuple(sorted((selector or {}).items())), repr(tolerations))
                 if rules not in admitted:
-                    admitted[rules] = frozenset(
-                        name for name, node in self._nodes.items()
-                        if node.usable and admits(node.labels, node.taints, selector,
-                                                  tolerations))
+                    admitted[rules] = frozenset(self._admitting(selector, tolerations))
                 nodes = admitted[rules]
             for amounts in (per_node.values() if per_node else (counted,)):
                 count = max(int(amounts.get(PODS, _ONE)), 1)
@@ -326,6 +318,13 @@ class WorkerCapacity:
                 part[PODS] = _ONE
                 pods.extend(arrival.PendingPod(part, nodes, nodes) for _ in range(count))
         return pods
+
+    def _admitting(self, node_selector: dict[str, str] | None,
+                   tolerations: list[dict] | None) -> list[str]:
+        """The usable Nodes a pod with this nodeSelector and these tolerations may land
+        on. Called under the lock."""
+        return [name for name, node in self._nodes.items()
+                if node.usable and admits(node.labels, node.taints, node_selector, tolerations)]
 
     def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
                      sign: int) -> str | None:
