@@ -44,3 +44,9 @@ def fits(free: dict[str, Decimal], wanted: dict[str, Decimal]) -> bool:
                 resource != PODS or resource in free):
             return False
     return True
+
+
+def accumulate(total: dict[str, Decimal], amounts: dict[str, Decimal], sign: int = 1) -> None:
+    """Add ``amounts`` into ``total`` (``sign`` -1: take them out), resource by resource."""
+    for resource, amount in amounts.items():
+        total[resource] = total.get(resource, _ZERO) + sign * amount

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from dispatcher.placement.amounts import fits
+from dispatcher.placement.amounts import accumulate, fits
 
 Resources = dict[str, Decimal]
 
@@ -78,7 +78,8 @@ def _can_strand(pod: PendingPod, others: list[PendingPod], room: dict[str, Resou
     # What the rivals from the i-th on could take, in all.
     after: list[Resources] = [{}]
     for rival in reversed(rivals):
-        after.append(_plus(after[-1], rival.amounts))
+        after.append(dict(after[-1]))
+        accumulate(after[-1], rival.amounts)
     after.reverse()
     left = {n: dict(room[n]) for n in nodes}
     return _search(wanted, rivals, 0, left, after, steps, set())
@@ -104,24 +105,13 @@ def _search(wanted: Resources, rivals: list[PendingPod], i: int, left: dict[str,
     rival = rivals[i]
     for n in open_nodes:
         if (rival.lands is None or n in rival.lands) and fits(left[n], rival.amounts):
-            _take(left[n], rival.amounts, -1)
+            accumulate(left[n], rival.amounts, -1)
             closed = _search(wanted, rivals, i + 1, left, after, steps, seen)
-            _take(left[n], rival.amounts, 1)
+            accumulate(left[n], rival.amounts)
             if closed:
                 return True
     # It lands on another Node, or after ``wanted`` has its own.
     return _search(wanted, rivals, i + 1, left, after, steps, seen)
-
-
-def _take(free: Resources, amounts: Resources, sign: int) -> None:
-    for resource, amount in amounts.items():
-        free[resource] = free.get(resource, Decimal(0)) + sign * amount
-
-
-def _plus(a: Resources, b: Resources) -> Resources:
-    total = dict(a)
-    _take(total, b, 1)
-    return total
 
 
 def _minus(free: Resources, taken: Resources) -> Resources:

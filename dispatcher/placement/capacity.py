@@ -29,6 +29,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher.placement import arrival
 from dispatcher.placement.amounts import PODS, fits, format_amount
+from dispatcher.placement.amounts import accumulate as _accumulate
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
@@ -565,11 +566,6 @@ def _outstanding(wanted: Resources, taken: Resources) -> Resources:
     """What of ``wanted`` ``taken`` does not cover yet (positive parts only)."""
     return {resource: amount - taken.get(resource, _ZERO)
             for resource, amount in wanted.items() if amount > taken.get(resource, _ZERO)}
-
-
-def _accumulate(total: Resources, amounts: Resources, sign: int = 1) -> None:
-    for resource, amount in amounts.items():
-        total[resource] = total.get(resource, _ZERO) + sign * amount
 
 
 def _add(table: dict[Any, Resources], key: Any, amounts: Resources, sign: int) -> None:
