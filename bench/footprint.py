@@ -122,7 +122,7 @@ class CpuAccount:
         self.host_busy = busy - self.host_start[0]
         self.host_total = total - self.host_start[1]
         self.host_stolen = stolen - self.host_start[2]
-        self.host_slow = host_speed.slow_share(self.wall_started, time.time())
+        self.host_seen = host_speed.seen_between(self.wall_started, time.time())
 
     def figures(self) -> dict:
         figures = {
@@ -133,12 +133,12 @@ class CpuAccount:
             "host_steal_share": round(self.host_stolen / self.host_total, 3)
             if self.host_total else None,
         }
-        if self.host_slow is not None:
+        if self.host_seen is not None:
             # How much of the window the host itself was slow (bench.host_speed's probe).
-            figures["host_slow_share"] = round(self.host_slow.slow_share, 3)
-            figures["host_probe_readings"] = self.host_slow.readings
-            if self.host_slow.cache_read_ns is not None:
-                figures["host_cache_read_ns"] = self.host_slow.cache_read_ns
+            figures["host_slow_share"] = round(self.host_seen.slow_share, 3)
+            figures["host_probe_readings"] = self.host_seen.readings
+            if self.host_seen.cache_read_ns is not None:
+                figures["host_cache_read_ns"] = self.host_seen.cache_read_ns
         return figures
 
 

@@ -129,7 +129,7 @@ def probe(path: Path, interval: float = PROBE_INTERVAL) -> None:
 
 
 class Probe:
-    """The probe process while ``running``; ``slow_share(since, until)`` reads its file."""
+    """The probe process while ``running``; ``seen_between(since, until)`` reads its file."""
 
     current: Probe | None = None
 
@@ -177,7 +177,7 @@ class HostReadings:
     cache_read_ns: float | None  # the cache reads' median
 
 
-def slow_share(since: float, until: float) -> HostReadings | None:
+def seen_between(since: float, until: float) -> HostReadings | None:
     """The running probe's readings between ``since`` and ``until`` (wall times): the
     share when the host was slow, how many there were, the cache reads' median; None
     without a probe or a reading."""

@@ -39,16 +39,16 @@ def test_a_window_reports_the_share_of_its_readings_when_the_host_was_slow(tmp_p
                                   for t, ms, slow, ns in lines))
     host_speed.Probe.current = probe
     try:
-        assert host_speed.slow_share(later, later + 1) == host_speed.HostReadings(
+        assert host_speed.seen_between(later, later + 1) == host_speed.HostReadings(
             0.25, 4, 32.0)
-        assert host_speed.slow_share(later + 10, later + 11) is None
+        assert host_speed.seen_between(later + 10, later + 11) is None
         with CpuAccount({}) as account:
             pass
         # A window without a reading: no share rather than a zero.
         assert "host_slow_share" not in account.figures()
     finally:
         host_speed.Probe.current = None
-    assert host_speed.slow_share(later, later + 1) is None
+    assert host_speed.seen_between(later, later + 1) is None
 
 
 def test_windows_merge_their_slow_shares_by_readings():
