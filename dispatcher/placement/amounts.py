@@ -50,3 +50,12 @@ def accumulate(total: dict[str, Decimal], amounts: dict[str, Decimal], sign: int
     """Add ``amounts`` into ``total`` (``sign`` -1: take them out), resource by resource."""
     for resource, amount in amounts.items():
         total[resource] = total.get(resource, _ZERO) + sign * amount
+
+
+def shift(room: dict[str, Decimal], amounts: dict[str, Decimal], sign: int = 1) -> None:
+    """Add ``amounts`` into a Node's ``room`` (``sign`` -1: a pod takes them), only for the
+    resources the Node lists: a Node that does not count pod slots never runs out of them
+    (``accumulate`` would write a count of -1 there, and ``fits`` would then read it)."""
+    for resource, amount in amounts.items():
+        if resource in room:
+            room[resource] += sign * amount

@@ -11,7 +11,8 @@ leave the large one with no Node at all, Pending until something ends.
 So this asks the worst case: could the other pending pods, each put on some Node where it
 fits when it comes, leave no Node with room for a given one? A Node that could take every
 other pending pod and still fit it says no at once (the usual case: room to spare);
-otherwise a bounded search tries the others on the Nodes it may use.
+otherwise a bounded search tries the others on the Nodes it may use, and says when it
+ran out of budget before it knew (``UNKNOWN``), so that a caller can lean the safe way.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from dispatcher.placement.amounts import accumulate, fits
+from dispatcher.placement.amounts import accumulate, fits, shift
 
 Resources = dict[str, Decimal]
 
-# Search steps per question: the close cases it is for are a few pods on a few Nodes, and
-# it runs under the capacity lock. Beyond it, packing's answer stands.
-SEARCH_BUDGET = 500
+# Units of work per placement, shared by its questions (``Budget``): the close cases the
+# search is for are a few pods on a few Nodes, and it runs under the capacity lock. A
+# unit is about one Node or pod looked at once (about a microsecond); past the budget the
+# answer is ``UNKNOWN``.
+SEARCH_BUDGET = 3000
 
 
-@dataclass(frozen=True)
+@dataclass
 class PendingPod:
     """A pod not bound yet. ``lands``: the Nodes it may go to as a rival of others (None:
     any where it fits); ``asked``: the Nodes its own room is checked on (None: it is not
@@ -40,36 +43,60 @@ class PendingPod:
     asked: frozenset[str] | None
 
 
+class _Unknown:
+    """The answer of a search that ran out of budget: neither a pod nor None."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
+class Budget:
+    """The units of search work left, spent by every question asked with it."""
+
+    def __init__(self, units: int | None = None):
+        self.left = SEARCH_BUDGET if units is None else units
+
+    def spend(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise _OutOfBudget
+
+
 class _OutOfBudget(Exception):
     pass
 
 
 def stranded(pods: Sequence[PendingPod], room: dict[str, Resources],
-             budget: int = SEARCH_BUDGET) -> PendingPod | None:
+             budget: Budget | None = None) -> PendingPod | _Unknown | None:
     """A pod of ``pods`` that some order of arrival leaves without a Node, given each Node's
-    ``room`` with bound pods only; None when every order binds them all, or when the search
-    ran past ``budget`` steps."""
-    steps = [budget]
+    ``room`` with bound pods only; None when every order binds them all; ``UNKNOWN`` when
+    the search ran out of ``budget`` (default: a budget of its own) before it knew."""
+    budget = budget or Budget()
     done: set = set()
-    for index, pod in enumerate(pods):
-        if pod.asked is None:
-            continue
-        # Pods alike meet the same rivals: one answer serves them all.
-        key = (tuple(sorted(pod.amounts.items())), pod.lands, pod.asked)
-        if key in done:
-            continue
-        done.add(key)
-        try:
-            if _can_strand(pod, [*pods[:index], *pods[index + 1:]], room, steps):
+    try:
+        for index, pod in enumerate(pods):
+            if pod.asked is None:
+                continue
+            # Pods alike meet the same rivals: one answer serves them all.
+            key = (tuple(sorted(pod.amounts.items())), pod.lands, pod.asked)
+            if key in done:
+                continue
+            done.add(key)
+            if _can_strand(pod, [*pods[:index], *pods[index + 1:]], room, budget):
                 return pod
-        except _OutOfBudget:
-            return None
+    except _OutOfBudget:
+        return UNKNOWN
     return None
 
 
 def _can_strand(pod: PendingPod, others: list[PendingPod], room: dict[str, Resources],
-                steps: list[int]) -> bool:
+                budget: Budget) -> bool:
     wanted = pod.amounts
+    # Setting up costs a look at each Node and each other pod.
+    budget.spend(len(room) + len(others))
     nodes = sorted(n for n in pod.asked if n in room and fits(room[n], wanted))
     if not nodes:
         return False  # no room even alone: packing's business, not an order's
@@ -82,16 +109,14 @@ def _can_strand(pod: PendingPod, others: list[PendingPod], room: dict[str, Resou
         accumulate(after[-1], rival.amounts)
     after.reverse()
     left = {n: dict(room[n]) for n in nodes}
-    return _search(wanted, rivals, 0, left, after, steps, set())
+    return _search(wanted, rivals, 0, left, after, budget, set())
 
 
 def _search(wanted: Resources, rivals: list[PendingPod], i: int, left: dict[str, Resources],
-            after: list[Resources], steps: list[int], seen: set) -> bool:
+            after: list[Resources], budget: Budget, seen: set) -> bool:
     """Whether rivals ``i`` on, each on an open Node where it fits or not at all, can
     close every Node to ``wanted``."""
-    steps[0] -= 1
-    if steps[0] < 0:
-        raise _OutOfBudget
+    budget.spend(1 + len(left))
     open_nodes = [n for n, free in left.items() if fits(free, wanted)]
     if not open_nodes:
         return True
@@ -105,13 +130,13 @@ def _search(wanted: Resources, rivals: list[PendingPod], i: int, left: dict[str,
     rival = rivals[i]
     for n in open_nodes:
         if (rival.lands is None or n in rival.lands) and fits(left[n], rival.amounts):
-            accumulate(left[n], rival.amounts, -1)
-            closed = _search(wanted, rivals, i + 1, left, after, steps, seen)
-            accumulate(left[n], rival.amounts)
+            shift(left[n], rival.amounts, -1)
+            closed = _search(wanted, rivals, i + 1, left, after, budget, seen)
+            shift(left[n], rival.amounts)
             if closed:
                 return True
     # It lands on another Node, or after ``wanted`` has its own.
-    return _search(wanted, rivals, i + 1, left, after, steps, seen)
+    return _search(wanted, rivals, i + 1, left, after, budget, seen)
 
 
 def _minus(free: Resources, taken: Resources) -> Resources:

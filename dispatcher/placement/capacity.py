@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
 from dispatcher.placement import arrival
-from dispatcher.placement.amounts import PODS, fits, format_amount
+from dispatcher.placement.amounts import PODS, fits, format_amount, shift
 from dispatcher.placement.amounts import accumulate as _accumulate
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
@@ -50,6 +52,11 @@ DELETED = "DELETED"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# How long the pods of a just-placed job count as in flight for the check of arrival
+# orders: enough for its copy's pods to be made and bound on a busy worker, and a bound on
+# how long a job waits for pods that never come (a copy held back on its worker, a
+# scheduler that is down). Their room stays held for packing all the same.
+ARRIVAL_WINDOW_SECONDS = 30.0
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -68,25 +75,49 @@ class _PodUse:
     node: str
     job: JobKey | None
     requests: Resources
+    # A pod that succeeded: it holds no room on its Node, but it has done its part of its
+    # job's reservation, which must not hold that room again while the job runs on.
+    finished: bool = False
+
+
+class Plan(dict):
+    """Where ``pack`` put a job's pods: Node -> their requests in sum (what the job's
+    reservation holds there), and ``pods``: Node -> each pod's requests (what the check of
+    arrival orders asks about)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: dict[str, list[Resources]] = {}
+
+    def add(self, node: str, pod: Resources) -> None:
+        _accumulate(self.setdefault(node, {}), pod)
+        self.pods.setdefault(node, []).append(pod)
 
 
 class WorkerCapacity:
     """Incremental capacity picture of one worker cluster; thread-safe, no API calls."""
 
-    def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED):
+    def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED,
+                 clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.scoring = scoring
+        self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
-        # Only bound, non-terminal pods are recorded. Removing a pod subtracts what was
-        # recorded for it, not what its last event says, so the totals cannot drift.
+        # Only bound pods that are running or succeeded are recorded (``_PodUse``).
+        # Removing a pod subtracts what was recorded for it, not what its last event says,
+        # so the totals cannot drift.
         self._pods: dict[tuple[str, str], _PodUse] = {}
         self._used: dict[str, Resources] = {}  # node name -> requests of pods bound there
         self._job_used: dict[JobKey, Resources] = {}  # job -> requests of its bound pods
         self._reserved: dict[JobKey, Resources] = {}
+        # When each reservation was made (or changed): its pods count as in flight for
+        # ``ARRIVAL_WINDOW_SECONDS``.
+        self._reserved_at: dict[JobKey, float] = {}
         # Where a reserved job's pods were packed (node -> requests), and what its bound
         # pods use per node: the planned room stays taken until the pods take it.
         self._planned: dict[JobKey, dict[str, Resources]] = {}
+        self._planned_pods: dict[JobKey, dict[str, list[Resources]]] = {}
         # The nodeSelector and tolerations of a planned job's pods: which Nodes they may
         # still go to, for the check of arrival orders (``_order_problem``).
         self._rules: dict[JobKey, tuple[dict[str, str] | None, list[dict] | None]] = {}
@@ -134,7 +165,8 @@ class WorkerCapacity:
                 self._count(use, +1)
 
     def _count(self, use: _PodUse, sign: int) -> None:
-        _add(self._used, use.node, use.requests, sign)
+        if not use.finished:
+            _add(self._used, use.node, use.requests, sign)
         if use.job is not None:
             _add(self._job_used, use.job, use.requests, sign)
             _add(self._job_node_used, (use.job, use.node), use.requests, sign)
@@ -146,8 +178,9 @@ class WorkerCapacity:
                 planned: dict[str, Resources] | None = None,
                 rules: tuple[dict[str, str] | None, list[dict] | None] = (None, None)) -> None:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
-        ``planned`` says on which Nodes its pods were packed, ``rules`` the nodeSelector
-        and tolerations they were packed by. Re-reserving the same
+        ``planned`` says on which Nodes its pods were packed (a ``Plan`` also says how,
+        pod by pod), ``rules`` the nodeSelector and tolerations they were packed by.
+        Re-reserving the same
         footprint without a plan (the copy's events do) keeps the plan; a reservation
         re-made after a restart has none and counts against every selection of Nodes.
         Only ``reservations.Reservations`` calls this and ``release``."""
@@ -155,13 +188,14 @@ class WorkerCapacity:
         with self._lock:
             if planned:
                 self._planned[job_key] = planned
+                self._planned_pods[job_key] = dict(getattr(planned, "pods", {}))
                 self._rules[job_key] = rules
             elif self._reserved.get(job_key) == amounts:
                 return  # the same footprint again (each event of its copy): nothing moves
             else:
-                self._planned.pop(job_key, None)  # another footprint: the plan is not its
-                self._rules.pop(job_key, None)
+                self._forget_plan(job_key)  # another footprint: the plan is not its
             self._reserved[job_key] = amounts
+            self._reserved_at[job_key] = self._clock()
             self._recount(job_key)
 
     def reserved(self, job_key: JobKey) -> bool:
@@ -173,12 +207,17 @@ class WorkerCapacity:
         """Stop counting the job's reservation (job finished, deleted or moved); True when
         there was one."""
         with self._lock:
-            self._planned.pop(job_key, None)
-            self._rules.pop(job_key, None)
+            self._forget_plan(job_key)
+            self._reserved_at.pop(job_key, None)
             if self._reserved.pop(job_key, None) is not None:
                 self._recount(job_key)
                 return True
             return False
+
+    def _forget_plan(self, job: JobKey) -> None:
+        self._planned.pop(job, None)
+        self._planned_pods.pop(job, None)
+        self._rules.pop(job, None)
 
     def _recount(self, job: JobKey) -> None:
         # A reservation shrinks by what the job's bound pods already use: pods that exist
@@ -249,12 +288,12 @@ class WorkerCapacity:
             problem = self._rehome_held(room, allocatable, sign)
             if problem:
                 return problem
-            plan: dict[str, Resources] = {}
+            plan = Plan()
             for pod in wanted:
                 name = _take(room, allocatable, pod, sign)
                 if name is None:
                     return _no_node_for(pod, room)
-                _accumulate(plan.setdefault(name, {}), pod)
+                plan.add(name, pod)
             # This job's first, where the scheduler would put them, then the held ones.
             room = held_room
             seen = {name: self._node_room(name, held=False) for name in names}
@@ -262,63 +301,101 @@ class WorkerCapacity:
                 name = _take(seen, allocatable, pod, sign)
                 if name is None:
                     return _no_node_for(pod, room)
-                _accumulate(room[name], pod, -1)
+                shift(room[name], pod, -1)
             return (self._rehome_held(room, allocatable, sign)
                     or self._order_problem(wanted, frozenset(names)) or plan)
 
     def _order_problem(self, wanted: list[Resources], names: frozenset[str]) -> str | None:
-        """Why the job should wait for the pods of jobs placed before it to bind: in some
-        order of arrival, its pods and theirs could leave one of them without a Node
-        (``arrival``), where neither group could on its own. If one could, waiting would
+        """Why the job should wait for the pods of jobs placed in the last
+        ``ARRIVAL_WINDOW_SECONDS`` to bind: in some order of arrival, its pods and theirs
+        could leave one of them without a Node (``arrival``), where neither group could on
+        its own. If one could, or the search cannot tell within its budget, waiting would
         not help (its own pods) or could last as long as a held pod stays unbound: packing's
         answer stands. Called under the lock."""
-        pending = dict(self._counted_total)
-        for pod in wanted:
-            _accumulate(pending, pod)
-        # The usual case, checked cheaply: a Node that could take every pending pod and
-        # still fit this job's pods, and the same for every Node with held room.
-        holding = [name for name, amounts in self._node_planned.items() if any(amounts.values())]
-        absorbs = {name: fits(self._node_room(name, held=False), pending)
-                   for name in names.union(holding) if name in self._nodes}
-        if any(absorbs.get(name) for name in names) and all(
-                absorbs.get(name, False) for name in holding):
+        # The usual case, checked cheaply on the running totals: a usable Node this job
+        # may use that could take every pending pod (this job's and every reserved one's)
+        # at once, and the same of every Node where reserved pods are planned. What holds
+        # for them all holds for those in flight.
+        if self._absorbed(wanted, names, self._counted_total,
+                          [name for name, amounts in self._node_planned.items()
+                           if any(amounts.values())]):
+            return None
+        now = self._clock()
+        recent = [job for job, at in self._reserved_at.items()
+                  if now - at <= ARRIVAL_WINDOW_SECONDS and job in self._counted]
+        if not recent:
+            return None
+        if len(recent) < len(self._counted) and self._absorbed(
+                wanted, names, _sum(self._counted[job] for job in recent),
+                {name for job in recent for name in self._planned_counted.get(job, _NOTHING)}):
             return None
         mine = [arrival.PendingPod(pod, names, names) for pod in wanted]
-        held = self._held_pods()
+        held = self._held_pods(recent)
         room = {name: self._node_room(name, held=False)
                 for name, node in self._nodes.items() if node.usable}
-        stranded = arrival.stranded(held + mine, room)
-        if stranded is None or arrival.stranded(mine, room) or arrival.stranded(held, room):
+        budget = arrival.Budget()
+        stranded = arrival.stranded(held + mine, room, budget)
+        if stranded is None or stranded is arrival.UNKNOWN:
             return None
-        asked = " and ".join(f"{format_amount(r, a)} {r}"
+        if (arrival.stranded(mine, room, budget) is not None
+                or arrival.stranded(held, room, budget) is not None):
+            return None
+        # (An equal part of a held lump may be a fraction: said as a request would be.)
+        asked = " and ".join(f"{format_amount(r, _round_up(r, a))} {r}"
                              for r, a in sorted(stranded.amounts.items()) if r != PODS and a)
         return ("pods of jobs placed here moments ago are not bound yet: in some order of "
                 f"arrival, theirs and this job's could leave a pod of {asked} without a Node "
                 "(it waits for them to bind)")
 
-    def _held_pods(self) -> list[arrival.PendingPod]:
-        """The pods reservations still stand for, one job's on one Node as equal parts of
-        what is held there (how initializers and trainer divide it is not known), each
-        free to go to any Node its job's rules admit. Those of a reservation without a plan
-        (re-made after a restart: its rules are not known) may go anywhere, and their own
-        room is not asked. Called under the lock."""
+    def _absorbed(self, wanted: list[Resources], names: frozenset[str], held: Resources,
+                  holding: Iterable[str]) -> bool:
+        """Whether a usable Node of ``names`` could take this job's pods and ``held`` at
+        once, and so could every Node of ``holding`` (those with held room). Called under
+        the lock."""
+        pending = _sum([*wanted, held])
+        absorbs = {name: fits(self._node_room(name, held=False), pending)
+                   for name in names.union(holding)
+                   if name in self._nodes and self._nodes[name].usable}
+        return any(absorbs.get(name) for name in names) and all(
+            absorbs.get(name, False) for name in holding)
+
+    def _held_pods(self, jobs: list[JobKey]) -> list[arrival.PendingPod]:
+        """The pods the reservations of ``jobs`` still stand for, each free to go to any
+        Node its job's rules admit. Those of a reservation without a plan (re-made after a
+        restart: its rules are not known) may go anywhere, and their own room is not
+        asked. Called under the lock."""
         pods: list[arrival.PendingPod] = []
         admitted: dict[tuple, frozenset[str]] = {}
-        for job, counted in self._counted.items():
+        for job in jobs:
             per_node = self._planned_counted.get(job)
-            nodes = None
-            if per_node:
-                selector, tolerations = self._rules.get(job, (None, None))
-                rules = (tuple(sorted((selector or {}).items())), repr(tolerations))
-                if rules not in admitted:
-                    admitted[rules] = frozenset(self._admitting(selector, tolerations))
-                nodes = admitted[rules]
-            for amounts in (per_node.values() if per_node else (counted,)):
-                count = max(int(amounts.get(PODS, _ONE)), 1)
-                part = {r: a / count for r, a in amounts.items() if r != PODS}
-                part[PODS] = _ONE
-                pods.extend(arrival.PendingPod(part, nodes, nodes) for _ in range(count))
+            nodes = self._admitted_by(job, admitted) if per_node else None
+            for node, amounts in (per_node.items() if per_node else [(None, self._counted[job])]):
+                pods.extend(arrival.PendingPod(pod, nodes, nodes)
+                            for pod in self._outstanding_pods(job, node, amounts))
         return pods
+
+    def _outstanding_pods(self, job: JobKey, node: str | None,
+                          amounts: Resources) -> list[Resources]:
+        """The pods that ``amounts``, what ``job`` still holds on ``node`` (or in all),
+        stands for: those packed there while none of them is bound, or while they are all
+        alike; otherwise equal parts (which pods the bound ones were is not known:
+        initializers and trainer differ). Called under the lock."""
+        count = max(int(amounts.get(PODS, _ONE)), 1)
+        packed = self._planned_pods.get(job, _NOTHING).get(node)
+        if packed and (len(packed) == count or all(pod == packed[0] for pod in packed)):
+            return packed if len(packed) == count else [packed[0]] * count
+        part = {r: a / count for r, a in amounts.items() if r != PODS}
+        part[PODS] = _ONE
+        return [part] * count
+
+    def _admitted_by(self, job: JobKey, cache: dict[tuple, frozenset[str]]) -> frozenset[str]:
+        """The usable Nodes the rules ``job``'s pods were packed by admit, by rules in
+        ``cache``. Called under the lock."""
+        selector, tolerations = self._rules.get(job, (None, None))
+        rules = (tuple(sorted((selector or {}).items())), repr(tolerations))
+        if rules not in cache:
+            cache[rules] = frozenset(self._admitting(selector, tolerations))
+        return cache[rules]
 
     def _admitting(self, node_selector: dict[str, str] | None,
                    tolerations: list[dict] | None) -> list[str]:
@@ -329,49 +406,48 @@ class WorkerCapacity:
 
     def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
                      sign: int) -> str | None:
-        """Pack the held pods of Nodes that are short onto whichever Nodes have room (in
-        ``room``, which they take); why one fits nowhere, or None. Called under the lock."""
-        for lump in self._displaced(room):
-            if _take(room, allocatable, lump, sign) is None:
+        """Pack the held pods of Nodes that are short onto whichever Nodes of ``room``
+        their jobs' rules admit and have room (which they take); why one fits nowhere, or
+        None. Called under the lock."""
+        admitted: dict[tuple, frozenset[str]] = {}
+        for lump, job in self._displaced(room):
+            allowed = self._admitted_by(job, admitted)
+            choices = {name: free for name, free in room.items() if name in allowed}
+            if _take(choices, allocatable, lump, sign) is None:
                 return ("the pods of placed jobs would be left without room: "
-                        + _no_node_for(lump, room))
+                        + _no_node_for(lump, choices))
         return None
 
-    def _displaced(self, room: dict[str, Resources]) -> list[Resources]:
-        """The held pods on Nodes whose room is short in some resource, largest first,
-        all taken out of those Nodes' room, to be packed again over every Node (which
-        ones the scheduler will put elsewhere depends on the order they come in). One
-        job's held pods on a Node move as one lump: how their amounts divide between them
-        is not known (initializers and trainer differ), and a lump can only be harder to
-        place. A pod of a placed job bound off its plan keeps the job's held room where it
-        was until the job's last pod binds: which held pod it stood for is not known.
-        Called under the lock."""
+    def _displaced(self, room: dict[str, Resources]) -> list[tuple[Resources, JobKey]]:
+        """The held pods on Nodes whose room is short in some resource, with their jobs,
+        largest first, all taken out of those Nodes' room, to be packed again over the
+        Nodes (which ones the scheduler will put elsewhere depends on the order they come
+        in). One job's held pods on a Node move as one lump: a lump can only be harder to
+        place than its pods. A pod of a placed job bound off its plan keeps the job's held
+        room where it was until the job's last pod binds: which held pod it stood for is
+        not known. Called under the lock."""
         short = {name for name, free in room.items()
                  if any(amount < 0 for r, amount in free.items()
                         if r in self._nodes[name].allocatable)}
         if not short:
             return []
-        held: dict[str, list[Resources]] = {}
-        for per_node in self._planned_counted.values():
+        lumps: list[tuple[Resources, JobKey]] = []
+        for job, per_node in self._planned_counted.items():
             for name, amounts in per_node.items():
                 if name in short:
-                    held.setdefault(name, []).append(
-                        {**amounts, PODS: amounts.get(PODS, _ONE)})
-        lumps: list[Resources] = []
-        for name, theirs in held.items():
-            for lump in theirs:
-                _accumulate(room[name], lump)
-                lumps.append(lump)
-        return sorted(lumps, key=lambda r: sorted(r.items()), reverse=True)
+                    lump = {**amounts, PODS: amounts.get(PODS, _ONE)}
+                    shift(room[name], lump)
+                    lumps.append((lump, job))
+        return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
 
     def _node_room(self, name: str, held: bool = True) -> Resources:
         """A Node's allocatable less its bound pods and (``held``) the room planned there
         for reserved jobs whose pods have not taken it yet (below zero when more is
         planned there than the Node has left). Called under the lock."""
         room = dict(self._nodes[name].allocatable)
-        _accumulate(room, self._used.get(name, {}), -1)
+        shift(room, self._used.get(name, _NOTHING), -1)
         if held:
-            _accumulate(room, self._node_planned.get(name, {}), -1)
+            shift(room, self._node_planned.get(name, _NOTHING), -1)
         return room
 
     def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
@@ -441,7 +517,7 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
     # Scoring only ranks: a pod with one Node to go to goes there.
     best = fitting[0] if len(fitting) == 1 else min(
         fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
-    _accumulate(room[best], wanted, -1)
+    shift(room[best], wanted, -1)
     return best
 
 
@@ -535,7 +611,7 @@ def pod_requests(pod: dict[str, Any]) -> Resources:
 
 def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     node = (pod.get("spec") or {}).get("nodeName")
-    if not node or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+    if not node:
         return None
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -543,6 +619,13 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     # for a batch Job Kueue dispatched, the Job (a Workload's owner, kueue/workloads.py job_key).
     owner = labels.get(c.JOBSET_NAME_LABEL) or labels.get(BATCH_JOB_NAME_LABEL)
     job = (meta.get("namespace") or "", owner) if owner else None
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in _TERMINAL_PHASES:
+        # A failed pod is replaced (or its job fails and its reservation goes): the
+        # replacement needs the room again. A succeeded one covers its part for good.
+        if phase != "Succeeded" or job is None:
+            return None
+        return _PodUse(node=node, job=job, requests=pod_requests(pod), finished=True)
     return _PodUse(node=node, job=job, requests=pod_requests(pod))
 
 
@@ -560,6 +643,20 @@ def _node_from(obj: dict[str, Any]) -> _Node:
     return _Node(allocatable=allocatable, labels=dict(meta.get("labels") or {}),
                  taints=list(spec.get("taints") or []),
                  usable=ready and not spec.get("unschedulable", False))
+
+
+def _sum(amounts: Iterable[Resources]) -> Resources:
+    total: Resources = {}
+    for each in amounts:
+        _accumulate(total, each)
+    return total
+
+
+def _round_up(resource: str, amount: Decimal) -> Decimal:
+    """``amount`` rounded up to what a request can say: millicores of cpu, whole units of
+    the rest."""
+    step = Decimal("0.001") if resource == "cpu" else _ONE
+    return amount if amount % step == 0 else amount.quantize(step, rounding=ROUND_CEILING)
 
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:

@@ -2,7 +2,7 @@
 
 from decimal import Decimal as D
 
-from dispatcher.placement.arrival import PendingPod, stranded
+from dispatcher.placement.arrival import UNKNOWN, Budget, PendingPod, stranded
 
 AB = frozenset("ab")
 
@@ -46,8 +46,31 @@ def test_nodes_that_do_not_count_a_resource_are_not_closed_by_it():
     assert stranded([cpu(1)] * 5, {"a": {"cpu": D(8)}, "b": {"cpu": D(8)}}) is None
 
 
-def test_a_search_past_its_budget_lets_the_packing_stand():
+def test_a_node_that_does_not_count_pod_slots_never_runs_out_of_them():
+    bare = {"a": {"cpu": D(2)}, "b": {"cpu": D(2)}}
+    # One 1-cpu pod, on a or on b, leaves the other Node open to the 2-cpu pod.
+    assert stranded([cpu(2), cpu(1)], bare) is None
+    assert stranded([cpu(2), cpu(1), cpu(1)], bare) == cpu(2)
+    assert bare == {"a": {"cpu": D(2)}, "b": {"cpu": D(2)}}  # the caller's room untouched
+
+
+def test_a_search_past_its_budget_says_it_does_not_know():
     pods = [cpu(1)] * 12 + [cpu(5)]
     nodes = room(a=6, b=6, c=6)
-    assert stranded(pods, nodes) is not None
-    assert stranded(pods, nodes, budget=3) is None
+    # Pods kept to a and b: 16 cpu of them on 12.
+    assert stranded(pods, nodes) == cpu(1)
+    assert stranded(pods, nodes, Budget(3)) is UNKNOWN
+
+
+def test_questions_asked_with_one_budget_share_it():
+    pods = [cpu(1)] * 12 + [cpu(5)]
+    nodes = room(a=6, b=6, c=6)
+    budget = Budget(10_000)
+    stranded(pods, nodes, budget)
+    one = 10_000 - budget.left
+    assert one > 0
+    stranded(pods, nodes, budget)
+    assert budget.left == 10_000 - 2 * one
+    # Exactly what one answer costs is enough for it; a unit less is not.
+    assert stranded(pods, nodes, Budget(one)) == cpu(1)
+    assert stranded(pods, nodes, Budget(one - 1)) is UNKNOWN

@@ -6,8 +6,9 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.placement.capacity import (MOST_ALLOCATED, WorkerCapacity, admits, pod_requests,
-                                          tolerates)
+from dispatcher.placement import arrival
+from dispatcher.placement.capacity import (ARRIVAL_WINDOW_SECONDS, MOST_ALLOCATED, WorkerCapacity,
+                                          admits, pod_requests, tolerates)
 from trainjob.constants import JOBSET_NAME_LABEL
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
@@ -721,3 +722,102 @@ def test_held_pods_are_checked_on_every_node_their_rules_admit():
                          rules=(selector, None))
         answer = capacity.pack([{"cpu": D(1)}])
         assert isinstance(answer, str) is waits, (selector, answer)
+
+
+def test_pods_in_flight_stop_making_jobs_wait_after_the_arrival_window():
+    """A job placed a while ago whose pods never bound (its copy held back on the worker,
+    a scheduler down) holds its room for packing, but no longer makes other jobs wait on
+    the order of arrival: that wait ends."""
+    now = [1000.0]
+    capacity = WorkerCapacity(clock=lambda: now[0])
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+    _placed(capacity, "wide", 3, 3)
+    _placed(capacity, "small-0", 1)
+    now[0] += ARRIVAL_WINDOW_SECONDS
+    assert capacity.pack([{"cpu": D(1)}]).startswith("pods of jobs placed here")
+    now[0] += 1
+    assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]
+    assert capacity.free()["cpu"] == 8 - 7  # their room still held
+
+
+def test_a_succeeded_pod_keeps_covering_its_part_of_the_reservation():
+    """An initializer (1 cpu) planned on a, the trainer (8 cpu) on c. Once the initializer
+    has succeeded and the trainer is bound, nothing of the job is in flight: its room on a
+    is free, and a job of 3 + 3 + 1 cpu is placed without waiting. A failed pod is
+    different: its replacement needs the room again."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4), node("c", cpu=8))
+    plan = _placed(capacity, "tuned", 8, 1)
+    assert plan == {"c": {"cpu": D(8), "pods": D(1)}, "a": {"cpu": D(1), "pods": D(1)}}
+    initializer = pod("tuned-initializer-0", node_name="a", cpu="1", job="tuned")
+    capacity.on_pod(ADDED, None, initializer)
+    _bind(capacity, "tuned", 0, "c", 8)
+    done = copy.deepcopy(initializer)
+    done["status"]["phase"] = "Succeeded"
+    capacity.on_pod(MODIFIED, initializer, done)
+    assert capacity.free()["cpu"] == 16 - 8
+    assert not isinstance(capacity.pack([{"cpu": D(3)}, {"cpu": D(3)}, {"cpu": D(1)}]), str)
+    failed = copy.deepcopy(initializer)
+    failed["status"]["phase"] = "Failed"
+    capacity.on_pod(MODIFIED, done, failed)
+    assert capacity.free()["cpu"] == 16 - 9
+
+
+def test_a_cordoned_node_does_not_take_the_pods_in_flight():
+    """A job kept to zone z, planned on c (16 cpu), is left with d (3 cpu) once c is
+    cordoned. A 1-cpu pod that lands on d first strands it, however much room a has: the
+    new job waits, as it would with c gone."""
+    zone = {"zone": "z"}
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=100), node("c", cpu=16, labels=zone),
+              node("d", cpu=3, labels=zone))
+    plan = capacity.pack([{"cpu": D(3)}], node_selector=zone)
+    assert list(plan) == ["c"]
+    capacity.reserve(("team-a", "zoned"), {"cpu": D(3)}, pods=1, planned=plan,
+                     rules=(zone, None))
+    capacity.on_node(MODIFIED, node("c", cpu=16, labels=zone),
+                     node("c", cpu=16, labels=zone, unschedulable=True))
+    assert capacity.pack([{"cpu": D(1)}]) == (
+        "pods of jobs placed here moments ago are not bound yet: in some order of arrival, "
+        "theirs and this job's could leave a pod of 3 cpu without a Node (it waits for "
+        "them to bind)")
+
+
+def test_held_pods_are_packed_again_only_where_their_rules_admit():
+    """A job kept to zone z held on c (8 cpu). A 6-cpu pod that comes first goes to c (the
+    scheduler sees it emptier than a's 7) and leaves 2: the held pod may not move to a, so
+    the new job is refused rather than counted on a room that job cannot use."""
+    zone = {"zone": "z"}
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=7), node("c", cpu=8, labels=zone))
+    plan = capacity.pack([{"cpu": D(3)}], node_selector=zone)
+    capacity.reserve(("team-a", "zoned"), {"cpu": D(3)}, pods=1, planned=plan,
+                     rules=(zone, None))
+    assert capacity.pack([{"cpu": D(6)}]) == (
+        "the pods of placed jobs would be left without room: no Node has room for a pod "
+        "of 3 cpu (most free on one Node: 2)")
+
+
+def test_held_pods_are_asked_about_as_they_were_packed():
+    """A bin-packing worker: a trainer of 3 cpu and an initializer of 1 held together on
+    a. A 2-cpu pod arriving first may go to a and leave the trainer no Node: the job
+    waits. Asked about as two pods of 2 cpu (an even split of what is held on a), nothing
+    would have been seen: they fit around it."""
+    capacity = WorkerCapacity(scoring=MOST_ALLOCATED)
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=2), node("c", cpu=2))
+    plan = _placed(capacity, "tuned", 3, 1)
+    assert plan.pods == {"a": [{"cpu": D(3), "pods": D(1)}, {"cpu": D(1), "pods": D(1)}]}
+    assert capacity.pack([{"cpu": D(2)}]).startswith("pods of jobs placed here")
+
+
+def test_a_search_that_cannot_tell_lets_packing_stand(monkeypatch):
+    """Where the search runs out of budget before it knows whether the held pods alone
+    could strand one, the job does not wait (as when they could)."""
+    capacity = WorkerCapacity()
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4))
+    _placed(capacity, "wide", 3, 3)
+    _placed(capacity, "small-0", 1)
+    real = arrival.stranded
+    answers = iter([real, real, lambda *args: arrival.UNKNOWN])
+    monkeypatch.setattr(arrival, "stranded", lambda *args: next(answers)(*args))
+    assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]
