@@ -4,9 +4,12 @@ TrainJob keys; workers run the reconciler.
 What wakes a job up:
 * its manager object changed;
 * its remote copy changed (status to sync, or it disappeared);
-* capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone
-  or finished, a remote copy finished or gone, a worker coming back): every job still
-  waiting for placement is looked at again.
+* capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone,
+  finished or bound, a remote copy finished or gone, a worker coming back): every job
+  still waiting for placement is looked at again;
+* and every ``WAITING_RECHECK_SECONDS`` as well: room also changes with time, where no
+  event says so (pods of a job placed a while ago stop counting as in flight, capacity's
+  ``ARRIVAL_WINDOW_SECONDS``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ log = logging.getLogger(__name__)
 # What the manager must serve: a missing CRD is named at start, with how to install it.
 MANAGER_APIS = [required_apis.TRAINJOBS, required_apis.MULTIKUEUECLUSTERS,
                 required_apis.MULTIKUEUECONFIGS]
+# How often jobs that wait for room are looked at again without an event (see above).
+WAITING_RECHECK_SECONDS = 10.0
 _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES,
                        CLUSTERQUEUES, LOCALQUEUES)  # the last two: kueue mode's quota
 
@@ -206,6 +211,9 @@ class DispatcherController:
         """Only the leader writes: reconcile workers, garbage collection and the
         MultiKueueCluster conditions start here, from warm caches."""
         log.info("leading: dispatching")
+        self._scheduler.add_job(self._requeue_pending, "interval",
+                                seconds=WAITING_RECHECK_SECONDS, id="waiting-recheck",
+                                max_instances=1, coalesce=True, replace_existing=True)
         if self.nominator is not None:
             # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
             self._threads = start_workers(
