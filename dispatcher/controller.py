@@ -7,9 +7,9 @@ What wakes a job up:
 * capacity or eligibility changed on some worker (Nodes, namespaces, runtimes, a pod gone,
   finished or bound, a remote copy finished or gone, a worker coming back): every job
   still waiting for placement is looked at again;
-* and every ``WAITING_RECHECK_SECONDS`` as well: room also changes with time, where no
-  event says so (pods of a job placed a while ago stop counting as in flight, capacity's
-  ``ARRIVAL_WINDOW_SECONDS``).
+* room that changes with time, where no event says so: the pods of a job placed a while
+  ago stop counting as in flight (capacity's ``ARRIVAL_WINDOW_SECONDS``), looked for every
+  ``WAITING_RECHECK_SECONDS``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # What the manager must serve: a missing CRD is named at start, with how to install it.
 MANAGER_APIS = [required_apis.TRAINJOBS, required_apis.MULTIKUEUECLUSTERS,
                 required_apis.MULTIKUEUECONFIGS]
-# How often jobs that wait for room are looked at again without an event (see above).
+# How often the workers' capacity is asked whether pods stopped counting as in flight.
 WAITING_RECHECK_SECONDS = 10.0
 _CAPACITY_RESOURCES = ("nodes", "namespaces", c.TRAININGRUNTIMES, c.CLUSTERTRAININGRUNTIMES,
                        CLUSTERQUEUES, LOCALQUEUES)  # the last two: kueue mode's quota
@@ -195,6 +195,12 @@ class DispatcherController:
         else:
             self._requeue_standalone()
 
+    def _recheck_waiting(self) -> None:
+        # Every worker is asked (not only up to the first yes): each asking starts its
+        # next window.
+        if [worker for worker in self.registry.snapshot() if worker.capacity.window_passed()]:
+            self._requeue_pending()
+
     def _requeue_waiting(self) -> None:
         for key in self.reconciler.waiting_for_room():
             self.queue.add(key)
@@ -211,7 +217,7 @@ class DispatcherController:
         """Only the leader writes: reconcile workers, garbage collection and the
         MultiKueueCluster conditions start here, from warm caches."""
         log.info("leading: dispatching")
-        self._scheduler.add_job(self._requeue_pending, "interval",
+        self._scheduler.add_job(self._recheck_waiting, "interval",
                                 seconds=WAITING_RECHECK_SECONDS, id="waiting-recheck",
                                 max_instances=1, coalesce=True, replace_existing=True)
         if self.nominator is not None:

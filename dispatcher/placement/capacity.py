@@ -114,6 +114,7 @@ class WorkerCapacity:
         # When each reservation was made (or changed): its pods count as in flight for
         # ``ARRIVAL_WINDOW_SECONDS``.
         self._reserved_at: dict[JobKey, float] = {}
+        self._window_looked_at = clock()
         # Where a reserved job's pods were packed (node -> requests), and what its bound
         # pods use per node: the planned room stays taken until the pods take it.
         self._planned: dict[JobKey, dict[str, Resources]] = {}
@@ -218,6 +219,16 @@ class WorkerCapacity:
         self._planned.pop(job, None)
         self._planned_pods.pop(job, None)
         self._rules.pop(job, None)
+
+    def window_passed(self) -> bool:
+        """Whether the pods of some job stopped counting as in flight since the last call:
+        jobs that wait on the order of arrival may fit now, and no event says so."""
+        with self._lock:
+            since, now = self._window_looked_at, self._clock()
+            self._window_looked_at = now
+            # In flight at ``since`` (``_order_problem``'s rule), not any longer now.
+            return any(since <= at + ARRIVAL_WINDOW_SECONDS < now
+                       for at in self._reserved_at.values())
 
     def _recount(self, job: JobKey) -> None:
         # A reservation shrinks by what the job's bound pods already use: pods that exist

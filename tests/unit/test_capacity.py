@@ -735,9 +735,13 @@ def test_pods_in_flight_stop_making_jobs_wait_after_the_arrival_window():
     _placed(capacity, "small-0", 1)
     now[0] += ARRIVAL_WINDOW_SECONDS
     assert capacity.pack([{"cpu": D(1)}]).startswith("pods of jobs placed here")
+    assert not capacity.window_passed()
     now[0] += 1
     assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]
     assert capacity.free()["cpu"] == 8 - 7  # their room still held
+    # What tells the dispatcher to look at waiting jobs again, once per passing.
+    assert capacity.window_passed()
+    assert not capacity.window_passed()
 
 
 def test_a_succeeded_pod_keeps_covering_its_part_of_the_reservation():
