@@ -17,7 +17,7 @@ from trainjob import command_line, logs
 from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
                                 KUEUE_NAMESPACE)
 from trainjob.kubeclient import KubeconfigError, api_client, describe_error, find_kubeconfig
-from trainjob.required_apis import MissingResources
+from trainjob.required_apis import ClusterUnusable
 from trainjob.service import RoutesListener, serve
 
 log = logging.getLogger("dispatcher")
@@ -245,7 +245,7 @@ def _status(args) -> int:
     except KubeconfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except MissingResources as err:
+    except ClusterUnusable as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # noqa: BLE001 - a status command reports, it does not crash

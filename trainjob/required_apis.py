@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trainjob import constants as c
+from trainjob.kubeclient import describe_error
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,21 @@ MULTIKUEUECONFIGS = Resource(c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECONFIGS
 JOBSETS = Resource(c.JOBSET_GROUP, c.JOBSET_VERSION, c.JOBSETS, INSTALL_JOBSET)
 
 
-class MissingResources(RuntimeError):
+class ClusterUnusable(RuntimeError):
+    """The cluster cannot serve the component as it is; the message says why and what to
+    do."""
+
+
+class Unreachable(ClusterUnusable):
+    def __init__(self, cluster: str, host: str, err: BaseException):
+        # urllib3 wraps the socket's error (connection refused, name unknown, timeout) in
+        # its retry error: that error is the one to name.
+        cause = getattr(err, "reason", None) or err
+        super().__init__(f"cannot reach the {cluster} cluster's API server at {host}: "
+                         f"{describe_error(cause)}")
+
+
+class MissingResources(ClusterUnusable):
     def __init__(self, cluster: str, missing: list[Resource]):
         self.missing = missing
         commands = list(dict.fromkeys(resource.install for resource in missing))
@@ -67,7 +83,11 @@ def missing(api: client.ApiClient, wanted: list[Resource]) -> list[Resource]:
 
 
 def require(api: client.ApiClient, cluster: str, wanted: list[Resource]) -> None:
-    """Raise ``MissingResources`` naming what is missing and how to install it."""
-    absent = missing(api, wanted)
+    """Raise ``MissingResources`` naming what is missing and how to install it, or
+    ``Unreachable`` when the API server does not answer."""
+    try:
+        absent = missing(api, wanted)
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise Unreachable(cluster, api.configuration.host, err) from err
     if absent:
         raise MissingResources(cluster, absent)

@@ -21,7 +21,7 @@ from trainjob.controller_metrics import ReconcileMetrics
 from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
 from trainjob.observability import ObservabilityServer, Route
 from trainjob.workqueue import ShutDown, WorkQueue
-from trainjob.required_apis import MissingResources
+from trainjob.required_apis import ClusterUnusable
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
     except ListenError as err:
         print(f"error: {err.strerror}", file=sys.stderr)
         return 1
-    except (OSError, TimeoutError, MissingResources) as err:
+    except (OSError, TimeoutError, ClusterUnusable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:

@@ -144,6 +144,29 @@ def test_missing_crds_are_named_with_how_to_install_them(multicluster, module, c
     assert time.monotonic() - started < 30, "it must not wait for a cache that never syncs"
 
 
+@pytest.mark.parametrize("module, command, cluster", [
+    ("dispatcher", "status", "manager"), ("dispatcher", "run", "manager"),
+    ("training_operator", "run", "worker")], ids=["dispatcher-status", "dispatcher-run",
+                                                 "operator-run"])
+def test_an_api_server_that_does_not_answer_is_named(multicluster, tmp_path, module, command,
+                                                      cluster):
+    """A kubeconfig whose server nothing listens on (as when the apiserver is down while
+    the component starts): one line naming the server and why, exit code 1, no traceback;
+    the Deployment's restarts try again."""
+    config = yaml.safe_load(multicluster.manager.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"
+    path = tmp_path / "down.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", module, command, "--kubeconfig", str(path)]
+    if command == "run":
+        argv += ["--metrics-port", "0"] + (["--no-leader-elect"] if module == "dispatcher" else [])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert (f"error: cannot reach the {cluster} cluster's API server at https://127.0.0.1:1: "
+            in done.stderr), done.stderr
+    assert "Connection refused" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def events_about(manager, name: str, reason: str) -> list[str]:
     return [e.message for e in manager.core.list_namespaced_event("default").items
             if e.involved_object.name == name and e.reason == reason]
