@@ -93,6 +93,11 @@ def holds_for(
 # What a controller logs before it ends itself for having lost its Lease (trainjob.leader):
 # the one exit its supervisor is there to undo.
 LOST_LEADERSHIP = "lost leadership: stopping"
+# What it logs once it has started (trainjob.service): a process started again that ends
+# before this line found its cluster still away.
+STARTED = " running; metrics on "
+# Starts again while the cluster whose outage cost the Lease is still away, a second apart.
+RESTARTS_WHILE_AWAY = 60
 
 
 class ServiceProcess:
@@ -100,8 +105,10 @@ class ServiceProcess:
     the test process (PDEATHSIG), ready once its /readyz answers 200 ok.
 
     ``supervised``: when it ends itself for having lost its Lease, start it again, as the
-    Deployment that runs it would (a loaded machine can stall a short Lease's renewal).
-    Any other exit stays for the tests to see."""
+    Deployment that runs it would (a loaded machine can stall a short Lease's renewal, an
+    apiserver restart does). Started again, it may find that apiserver still away and end
+    before it has started: it is started again a second later, up to
+    ``RESTARTS_WHILE_AWAY`` times. Any other exit stays for the tests to see."""
 
     def __init__(self, module: str, kubeconfig: Path, log_file: Path,
                  extra_args: tuple[str, ...], supervised: bool = False):
@@ -112,14 +119,19 @@ class ServiceProcess:
         self.supervised = supervised
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
-        # Restarts after a lost Lease, by the supervision.
+        # Restarts after a lost Lease, by the supervision; whether the running process is
+        # one it started, and how many it started since the last lost Lease that ended
+        # before they had started.
         self.lease_restarts = 0
+        self._relaunched = False
+        self._away = 0
         self._stopping = threading.Event()
         self._launching = threading.Lock()
         self._log_start = 0
 
     def start(self) -> ServiceProcess:
         self._stopping.clear()
+        self._relaunched, self._away = False, 0
         self._launch()
         eventually(self.readyz, lambda answer: answer[0] == 200,
                    expected=f"{self.module} /readyz to answer 200 (log: {self.log_file})",
@@ -144,19 +156,43 @@ class ServiceProcess:
             with self._launching:
                 if self._stopping.is_set() or proc is not self.proc:
                     return
-                with open(self.log_file, "rb") as log:
-                    log.seek(self._log_start)
-                    if LOST_LEADERSHIP.encode() not in log.read():
-                        return
+                reason = self._restart_reason()
+                if reason is None:
+                    return
+                why, pause = reason
+                self._away = self._away + 1 if pause else 0
                 with open(self.log_file, "a") as log:
-                    log.write(f"(supervision: exit code {proc.returncode} after a lost "
-                              "Lease; starting again)\n")
+                    log.write(f"(supervision: exit code {proc.returncode} {why}; starting "
+                              "again)\n")
+            if self._stopping.wait(pause):
+                return
+            with self._launching:
+                if self._stopping.is_set():
+                    return
                 self._launch()
-                self.lease_restarts += 1
-                proc = self.proc
+                if not self._away:
+                    self.lease_restarts += 1
+                proc, self._relaunched = self.proc, True
+
+    def _restart_reason(self) -> tuple[str, float] | None:
+        """Why the supervision starts the process that ended again, and after what pause;
+        None when it does not. Called with ``_launching`` held."""
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            seen = log.read()
+        if LOST_LEADERSHIP.encode() in seen:
+            return "after a lost Lease", 0.0
+        if self._relaunched and STARTED.encode() not in seen \
+                and self._away < RESTARTS_WHILE_AWAY:
+            return "before it started, after a lost Lease", 1.0
+        return None
 
     def readyz(self) -> tuple[int, str]:
         if self.proc is not None and self.proc.poll() is not None:
+            if self.supervised and not self._stopping.is_set():
+                with self._launching:
+                    if self._restart_reason() is not None:
+                        return 0, "ended; its supervision starts it again"
             raise ProcessExited(
                 f"{self.module} exited with {self.proc.returncode}:\n{self.log_tail()}")
         return self.get("/readyz")

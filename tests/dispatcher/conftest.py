@@ -88,21 +88,27 @@ def dispatch_env(multicluster, tmp_path_factory):
                                 supervised=True).start()
     env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
     yield env
-    # Namespaces deleted by the module's last fixtures still hold jobs with our finalizer:
-    # let this dispatcher release them, so no later module's dispatcher inherits them.
-    eventually(lambda: [f"{j['metadata']['namespace']}/{j['metadata']['name']}"
-                        for j in client.CustomObjectsApi(manager.api).list_cluster_custom_object(
-                            c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
-                        if c.DISPATCH_FINALIZER in (j["metadata"].get("finalizers") or [])
-                        and j["metadata"].get("deletionTimestamp")],
-               lambda left: not left, timeout=60,
-               expected="every deleted manager TrainJob released by the dispatcher")
-    env.dispatcher.stop()
-    for process in env.operators.values():
-        process.stop()
-    custom = client.CustomObjectsApi(manager.api)
-    for name in ("worker-1", "worker-2"):
-        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueclusters",
-                                            name)
-        client.CoreV1Api(multicluster[name].api).delete_node(f"{name}-base")
-    custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueconfigs", CONFIG)
+    try:
+        # Namespaces deleted by the module's last fixtures still hold jobs with our
+        # finalizer: let this dispatcher release them, so no later module's dispatcher
+        # inherits them.
+        eventually(lambda: [f"{j['metadata']['namespace']}/{j['metadata']['name']}"
+                            for j in client.CustomObjectsApi(manager.api).list_cluster_custom_object(
+                                c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
+                            if c.DISPATCH_FINALIZER in (j["metadata"].get("finalizers") or [])
+                            and j["metadata"].get("deletionTimestamp")],
+                   lambda left: not left, timeout=60,
+                   expected="every deleted manager TrainJob released by the dispatcher")
+    finally:
+        # Whatever happened: a process left running here would act on the shared clusters
+        # under every later module (an operator reconciling their TrainJobs).
+        env.dispatcher.stop()
+        for process in env.operators.values():
+            process.stop()
+        custom = client.CustomObjectsApi(manager.api)
+        for name in ("worker-1", "worker-2"):
+            custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2",
+                                                "multikueueclusters", name)
+            client.CoreV1Api(multicluster[name].api).delete_node(f"{name}-base")
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "multikueueconfigs",
+                                            CONFIG)
