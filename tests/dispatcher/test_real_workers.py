@@ -165,6 +165,36 @@ def test_a_burst_that_fits_in_aggregate_leaves_no_pod_unschedulable(dispatch_env
             assert placed[c.PLACEMENT_ANNOTATION] == "worker-2", (name, placed)
 
 
+def test_pods_that_never_bind_stop_holding_up_other_jobs(dispatch_env, namespace, pool):
+    """A wide job (3 + 3 cpu) and a small one placed on worker-1 whose pods carry a
+    scheduling gate nothing lifts: made, never bound. A second small job that their pods
+    could strand in some order waits for them, and goes once they no longer count as in
+    flight (30 s after their placement), beside the room they still hold, and runs."""
+    env = dispatch_env
+    worker = env.multicluster["worker-1"]
+    pool("worker-1", "a", {"cpu": "4"})
+    pool("worker-1", "b", {"cpu": "4"})
+    _install_runtime(env, namespace, "gated", {worker_stack.RUN_FOR_ANNOTATION: "2s"})
+    for name, num_nodes, cpu in (("wide", 2, "3"), ("small-0", 1, "1")):
+        body = _job(name, "gated", namespace, num_nodes=num_nodes, cpu=cpu)
+        body["spec"]["podSpecOverrides"][0]["schedulingGates"] = [{"name": "example.com/held"}]
+        create(env.manager, namespace, body)
+        assert wait_placed(env, namespace, name)[0] == "worker-1"
+
+    create(env.manager, namespace, _job("small-1", "gated", namespace, num_nodes=1, cpu="1"))
+    wait_pending(env, namespace, "small-1",
+                 "worker-1: pods of jobs placed here moments ago are not bound yet")
+    assert wait_placed(env, namespace, "small-1", timeout=90)[0] == "worker-1"
+    gated = _pods(worker, namespace, "wide") + _pods(worker, namespace, "small-0")
+    assert len(gated) == 3 and not any(p.spec.node_name for p in gated), (
+        "the held jobs' pods were bound after all: the wait did not end by the window",
+        [(p.metadata.name, p.spec.node_name) for p in gated])
+    eventually(lambda: condition(get(env.manager, namespace, "small-1"), "Complete") or {},
+               lambda done: done.get("status") == "True",
+               expected="small-1 Complete on worker-1", timeout=60)
+    assert _unschedulable(env, namespace) == []
+
+
 def test_a_node_removed_under_running_jobs_shows_on_the_manager(dispatch_env, namespace, pool):
     """The pods of a deleted Node are failed and removed by the pod garbage collector; the
     Job (no retries in this runtime) fails, so does the JobSet, and the manager shows the job
