@@ -27,9 +27,9 @@ Resources = dict[str, Decimal]
 
 # Units of work per placement, shared by its questions (``Budget``): the close cases the
 # search is for are a few pods on a few Nodes, and it runs under the capacity lock. A
-# unit is about one Node or pod looked at once (about a microsecond); past the budget the
+# unit is about one Node or pod looked at once (a few microseconds); past the budget the
 # answer is ``UNKNOWN``.
-SEARCH_BUDGET = 3000
+SEARCH_BUDGET = 1500
 
 
 @dataclass
