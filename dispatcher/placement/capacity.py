@@ -49,7 +49,6 @@ _ZERO = Decimal(0)
 _ONE = Decimal(1)
 _NOTHING: dict = {}  # read only
 DELETED = "DELETED"
-_TERMINAL_PHASES = ("Succeeded", "Failed")
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 # How long the pods of a just-placed job count as in flight for the check of arrival
@@ -392,9 +391,11 @@ class WorkerCapacity:
         alike; otherwise equal parts (which pods the bound ones were is not known:
         initializers and trainer differ). Called under the lock."""
         count = max(int(amounts.get(PODS, _ONE)), 1)
-        packed = self._planned_pods.get(job, _NOTHING).get(node)
-        if packed and (len(packed) == count or all(pod == packed[0] for pod in packed)):
-            return packed if len(packed) == count else [packed[0]] * count
+        packed = self._planned_pods.get(job, _NOTHING).get(node) or []
+        if len(packed) == count:
+            return packed
+        if packed and all(pod == packed[0] for pod in packed):
+            return [packed[0]] * count
         part = {r: a / count for r, a in amounts.items() if r != PODS}
         part[PODS] = _ONE
         return [part] * count
@@ -631,13 +632,12 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     owner = labels.get(c.JOBSET_NAME_LABEL) or labels.get(BATCH_JOB_NAME_LABEL)
     job = (meta.get("namespace") or "", owner) if owner else None
     phase = (pod.get("status") or {}).get("phase")
-    if phase in _TERMINAL_PHASES:
-        # A failed pod is replaced (or its job fails and its reservation goes): the
-        # replacement needs the room again. A succeeded one covers its part for good.
-        if phase != "Succeeded" or job is None:
-            return None
-        return _PodUse(node=node, job=job, requests=pod_requests(pod), finished=True)
-    return _PodUse(node=node, job=job, requests=pod_requests(pod))
+    # A failed pod is replaced (or its job fails and its reservation goes): the
+    # replacement needs the room again. A succeeded one covers its part for good.
+    if phase == "Failed" or (phase == "Succeeded" and job is None):
+        return None
+    return _PodUse(node=node, job=job, requests=pod_requests(pod),
+                   finished=phase == "Succeeded")
 
 
 def _node_from(obj: dict[str, Any]) -> _Node:
