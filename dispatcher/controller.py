@@ -198,7 +198,8 @@ class DispatcherController:
     def _recheck_waiting(self) -> None:
         # Every worker is asked (not only up to the first yes): each asking starts its
         # next window.
-        if [worker for worker in self.registry.snapshot() if worker.capacity.window_passed()]:
+        passed = [worker.capacity.window_passed() for worker in self.registry.snapshot()]
+        if any(passed):
             self._requeue_pending()
 
     def _requeue_waiting(self) -> None:
