@@ -183,7 +183,10 @@ class WorkerRegistry:
     def release_drained(self) -> None:
         """Drop the draining workers that are done (``draining.drop_drained``)."""
         with self._lock:
-            draining.drop_drained(self.workers, self.in_use())
+            # Which workers jobs are placed on is a walk over every manager job: asked
+            # only while some worker drains (this runs at every probe round).
+            if any(worker.draining for worker in self.workers.values()):
+                draining.drop_drained(self.workers, self.in_use())
 
     # --- probing and reporting ------------------------------------------------------
 
