@@ -21,11 +21,11 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def request_json(api: client.ApiClient, method: str, path: str, body: dict | bytes,
+def request_json(api: client.ApiClient, method: str, path: str, body: dict | bytes | None,
                  *, query: list[tuple[str, str]] | None = None,
-                 content_type: str = JSON) -> dict:
-    """``method`` ``path`` with ``body`` (a dict sent as JSON, or bytes as they are); the
-    answer's object."""
+                 content_type: str = JSON, timeout: float | None = None) -> dict:
+    """``method`` ``path`` with ``body`` (a dict sent as JSON, bytes as they are, or none);
+    the answer's object. ``timeout``: the request's own (else the client's)."""
     headers = {"Content-Type": content_type, "Accept": JSON, **api.default_headers}
     if api.cookie:
         headers["Cookie"] = api.cookie
@@ -34,7 +34,9 @@ def request_json(api: client.ApiClient, method: str, path: str, body: dict | byt
     # configuration says so; client certificates are the connection's).
     api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
     url = api.configuration.host + path + (f"?{urlencode(queries)}" if queries else "")
-    response = api.call_api(method, url, headers, body, None)
+    response = api.call_api(method, url, headers, body, None,
+                            _request_timeout=timeout) if timeout is not None else \
+        api.call_api(method, url, headers, body, None)
     data = response.read()
     if not 200 <= response.status <= 299:
         raise ApiException(http_resp=response)
