@@ -67,6 +67,39 @@ RequestObserver = Callable[[ApiRequest], None]
 DEFAULT_REQUEST_TIMEOUT = 30.0
 
 
+# How often a bearer token's source is looked at again (its expiry, the service account's
+# token file): the client library's hook does it before every request, and each time also
+# sets the configuration's host again, which reads every environment variable for a proxy.
+TOKEN_CHECK_SECONDS = 1.0
+
+
+class ThrottledTokenHook:
+    """The client library's ``refresh_api_key_hook``, run at most once per ``interval``
+    seconds. The hook re-installs itself when it runs, so this puts itself back after it."""
+
+    def __init__(self, hook: Callable[[client.Configuration], None],
+                 interval: float = TOKEN_CHECK_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
+        self._hook = hook
+        self._interval = interval
+        self._clock = clock
+        self._next = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, configuration: client.Configuration) -> None:
+        with self._lock:
+            now = self._clock()
+            if now < self._next:
+                return
+            self._next = now + self._interval
+            self._hook(configuration)
+            installed = configuration.refresh_api_key_hook
+            if installed is not self:
+                if installed is not None:
+                    self._hook = installed
+                configuration.refresh_api_key_hook = self
+
+
 class RateLimitedApiClient(client.ApiClient):
     """An ApiClient whose every request (watches included, once per start) first takes a
     token from the cluster's bucket, and is reported to ``observer`` (verb, apiserver,
@@ -139,6 +172,9 @@ def api_client(kubeconfig: str | Path | dict | KubeconfigSource | None = None,
     else:
         _load_kubeconfig_file(Path(kubeconfig), context, configuration)
     configuration.connection_pool_maxsize = POOL_SIZE
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook = ThrottledTokenHook(
+            configuration.refresh_api_key_hook)
     limiter = TokenBucket(qps, burst or max(1, int(qps))) if qps else None
     api = RateLimitedApiClient(configuration, limiter, observer, request_timeout)
     if user_agent:

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from trainjob.kubeclient import (FROM_ENVIRONMENT, FROM_FLAG, FROM_HOME, IN_CLUSTER,
-                                 KubeconfigError, TokenBucket, api_client, find_kubeconfig)
+                                 KubeconfigError, ThrottledTokenHook, TokenBucket, api_client,
+                                 find_kubeconfig)
 
 
 def test_token_bucket_spends_the_burst_then_paces():
@@ -24,6 +25,49 @@ def test_token_bucket_spends_the_burst_then_paces():
         bucket.acquire()
     elapsed = time.monotonic() - started
     assert 0.03 <= elapsed < 0.5, f"5 tokens past the burst at 100/s took {elapsed:.3f}s"
+
+
+def test_the_token_hook_runs_at_most_once_a_second_and_stays_installed():
+    """The client library's hook runs before every request and installs a new copy of
+    itself each time it runs: the throttle runs the newest one, and only once per
+    interval."""
+    from kubernetes import client
+
+    now = [100.0]
+    calls = []
+
+    def library_hook(name):
+        def hook(configuration):
+            calls.append(name)
+            configuration.api_key["BearerToken"] = f"token-{len(calls)}"
+            configuration.refresh_api_key_hook = library_hook(f"hook-{len(calls)}")
+        return hook
+
+    configuration = client.Configuration()
+    configuration.refresh_api_key_hook = ThrottledTokenHook(library_hook("hook-0"),
+                                                            interval=1.0, clock=lambda: now[0])
+    throttle = configuration.refresh_api_key_hook
+    for _ in range(5):
+        assert configuration.get_api_key_with_prefix("BearerToken") == "token-1"
+    assert calls == ["hook-0"]
+    assert configuration.refresh_api_key_hook is throttle
+    now[0] += 1.0
+    assert configuration.get_api_key_with_prefix("BearerToken") == "token-2"
+    assert calls == ["hook-0", "hook-1"]  # the copy the first run installed
+    assert configuration.refresh_api_key_hook is throttle
+
+
+def test_a_token_kubeconfig_still_sends_its_token():
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "abc"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}
+    configuration = api_client(kubeconfig).configuration
+    assert isinstance(configuration.refresh_api_key_hook, ThrottledTokenHook)
+    for _ in range(3):
+        assert configuration.get_api_key_with_prefix("BearerToken") == "Bearer abc"
+    assert configuration.host == "https://127.0.0.1:6443"
 
 
 def test_an_api_error_is_one_line_with_code_reason_and_message():
