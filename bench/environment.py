@@ -252,6 +252,10 @@ class BenchClusters:
         for name in workers:
             eventually(lambda n=name: active(n), bool, timeout=60, interval=0.2,
                        expected=f"MultiKueueCluster {name} Active=True")
+        # Its start ends with one full collection of the caches (0.1 s of CPU and more):
+        # done before a scenario measures it.
+        eventually(self.dispatcher.started, bool, timeout=60, interval=0.1,
+                   expected=f"the dispatcher to log that it runs (log: {log_file})")
         return self.dispatcher
 
     def use_kueue_dispatcher(self, dispatcher: str) -> None:

@@ -187,6 +187,13 @@ class ServiceProcess:
             return "before it started, after a lost Lease", 1.0
         return None
 
+    def started(self) -> bool:
+        """Whether the running process has logged that it started: ready, and done with
+        what it does once at its start (the first full collection of its caches)."""
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            return STARTED.encode() in log.read()
+
     def readyz(self) -> tuple[int, str]:
         if self.proc is not None and self.proc.poll() is not None:
             if self.supervised and not self._stopping.is_set():
