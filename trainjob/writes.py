@@ -34,9 +34,8 @@ def request_json(api: client.ApiClient, method: str, path: str, body: dict | byt
     # configuration says so; client certificates are the connection's).
     api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
     url = api.configuration.host + path + (f"?{urlencode(queries)}" if queries else "")
-    response = api.call_api(method, url, headers, body, None,
-                            _request_timeout=timeout) if timeout is not None else \
-        api.call_api(method, url, headers, body, None)
+    # None leaves the client's own timeout (``RateLimitedApiClient`` fills it in).
+    response = api.call_api(method, url, headers, body, None, _request_timeout=timeout)
     data = response.read()
     if not 200 <= response.status <= 299:
         raise ApiException(http_resp=response)
