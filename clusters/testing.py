@@ -177,9 +177,7 @@ class ServiceProcess:
     def _restart_reason(self) -> tuple[str, float] | None:
         """Why the supervision starts the process that ended again, and after what pause;
         None when it does not. Called with ``_launching`` held."""
-        with open(self.log_file, "rb") as log:
-            log.seek(self._log_start)
-            seen = log.read()
+        seen = self._logged_since_launch()
         if LOST_LEADERSHIP.encode() in seen:
             return "after a lost Lease", 0.0
         if self._relaunched and STARTED.encode() not in seen \
@@ -190,9 +188,13 @@ class ServiceProcess:
     def started(self) -> bool:
         """Whether the running process has logged that it started: ready, and done with
         what it does once at its start (the first full collection of its caches)."""
+        return STARTED.encode() in self._logged_since_launch()
+
+    def _logged_since_launch(self) -> bytes:
+        """What the running process (the last one launched) has logged."""
         with open(self.log_file, "rb") as log:
             log.seek(self._log_start)
-            return STARTED.encode() in log.read()
+            return log.read()
 
     def readyz(self) -> tuple[int, str]:
         if self.proc is not None and self.proc.poll() is not None:
