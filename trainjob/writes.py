@@ -6,7 +6,8 @@ costs more than its request): a third of a write's CPU, spent on objects this pr
 reads as dictionaries anyway. These send the body as it is and return the answer as a
 dictionary, through the same ``ApiClient`` (credentials, rate limit, metrics, the
 kept-alive connections of ``lean_http``), and raise the client's ``ApiException`` for
-any answer that is not a success.
+any answer that is not a success. ``request_json`` also serves the few frequent reads that
+need no cache (a worker probe's GET of ``/version``).
 """
 
 from __future__ import annotations
