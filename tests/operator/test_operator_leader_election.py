@@ -65,7 +65,9 @@ def test_one_operator_reconciles_and_the_standby_takes_over(multicluster, namesp
     create_trainjob(worker, namespace, "ha-0", runtime)
     eventually(lambda: jobset(worker, namespace, "ha-0"), lambda found: found is not None,
                expected=f"JobSet {namespace}/ha-0 built by the leader")
-    assert leader.metric(JOBSETS_CREATED) == 1
+    # The counter moves once the create has returned, a moment after the JobSet is readable.
+    eventually(lambda: leader.metric(JOBSETS_CREATED), lambda count: count == 1,
+               expected="the leader's one JobSet counted")
     # A reconcile is timed once it returns, a moment after its JobSet is written.
     eventually(lambda: leader.metric(RECONCILES), lambda count: count > 0,
                expected="the leader's reconciles counted")
@@ -80,5 +82,5 @@ def test_one_operator_reconciles_and_the_standby_takes_over(multicluster, namesp
     create_trainjob(worker, namespace, "ha-1", runtime)
     eventually(lambda: jobset(worker, namespace, "ha-1"), lambda found: found is not None,
                expected=f"JobSet {namespace}/ha-1 built by the new leader")
-    assert standby.metric(JOBSETS_CREATED) == 1, (
-        "expected the new leader to build only the new job's JobSet (ha-0's exists)")
+    eventually(lambda: standby.metric(JOBSETS_CREATED), lambda count: count == 1,
+               expected="the new leader to count only the new job's JobSet (ha-0's exists)")
