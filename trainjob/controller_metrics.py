@@ -225,10 +225,11 @@ class ReconcileMetrics:
 
     def finished(self, result: str, seconds: float) -> None:
         """One reconcile ended with ``result`` (one of ``RESULTS``) after ``seconds``."""
-        self._total[result].inc()
+        # Its time first: a scrape that sees the reconcile counted sees its time too.
+        self._seconds.observe(seconds)
         if result == ERROR:
             self._errors.inc()
-        self._seconds.observe(seconds)
+        self._total[result].inc()
 
 
 class LeaderMetric:
