@@ -124,7 +124,9 @@ def test_a_dispatcher_started_without_a_worker_in_use_drains_it(dispatch_env, na
         assert not copies_at_once(looks), copies_at_once(looks)
         moved = get(env.manager, namespace, "restarted")
         assert placement(moved) == "worker-2"
-        assert events(env, namespace, "restarted", "WorkerRemoved")
+        # Events are written by their own thread, after the reconcile that decided them.
+        eventually(lambda: events(env, namespace, "restarted", "WorkerRemoved"), bool,
+                   expected=f"a WorkerRemoved Event about {namespace}/restarted")
     finally:
         env.dispatcher.extra_args = original
         env.restart_dispatcher()

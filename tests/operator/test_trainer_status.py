@@ -210,6 +210,12 @@ def test_a_trainer_pod_reports_progress(reporting, namespace):
     create_trainjob(worker, namespace, "progress")
     path, audience = wiring(trainer_pod_spec(worker, namespace, "progress"))
     token = pod_token(worker, namespace, "progress", audience)
+    # The operator writes Created after the JobSet: wait for it, so that the report is
+    # seen to keep the rest of the status.
+    eventually(lambda: (get_trainjob(worker, namespace, "progress").get("status") or {})
+               .get("conditions") or [],
+               lambda conditions: any(x["type"] == "Created" for x in conditions),
+               expected=f"TrainJob {namespace}/progress with its Created condition")
 
     code, answer = endpoint.post(path, {"trainerStatus": PROGRESS}, token)
     assert code == 200, answer
