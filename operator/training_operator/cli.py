@@ -184,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
         log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
+        servers = [server]
+        if args.enable_trainer_status:
+            servers.append(trainer_status(server))
+        # Ready only once every listener is up: trainer pods report through the same Service.
         controller.webhook_serving = True
-        if not args.enable_trainer_status:
-            return [server]
+        return servers
+
+    def trainer_status(server):
         from training_operator.status_server import StatusServer
 
         status_server = StatusServer(args.trainer_status_port, args.webhook_cert_dir, api,
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the trainer status endpoint", args.webhook_host,
                               args.trainer_status_port, "--trainer-status-port", err) from err
         log.info("trainer status endpoint serving on %s", status_server.url)
-        return [server, status_server]
+        return status_server
 
     log.info("operator starting (namespace: %s%s)", args.namespace or "all",
              f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
