@@ -90,11 +90,16 @@ def answer(request: Callable[[], Any], refusal: Callable[[ApiException], dict[st
     return {"allowed": True}
 
 
+def _active(obj: dict | None, field: str) -> list[str]:
+    """Names of the entries of ``status.<field>`` with ``active > 0``."""
+    status = (obj or {}).get("status") or {}
+    return [entry.get("name") for entry in status.get(field) or []
+            if isinstance(entry, dict) and (entry.get("active") or 0) > 0]
+
+
 def active_jobs(jobset: dict | None) -> list[str]:
     """The JobSet's replicated jobs it reports with active Jobs."""
-    status = (jobset or {}).get("status") or {}
-    return [entry.get("name") for entry in status.get("replicatedJobsStatus") or []
-            if isinstance(entry, dict) and (entry.get("active") or 0) > 0]
+    return _active(jobset, "replicatedJobsStatus")
 
 
 def suspended(trainjob: dict | None) -> bool:
@@ -114,12 +119,24 @@ def read_or_none(read, *args) -> dict | None:
         raise
 
 
+def reported_active(trainjob: dict | None) -> list[str]:
+    """The replicated jobs the TrainJob's controller reports active in ``status.jobsStatus``."""
+    return _active(trainjob, "jobsStatus")
+
+
 def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
-    """Until the JobSet ``name`` reports an active replicated job."""
-    eventually(lambda: read_or_none(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
-                             c.JOBSET_VERSION, namespace, c.JOBSETS, name),
-               lambda jobset: bool(active_jobs(jobset)), timeout=ACTIVE_TIMEOUT,
-               interval=0.5, expected=f"JobSet {namespace}/{name} with an active replicated job")
+    """Until the JobSet ``name`` reports an active replicated job and the TrainJob's
+    controller has copied that into the TrainJob's status. Both webhooks read the JobSet
+    from their controller's cache, which can trail the API by a moment: the copy shows the
+    cache has seen it."""
+    eventually(lambda: (read_or_none(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
+                                     c.JOBSET_VERSION, namespace, c.JOBSETS, name),
+                        read_or_none(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+                                     c.TRAINER_VERSION, namespace, c.TRAINJOBS, name)),
+               lambda seen: bool(active_jobs(seen[0])) and bool(reported_active(seen[1])),
+               timeout=ACTIVE_TIMEOUT, interval=0.5,
+               expected=f"JobSet {namespace}/{name} with an active replicated job, and "
+                        "TrainJob status.jobsStatus reporting it active")
 
 
 def wait_suspended(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:

@@ -25,6 +25,14 @@ def test_a_jobset_is_active_only_with_a_replicated_job_of_active_jobs():
     assert updates.active_jobs({"status": status}) == ["node"]
 
 
+def test_a_trainjob_reports_a_job_active_once_its_controller_copied_the_jobsets_status():
+    assert updates.reported_active(None) == []
+    assert updates.reported_active({"status": {"conditions": []}}) == []
+    status = {"jobsStatus": [{"name": "init", "active": 0, "succeeded": 1},
+                             {"name": "node", "active": 2, "ready": 0}]}
+    assert updates.reported_active({"status": status}) == ["node"]
+
+
 def test_an_update_refused_alike_in_other_words_is_equal_and_counts_as_a_refusal():
     case = Case("cf-x", "update")
     operator = {**FORBIDDEN_PATCHES, "code": 422, "message": "the operator's words"}
