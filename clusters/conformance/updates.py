@@ -90,16 +90,12 @@ def answer(request: Callable[[], Any], refusal: Callable[[ApiException], dict[st
     return {"allowed": True}
 
 
-def _active(obj: dict | None, field: str) -> list[str]:
-    """Names of the entries of ``status.<field>`` with ``active > 0``."""
-    status = (obj or {}).get("status") or {}
-    return [entry.get("name") for entry in status.get(field) or []
+def reported_active(trainjob: dict | None) -> list[str]:
+    """The replicated jobs the TrainJob's controller reports active in ``status.jobsStatus``
+    (copied from the JobSet's status as that controller's cache holds it)."""
+    status = (trainjob or {}).get("status") or {}
+    return [entry.get("name") for entry in status.get("jobsStatus") or []
             if isinstance(entry, dict) and (entry.get("active") or 0) > 0]
-
-
-def active_jobs(jobset: dict | None) -> list[str]:
-    """The JobSet's replicated jobs it reports with active Jobs."""
-    return _active(jobset, "replicatedJobsStatus")
 
 
 def suspended(trainjob: dict | None) -> bool:
@@ -119,24 +115,15 @@ def read_or_none(read, *args) -> dict | None:
         raise
 
 
-def reported_active(trainjob: dict | None) -> list[str]:
-    """The replicated jobs the TrainJob's controller reports active in ``status.jobsStatus``."""
-    return _active(trainjob, "jobsStatus")
-
-
 def wait_active(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
-    """Until the JobSet ``name`` reports an active replicated job and the TrainJob's
-    controller has copied that into the TrainJob's status. Both webhooks read the JobSet
-    from their controller's cache, which can trail the API by a moment: the copy shows the
-    cache has seen it."""
-    eventually(lambda: (read_or_none(custom.get_namespaced_custom_object, c.JOBSET_GROUP,
-                                     c.JOBSET_VERSION, namespace, c.JOBSETS, name),
-                        read_or_none(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
-                                     c.TRAINER_VERSION, namespace, c.TRAINJOBS, name)),
-               lambda seen: bool(active_jobs(seen[0])) and bool(reported_active(seen[1])),
-               timeout=ACTIVE_TIMEOUT, interval=0.5,
-               expected=f"JobSet {namespace}/{name} with an active replicated job, and "
-                        "TrainJob status.jobsStatus reporting it active")
+    """Until the TrainJob ``name`` reports an active replicated job. Both webhooks read the
+    JobSet from their controller's cache, which can trail the API by a moment; the
+    controller's copy of the JobSet's status shows that its cache has seen the job active."""
+    eventually(lambda: read_or_none(custom.get_namespaced_custom_object, c.TRAINER_GROUP,
+                                    c.TRAINER_VERSION, namespace, c.TRAINJOBS, name),
+               lambda trainjob: bool(reported_active(trainjob)), timeout=ACTIVE_TIMEOUT,
+               interval=0.5, expected=f"TrainJob {namespace}/{name} with status.jobsStatus "
+                                      "reporting an active replicated job")
 
 
 def wait_suspended(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:

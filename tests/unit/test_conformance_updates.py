@@ -1,5 +1,5 @@
 """The update half of conformance cases (pure pieces): which rows hold admission answers,
-when a JobSet counts as active, and that an update's refusal compares by meaning like a
+when a TrainJob reports a job active, and that an update's refusal compares by meaning like a
 create's."""
 
 from clusters.conformance import report, updated, updates
@@ -15,14 +15,6 @@ def test_update_answers_are_labelled_after_the_case_and_count_as_answers():
     assert updates.label(case) == "update cf-x"
     assert updates.is_answer("update cf-x") and updates.is_answer("admission cf-x")
     assert not updates.is_answer("JobSet") and not updates.is_answer("updated")
-
-
-def test_a_jobset_is_active_only_with_a_replicated_job_of_active_jobs():
-    assert updates.active_jobs(None) == []
-    assert updates.active_jobs({"status": {}}) == []
-    status = {"replicatedJobsStatus": [{"name": "init", "active": 0, "succeeded": 1},
-                                       {"name": "node", "active": 1}]}
-    assert updates.active_jobs({"status": status}) == ["node"]
 
 
 def test_a_trainjob_reports_a_job_active_once_its_controller_copied_the_jobsets_status():
