@@ -10,40 +10,17 @@ milliseconds, which matters for bringing several clusters up quickly.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
-VALIDITY = datetime.timedelta(days=365)
+from trainjob import certificates
+from trainjob.certificates import cert_pem, key_pem, new_key
 
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def cert_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    return x509.Name(attrs)
+__all__ = ["CertificateAuthority", "ClusterPKI", "cert_pem", "client_kubeconfig", "key_pem",
+           "service_account_user"]
 
 
 def service_account_user(namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
@@ -77,81 +54,8 @@ def client_kubeconfig(cluster: str, server: str, ca: bytes, user: str, cert: byt
     }
 
 
-@dataclass
-class CertificateAuthority:
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
-
-    @classmethod
-    def create(cls, common_name: str) -> CertificateAuthority:
-        key = _new_key()
-        now = datetime.datetime.now(datetime.timezone.utc)
-        name = _name(common_name)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(key, hashes.SHA256())
-        )
-        return cls(key, cert)
-
-    @classmethod
-    def load(cls, cert_file: Path, key_file: Path) -> CertificateAuthority:
-        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
-        return cls(key, cert)  # type: ignore[arg-type]
-
-    def issue(
-        self,
-        common_name: str,
-        *,
-        organizations: tuple[str, ...] = (),
-        dns_names: tuple[str, ...] = (),
-        ip_addresses: tuple[str, ...] = (),
-        server: bool = False,
-        client: bool = False,
-    ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-        """A new key and a certificate for it, signed by this CA."""
-        if not 1 <= len(common_name.encode()) <= 64:
-            raise ValueError(f"certificate for user {common_name!r}: the common name must be "
-                             "1 to 64 bytes long (X.509), so the apiserver can take it as the "
-                             "user name")
-        key = _new_key()
-        now = datetime.datetime.now(datetime.timezone.utc)
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, organizations))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
-        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        return key, builder.sign(self.key, hashes.SHA256())
+class CertificateAuthority(certificates.CertificateAuthority):
+    """The shared CA, able to write a kubeconfig for any user it certifies."""
 
     def user_kubeconfig(self, cluster: str, server: str, user: str,
                         groups: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -222,7 +126,7 @@ class ClusterPKI:
             server=True,
         )
         admin_key, admin = ca.issue("admin", organizations=("system:masters",), client=True)
-        sa_key = _new_key()
+        sa_key = new_key()
         files = {
             self.ca_cert: cert_pem(ca.cert),
             self.ca_key: key_pem(ca.key),
