@@ -238,6 +238,22 @@ def test_the_standalone_dispatcher_does_not_take_kueues_origin(overlay):
     assert _bound_to(objects, "Role", "trainjob-dispatcher", config.namespace) == {account}
 
 
+# The bases a team installs the product with, and removes it with: none carries a CRD.
+DEPLOY_BASES = ("manager", "manager-beside-kueue", "manager-kueue", "dispatcher", "worker",
+                "operator", "operator-cert-manager", "worker-access", *COMPONENTS)
+
+
+@pytest.mark.parametrize("base", DEPLOY_BASES)
+def test_no_deploy_base_installs_or_removes_a_crd(base):
+    """CRDs are an install step of their own (manifests/crds where no Trainer CRDs exist,
+    manifests/multikueue-crds where no Kueue runs): applying an overlay never replaces
+    another project's CRD, and ``kubectl delete -k`` of it never deletes one, with every
+    object of its kind."""
+    crds = [o["metadata"]["name"] for o in kustomize.render(base)
+            if o["kind"] == "CustomResourceDefinition"]
+    assert crds == [], f"manifests/{base} carries the CRDs {crds}"
+
+
 @pytest.mark.parametrize("base", sorted(set(MANAGER_BASES + WORKER_BASES + RENDER_ONLY
                                             + COMPONENTS)))
 def test_no_base_owns_a_namespace_it_does_not_create_for_itself(base):
@@ -253,9 +269,8 @@ def test_no_base_owns_a_namespace_it_does_not_create_for_itself(base):
                for kind, _, name in elsewhere), elsewhere
 
 
-# docs/deploy.md removes the project but keeps the CRDs (and so every TrainJob) with
-# ``kubectl delete -k <overlay> -l app.kubernetes.io/name``: the CRDs are the only objects
-# without that label.
+# Every object the project installs carries this label, so that it can be listed and
+# removed by it; the CRDs, which are not the product's to remove, never do.
 BUT_THE_CRDS = "app.kubernetes.io/name"
 
 
@@ -272,9 +287,10 @@ def test_everything_but_the_crds_is_labelled_for_removal(base):
 
 
 def test_removing_the_dispatcher_leaves_kueues_namespace_alone(multicluster):
-    """manifests/manager-beside-kueue applied and removed as docs/deploy.md says (keeping the
-    CRDs, which the session's clusters share): the dispatcher's namespace and its Roles in
-    Kueue's namespace go; Kueue's namespace and what Kueue keeps there stay."""
+    """manifests/manager-beside-kueue applied and removed as docs/deploy.md says, with a
+    plain ``kubectl delete -k``: the dispatcher's namespace and its Roles in Kueue's
+    namespace go; Kueue's namespace, what Kueue keeps there and every CRD (which the
+    session's clusters share) stay."""
     target = multicluster["worker-2"]  # nothing else here uses Kueue's namespace
     fixtures.ensure_namespace(target.api, c.KUEUE_NAMESPACE)
     kept = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="kueue-manager-config"),
@@ -284,8 +300,8 @@ def test_removing_the_dispatcher_leaves_kueues_namespace_alone(multicluster):
     except ApiException as err:
         assert err.status == 409, err.body
     overlay_dir = str(kustomize.base_path("manager-beside-kueue"))
-    applied = kustomize.kubectl(target.kubeconfig, "apply", "-k", overlay_dir, "-l",
-                                BUT_THE_CRDS)
+    crds_before = _crd_names(target)
+    applied = kustomize.kubectl(target.kubeconfig, "apply", "-k", overlay_dir)
     assert applied.returncode == 0, applied.stderr
     assert "customresourcedefinition" not in applied.stdout, applied.stdout
     rbac = client.RbacAuthorizationV1Api(target.api)
@@ -295,14 +311,14 @@ def test_removing_the_dispatcher_leaves_kueues_namespace_alone(multicluster):
                       if r.metadata.name.startswith("trainjob-dispatcher-"))
     assert ours_in_kueues() == ["trainjob-dispatcher-kueue-config"]
 
-    removed = kustomize.kubectl(target.kubeconfig, "delete", "-k", overlay_dir, "-l",
-                                BUT_THE_CRDS, "--wait=false")
+    removed = kustomize.kubectl(target.kubeconfig, "delete", "-k", overlay_dir, "--wait=false")
     assert removed.returncode == 0, removed.stderr
     assert "customresourcedefinition" not in removed.stdout, removed.stdout
     namespace = target.core.read_namespace(c.KUEUE_NAMESPACE)
     assert namespace.metadata.deletion_timestamp is None and namespace.status.phase == "Active"
     assert target.core.read_namespaced_config_map("kueue-manager-config", c.KUEUE_NAMESPACE)
     assert ours_in_kueues() == []
+    assert _crd_names(target) == crds_before
 
     def own_namespace() -> str | None:
         try:
@@ -313,6 +329,11 @@ def test_removing_the_dispatcher_leaves_kueues_namespace_alone(multicluster):
             raise
     eventually(own_namespace, lambda phase: phase is None, timeout=60,
                expected="the dispatcher's namespace trainjob-system deleted")
+
+
+def _crd_names(cluster) -> list[str]:
+    return sorted(crd.metadata.name for crd in client.ApiextensionsV1Api(
+        cluster.api).list_custom_resource_definition().items)
 
 
 def _secret_rules(objects: list[dict]) -> list[tuple[dict, dict]]:
@@ -442,7 +463,7 @@ def test_the_kueue_mode_overlay_sets_what_kueue_mode_needs():
 
 
 @pytest.mark.parametrize("overlay", ["manager-beside-kueue", "manager-kueue"])
-def test_overlays_for_a_manager_with_kueue_read_its_configuration_and_not_its_crds(overlay):
+def test_overlays_for_a_manager_with_kueue_read_its_configuration(overlay):
     objects = kustomize.render(overlay)
     deployment = one(objects, "Deployment")
     config = _dispatcher_config(deployment)
@@ -453,8 +474,6 @@ def test_overlays_for_a_manager_with_kueue_read_its_configuration_and_not_its_cr
                and _allows(o["rules"], "", "configmaps", "get", "kueue-manager-config")]
     assert len(readers) == 1 and _bound_to(objects, "Role", readers[0]["metadata"]["name"],
                                            config.kueue_namespace) == {account}
-    crds = {o["metadata"]["name"] for o in by_kind(objects, "CustomResourceDefinition")}
-    assert crds and not [name for name in crds if name.endswith(".kueue.x-k8s.io")], crds
 
 
 def test_compose_init_uses_the_shipped_identities():
