@@ -55,13 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
                      dest="admission_timeout_seconds",
                      help="kueue mode: seconds a nominated worker may take to admit the "
                      "Workload before the next worker is nominated (default: 300)")
-    run.add_argument("--namespace", help="the dispatcher's own namespace: its Lease and, in "
-                     "standalone mode, the worker kubeconfig Secrets MultiKueueClusters name "
+    run.add_argument("--namespace", help="the dispatcher's own namespace: its Lease and the "
+                     "worker kubeconfig Secrets, read by the names MultiKueueClusters give "
                      "(default: kueue-system; the shipped Deployment gives its own, "
-                     "trainjob-system)")
+                     "trainjob-system). In kueue mode it must not be --kueue-namespace: "
+                     "Secrets of those names there are Kueue's, with Kueue's write access to "
+                     "the workers; the dispatcher's own hold a read-only identity")
     run.add_argument("--kueue-namespace", help="Kueue's namespace: where its Configuration "
-                     "ConfigMap is read and, in kueue mode, the worker kubeconfig Secrets "
-                     f"(Kueue reads its MultiKueueClusters' there) (default: {KUEUE_NAMESPACE})")
+                     f"ConfigMap is read (default: {KUEUE_NAMESPACE})")
     run.add_argument("--multikueue-config", help="MultiKueueConfig naming the candidate "
                      "clusters, in tie-break order (default: every MultiKueueCluster)")
     run.add_argument("--origin", help="value of the kueue.x-k8s.io/multikueue-origin label "

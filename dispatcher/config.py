@@ -75,12 +75,12 @@ class DispatcherConfig(_Strict):
         300.0, gt=0, description="kueue mode: how long a nominated worker's Kueue may take "
                                  "to admit before the next worker is nominated")
     namespace: str = Field("kueue-system", min_length=1,
-                           description="the dispatcher's own namespace: its Lease and, in "
-                                       "standalone mode, the worker kubeconfig Secrets")
+                           description="the dispatcher's own namespace: its Lease and the "
+                                       "worker kubeconfig Secrets it reads (in kueue mode "
+                                       "its own, never Kueue's)")
     kueue_namespace: str = Field(
         KUEUE_NAMESPACE, min_length=1,
-        description="Kueue's namespace: its Configuration ConfigMap and, in kueue mode, the "
-                    "worker kubeconfig Secrets (Kueue reads its MultiKueueClusters' there)")
+        description="Kueue's namespace: where its Configuration ConfigMap is read")
     multikueue_config: str | None = Field(
         None, description="MultiKueueConfig naming the candidate clusters; all when unset")
     origin: str | None = Field(
@@ -121,9 +121,11 @@ class DispatcherConfig(_Strict):
 
     @property
     def worker_secrets_namespace(self) -> str:
-        """Where the kubeconfig Secrets MultiKueueClusters name are read: in kueue mode
-        Kueue's own (the same Secrets Kueue connects with), else the dispatcher's."""
-        return self.kueue_namespace if self.mode == "kueue" else self.namespace
+        """Where the kubeconfig Secrets MultiKueueClusters name are read, in both modes: the
+        dispatcher's own namespace. In kueue mode Kueue keeps Secrets of those names in its
+        namespace, holding Kueue's identity on each worker, which may create jobs there;
+        the dispatcher only reads a worker and has Secrets of its own, of the same names."""
+        return self.namespace
 
     def dashboard_address(self) -> tuple[str, int] | None:
         """Where the dashboard (``/`` and ``/api/state``, which show every job and cluster)
@@ -141,6 +143,20 @@ class DispatcherConfig(_Strict):
     def _origin_by_mode(self) -> DispatcherConfig:
         if self.origin is None:
             self.origin = DEFAULT_ORIGIN if self.mode == "standalone" else KUEUE_DEFAULT_ORIGIN
+        return self
+
+    @model_validator(mode="after")
+    def _own_secrets_in_kueue_mode(self) -> DispatcherConfig:
+        # The same names in the same namespace would be Kueue's Secrets, with Kueue's
+        # write access to every worker: the dispatcher must never hold those.
+        if self.mode == "kueue" and self.namespace == self.kueue_namespace:
+            raise ValueError(
+                f"mode kueue needs namespace to differ from kueue_namespace (both "
+                f"{self.namespace}): the worker kubeconfig Secrets are read in namespace, by "
+                "the names the MultiKueueClusters give, and in kueue_namespace those are "
+                "Kueue's own Secrets, which can write to every worker; give the dispatcher "
+                "one of its own (the shipped Deployment runs in trainjob-system), holding a "
+                "read-only kubeconfig for each worker")
         return self
 
     @model_validator(mode="after")

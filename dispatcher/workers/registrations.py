@@ -1,11 +1,14 @@
 """Which workers the manager's objects describe, and each one's kubeconfig.
 
 Workers come from MultiKueueCluster objects on the manager (kubeconfig in a Secret under
-key ``kubeconfig``, in the dispatcher's namespace or, in kueue mode, Kueue's; or a file a
-``Path`` location names inside ``--kubeconfig-dir``), narrowed and ordered by the
-configured MultiKueueConfig, and from the configuration file's static list. Only the
-Secrets the registrations name are read, each by name (``named_secrets``): the namespace
-is shared with Kueue, whose other Secrets are none of the dispatcher's business.
+key ``kubeconfig``, in the dispatcher's own namespace; or a file a ``Path`` location names
+inside ``--kubeconfig-dir``), narrowed and ordered by the configured MultiKueueConfig, and
+from the configuration file's static list. In kueue mode the Secret is the dispatcher's
+own, of the name the MultiKueueCluster gives: Kueue's Secret of that name, in Kueue's
+namespace, holds Kueue's identity on the worker, which may create jobs there; the
+dispatcher only reads a worker. Only the Secrets the registrations name are read, each by
+name (``named_secrets``): the namespace's other Secrets are none of the dispatcher's
+business.
 
 A registration problem (a MultiKueueConfig that names a missing cluster, a static worker
 named like a MultiKueueCluster) is said once when it appears: a log line and, once this

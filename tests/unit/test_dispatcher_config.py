@@ -27,19 +27,32 @@ def test_the_default_origin_is_not_kueues_but_kueue_mode_defaults_to_kueues():
     a default equal to Kueue's default would make the shipped dispatcher refuse to start on
     every manager that runs Kueue. In kueue mode the origin must be Kueue's."""
     assert load_config().origin != c.KUEUE_DEFAULT_ORIGIN == "multikueue"
-    assert load_config(None, {"mode": "kueue"}).origin == c.KUEUE_DEFAULT_ORIGIN
-    assert load_config(None, {"mode": "kueue", "origin": "team-a"}).origin == "team-a"
+    kueue_mode = {"mode": "kueue", "namespace": "trainjob-system"}
+    assert load_config(None, kueue_mode).origin == c.KUEUE_DEFAULT_ORIGIN
+    assert load_config(None, {**kueue_mode, "origin": "team-a"}).origin == "team-a"
     assert load_config(None, {"origin": "team-a"}).origin == "team-a"
 
 
-def test_worker_secrets_are_read_in_the_dispatchers_namespace_or_in_kueue_mode_kueues():
-    standalone = load_config(None, {"namespace": "trainjob-system"})
-    assert (standalone.worker_secrets_namespace, standalone.kueue_namespace) == (
-        "trainjob-system", c.KUEUE_NAMESPACE)
-    kueue_mode = load_config(None, {"namespace": "trainjob-system", "mode": "kueue"})
-    assert kueue_mode.worker_secrets_namespace == c.KUEUE_NAMESPACE == "kueue-system"
-    assert load_config(None, {"mode": "kueue", "kueue_namespace": "kueue"}
-                       ).worker_secrets_namespace == "kueue"
+def test_worker_secrets_are_read_in_the_dispatchers_own_namespace_in_both_modes():
+    for mode in ("standalone", "kueue"):
+        config = load_config(None, {"namespace": "trainjob-system", "mode": mode})
+        assert (config.worker_secrets_namespace, config.kueue_namespace) == (
+            "trainjob-system", c.KUEUE_NAMESPACE), mode
+
+
+def test_kueue_mode_refuses_kueues_namespace_as_its_own():
+    """Secrets of the names MultiKueueClusters give, in Kueue's namespace, are Kueue's
+    (Kueue's write identity on each worker): kueue mode never reads them, so its own
+    namespace must be another, the default included."""
+    flags = {"mode": "--mode", "namespace": "--namespace", "kueue_namespace": "--kueue-namespace"}
+    for given in ({"mode": "kueue"},
+                  {"mode": "kueue", "namespace": "kueue", "kueue_namespace": "kueue"}):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, given, flags)
+        same = given.get("namespace", c.KUEUE_NAMESPACE)
+        assert "--mode kueue needs" in str(err.value) and f"(both {same})" in str(err.value) \
+            and "Kueue's own Secrets" in str(err.value), str(err.value)
+    assert "--namespace to differ from --kueue-namespace" in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize("settings, address", [
