@@ -11,7 +11,7 @@ WORKERS ?= 2
 TEST_PROCESSES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
+.PHONY: help release venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
 
 help:
 	@echo "make test           run the test suite against real local control planes (TEST_PROCESSES=2 pytest processes)"
@@ -25,6 +25,8 @@ help:
 	@echo "make compose-up     the whole product on Docker (docker compose up --build); compose-down removes it"
 	@echo "make engine-stop    stop the project's own Docker engine (never another)"
 	@echo "make conformance    compare this operator's JobSets and status with upstream Trainer's controller"
+	@echo "make release VERSION=x.y.z REGISTRY=registry.example.com/team"
+	@echo "                    write dist/<base>.yaml for each installable base, images set"
 	@echo "make bench          benchmark the dispatcher (over an hour on 2 cores); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
@@ -37,6 +39,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# One file per installable base under dist/, images set to $(REGISTRY)/<name>:$(VERSION);
+# WORKER_SECRETS="a-kubeconfig b-kubeconfig" replaces the sample worker Secret list.
+release: venv
+	@test -n "$(VERSION)" -a -n "$(REGISTRY)" || { echo "usage: make release VERSION=x.y.z REGISTRY=registry.example.com/team [WORKER_SECRETS=...]" >&2; exit 2; }
+	$(PY) -m clusters provision --only kubectl
+	$(PY) -m clusters release --version $(VERSION) --registry $(REGISTRY) $(foreach s,$(WORKER_SECRETS),--worker-secret $(s))
 
 binaries: venv
 	$(PY) -m clusters provision

@@ -131,8 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(verb, parents=[common], help=text, description=text + ".")
         cmd.add_argument("name", help="cluster name, e.g. worker-1")
         if verb == "start":
-            cmd.add_argument("--timeout", type=float, default=60,
-                             help="seconds to wait for readiness (default: %(default)s)")
+            cmd.add_argument("--timeout", type=float, default=None,
+                             help="seconds to wait for readiness (default: 60 for local "
+                             "clusters; 300 for kind, whose restarted nodes start their "
+                             "kubelets, system Pods and JobSet's controller again)")
 
     deploy = sub.add_parser(
         "deploy", parents=[common],
@@ -144,6 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--timeout", type=float, default=300,
                         help="seconds to wait for everything to be rolled out (default: "
                         "%(default)s)")
+
+    release = sub.add_parser(
+        "release", help="write the installable manifests of a release, images set",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_doc_summary("clusters.release"))
+    release.add_argument("--version", required=True, dest="release_version", metavar="VERSION",
+                         help="the images' tag, e.g. 0.2.0 (the tag you pushed them with)")
+    release.add_argument("--registry", required=True,
+                         help="where the clusters pull the images from, e.g. "
+                         "registry.example.com/ml: the images become "
+                         "<registry>/trainjob-dispatcher:<version> and "
+                         "<registry>/training-operator:<version>")
+    release.add_argument("--worker-secret", action="append", default=[], metavar="NAME",
+                         dest="worker_secrets",
+                         help="a worker kubeconfig Secret the dispatcher may read (repeat for "
+                         "each worker; default: the sample list of manifests/worker-secrets)")
+    release.add_argument("--out", default="dist", type=Path,
+                         help="directory the files are written to (default: %(default)s)")
 
     demo = sub.add_parser(
         "demo", parents=[common], help="run the whole product locally with sample jobs",
@@ -267,6 +287,15 @@ def _deploy(args) -> int:
     return 0
 
 
+def _release(args) -> int:
+    from clusters.release import Release, write_release
+
+    release = Release(args.release_version, args.registry, tuple(args.worker_secrets))
+    for path in write_release(release, args.out):
+        print(path)
+    return 0
+
+
 def _provision(args) -> int:
     names = args.only or list(binaries.PROVISIONED)
     if not args.json:
@@ -344,6 +373,8 @@ def _main(argv: list[str] | None) -> int:
             return _engine(args)
         if args.command == "images":
             return _images(args)
+        if args.command == "release":
+            return _release(args)
         if args.command in ("demo", "conformance") and args.provider != "local":
             # Both run the dispatcher and operators as processes beside local clusters.
             raise ValueError(
@@ -407,7 +438,8 @@ def _main(argv: list[str] | None) -> int:
         elif args.command == "stop":
             _print_clusters([provider.stop(args.name)], args.json)
         elif args.command == "start":
-            _print_clusters([provider.start(args.name, timeout=args.timeout)], args.json)
+            timeout = {} if args.timeout is None else {"timeout": args.timeout}
+            _print_clusters([provider.start(args.name, **timeout)], args.json)
         return 0
     except (ControlPlaneError, binaries.ProvisioningError, EngineError, TimeoutError,
             ValueError) as err:

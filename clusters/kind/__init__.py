@@ -37,6 +37,7 @@ import logging
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -429,9 +430,12 @@ class KindClusters:
             self._save(state)
             return next(i for i in self._info(state, self.engine) if i.name == name)
 
-    def start(self, name: str, timeout: float = 120) -> ClusterInfo:
+    def start(self, name: str, timeout: float = 300,
+              progress: Callable[[str], None] = binaries.stderr_progress) -> ClusterInfo:
         """``docker start`` cluster ``name``'s nodes (the control plane first); return when
-        its API server answers and its Nodes (and, on a worker, JobSet) are ready again."""
+        its API server answers and its Nodes (and, on a worker, JobSet) are ready again,
+        saying on ``progress`` what it waits for. A restarted node starts its kubelet and
+        every Pod again, the product's too where it is deployed: minutes, not seconds."""
         deadline = time.monotonic() + timeout
         with self._locked():
             state = self.load()
@@ -450,9 +454,12 @@ class KindClusters:
             # get another address on the network: the kubeconfigs are written again.
             self._write_kubeconfigs(state, name)
             with api_client(self.kubeconfig(name)) as api:
+                progress(f"{name}: waiting for its API server (up to {timeout:.0f} s in all)")
                 self._wait_apiserver(api, name, deadline)
+                progress(f"{name}: waiting for its {1 + record.worker_nodes} Nodes to be Ready")
                 self._wait_nodes_ready(api, name, 1 + record.worker_nodes, deadline)
                 if record.role == "worker":
+                    progress(f"{name}: waiting for JobSet's controller and its webhook")
                     jobset.wait_ready(api, name, _deadline_left(deadline))
             return next(i for i in self._info(state, self.engine) if i.name == name)
 
