@@ -4,16 +4,19 @@ state directory, as a team deploys it, from the shipped manifests:
 1. the project's images, built here from the working tree (``clusters.images``), are
    ``kind load``-ed: the dispatcher's into the manager, the training operator's and the
    workload's into each worker's kind worker nodes (where pods run);
-2. on each worker, ``kubectl apply --server-side -k manifests/worker``: the CRDs, the
-   training operator (two replicas, its webhook Service and configuration) and the identity
-   the dispatcher uses there;
+2. on each worker, the TrainJob CRDs where it has none (``manifests/crds``, a step of its
+   own: ``up`` installs them, the project's or upstream's, and they are kept), then
+   ``kubectl apply --server-side -k manifests/worker``: the training operator (two
+   replicas, its webhook Service and configuration) and the identity the dispatcher uses
+   there;
 3. the webhook's serving certificate, which ``manifests/operator-cert-manager`` has
    cert-manager issue: cert-manager's images cannot be had without a registry, so this step
    does what its CA injector would, by hand, as the manifests describe it: a CA and a
    certificate for the webhook Service in the Secret the Deployment mounts, and the CA in the
    webhook configuration's caBundle;
-4. on the manager, ``kubectl apply --server-side -k manifests/manager``: the CRDs and the
-   dispatcher (two replicas electing a leader with a Lease);
+4. on the manager, the TrainJob and MultiKueue CRDs where it has none, then ``kubectl apply
+   --server-side -k manifests/manager``: the dispatcher (two replicas electing a leader with
+   a Lease);
 5. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
    container on the kind network, authenticated as the worker-access ServiceAccount (its
    token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
@@ -128,14 +131,44 @@ class DeployReport:
 
 
 def apply_base(kubeconfig: Path, base: str) -> None:
-    """``kubectl apply --server-side -k manifests/<base>``. Conflicts are forced: the
-    harness's ``up`` installed the same CRDs under a field manager of its own."""
+    """``kubectl apply --server-side -k manifests/<base>``. Conflicts are forced: a deploy
+    again after a change to the manifests takes the fields over from the one before."""
     out = kustomize.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts",
                             f"--field-manager={FIELD_MANAGER}", "-k",
                             str(kustomize.base_path(base)), timeout=180)
     if out.returncode != 0:
         raise ControlPlaneError(f"kubectl apply -k manifests/{base} failed: "
                                 f"{out.stderr.strip()[-2000:]}")
+
+
+# The CRDs a cluster needs before its overlay, each an install step of its own, applied only
+# where the cluster has none: Trainer's (or the project's) and, on a manager, Kueue's
+# MultiKueue ones (Kueue brings them where it runs).
+TRAINER_CRDS = (f"{c.TRAINJOBS}.{c.TRAINER_GROUP}", "crds")
+MULTIKUEUE_CRDS = (f"{c.MULTIKUEUECLUSTERS}.{c.KUEUE_GROUP}", "multikueue-crds")
+
+
+def ensure_crds(kubeconfig: Path, api: client.ApiClient,
+                wanted: tuple[tuple[str, str], ...]) -> list[str]:
+    """Apply each ``(crd, base)`` of ``wanted`` whose CRD the cluster lacks; the bases
+    applied. A CRD already there, the project's or upstream's, is left as it is."""
+    extensions = client.ApiextensionsV1Api(api)
+    applied = []
+    for crd, base in wanted:
+        try:
+            extensions.read_custom_resource_definition(crd)
+            continue
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        apply_base(kubeconfig, base)
+        applied.append(base)
+    return applied
+
+
+def _crds_step(applied: list[str]) -> str:
+    return (f"CRDs applied ({', '.join(f'manifests/{b}' for b in applied)})" if applied
+            else "CRDs already installed, left as they are")
 
 
 def webhook_dns_names(shipped: Shipped) -> tuple[str, ...]:
@@ -259,8 +292,11 @@ def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: Deplo
     _load(kind, name, [images.OPERATOR_IMAGE, images.WORKLOAD_IMAGE], True, deadline)
     report.add(name, "images loaded", started)
     started = time.monotonic()
-    apply_base(kind.kubeconfig(name), WORKER_BASE)
     with api_client(kind.kubeconfig(name)) as api:
+        report.add(name, _crds_step(ensure_crds(kind.kubeconfig(name), api, (TRAINER_CRDS,))),
+                   started)
+        started = time.monotonic()
+        apply_base(kind.kubeconfig(name), WORKER_BASE)
         inject_ca_bundle(api, shipped, ensure_webhook_certificate(api, shipped))
         report.add(name, f"manifests/{WORKER_BASE} applied, webhook certificate in place",
                    started)
@@ -359,6 +395,10 @@ def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
     started = time.monotonic()
     _load(kind, "manager", [images.DISPATCHER_IMAGE], False, deadline)
     report.add("manager", "image loaded", started)
+    started = time.monotonic()
+    with api_client(kind.kubeconfig("manager")) as api:
+        applied = ensure_crds(kind.kubeconfig("manager"), api, (TRAINER_CRDS, MULTIKUEUE_CRDS))
+    report.add("manager", _crds_step(applied), started)
     started = time.monotonic()
     apply_base(kind.kubeconfig("manager"), MANAGER_BASE)
     report.add("manager", f"manifests/{MANAGER_BASE} applied", started)

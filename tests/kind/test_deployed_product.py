@@ -10,7 +10,8 @@ run real containers (the trainjob-workload image) on the workers' kind nodes.
 * the leading dispatcher Pod is deleted: the other replica takes the Lease over, and no job
   gets a second copy;
 * the operator Deployment is rolled out while TrainJobs are created: none is refused;
-* `kubectl delete -k` of the two bases removes what was deployed and nothing else (last).
+* `kubectl delete -k` of the two bases removes what was deployed and nothing else: every
+  CRD, and a team's own TrainJobs and Secrets, stay (last).
 
 Modules run in name order, so this one runs before test_kind_clusters.py on the session's
 kind clusters (conftest.py).
@@ -118,13 +119,20 @@ def trainer_pods(api, namespace: str, job: str) -> list[client.V1Pod]:
 # --- what a cluster holds, for `kubectl delete -k` -----------------------------------
 
 def inventory(api) -> set[str]:
-    """Kind/namespace/name of the objects a deployment could add or remove."""
+    """Kind/namespace/name of the objects a deployment could add or remove, and of what a
+    cluster's other users keep (their Secrets, ConfigMaps, TrainJobs)."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     apps = client.AppsV1Api(api)
     admission = client.AdmissionregistrationV1Api(api)
     extensions = client.ApiextensionsV1Api(api)
+    policy = client.PolicyV1Api(api)
     listings = {
         "Namespace": core.list_namespace,
+        "Secret": core.list_secret_for_all_namespaces,
+        "ConfigMap": core.list_config_map_for_all_namespaces,
+        "PodDisruptionBudget": policy.list_pod_disruption_budget_for_all_namespaces,
+        "ValidatingAdmissionPolicy": admission.list_validating_admission_policy,
+        "ValidatingAdmissionPolicyBinding": admission.list_validating_admission_policy_binding,
         "ServiceAccount": core.list_service_account_for_all_namespaces,
         "Service": core.list_service_for_all_namespaces,
         "Deployment": apps.list_deployment_for_all_namespaces,
@@ -140,6 +148,9 @@ def inventory(api) -> set[str]:
     for kind, listing in listings.items():
         for item in listing().items:
             found.add(f"{kind}/{item.metadata.namespace or ''}/{item.metadata.name}")
+    for job in objects(api).list_cluster_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
+                                                       c.TRAINJOBS)["items"]:
+        found.add(f"TrainJob/{job['metadata']['namespace']}/{job['metadata']['name']}")
     return found
 
 
@@ -165,11 +176,31 @@ class Deployed:
         return api_client(self.kind.kubeconfig(name))
 
 
+# A team's own objects, there before the product and left alone by it: a TrainJob that is
+# not the product's to run (on the manager it names upstream Trainer's controller, on a
+# worker the multicluster one) and a Secret.
+USER_NAMESPACE = "user-team"
+
+
+def keep_users_objects(api, manager: bool) -> None:
+    fixtures.ensure_namespace(api, USER_NAMESPACE)
+    job = trainjob("kept", USER_NAMESPACE, managed_by=(
+        c.MANAGED_BY_TRAINER_CONTROLLER if manager else c.MANAGED_BY_MULTIKUEUE))
+    for make in (lambda: create(api, job), lambda: client.CoreV1Api(api).create_namespaced_secret(
+            USER_NAMESPACE, client.V1Secret(metadata=client.V1ObjectMeta(name="kept"),
+                                            string_data={"token": "team's own"}))):
+        try:
+            make()
+        except ApiException as err:
+            assert err.status == 409, err.body
+
+
 @pytest.fixture(scope="module")
 def deployed(kind_clusters):
     before = {}
     for name in NAMES:
         with api_client(kind_clusters.kubeconfig(name)) as api:
+            keep_users_objects(api, manager=name == "manager")
             before[name] = inventory(api)
     report = deploy(kind_clusters, timeout=480)
     print("deployed:", report.steps, f"{report.seconds:.0f} s")
