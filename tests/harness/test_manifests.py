@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # parts of the manager overlays, checked there.
 MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "manager-beside-kueue",
                  "manager-kueue", "samples")
-WORKER_BASES = ("crds", "operator", "worker-access", "worker")
+WORKER_BASES = ("crds", "operator", "worker-access", "worker-reader", "worker")
 RENDER_ONLY = ("operator-cert-manager",)
 COMPONENTS = ("worker-secrets", "kueue-config-access")
 # The dispatcher's Deployments, one per way to run it on a manager.
@@ -205,13 +205,68 @@ def test_operator_webhook_service_and_deployment_fit_together():
     assert args.webhook_port == ports["webhook"] and args.metrics_port == ports["metrics"]
     mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert args.webhook_cert_dir == mounts["webhook-certs"]
-    secret = next(v for v in pod["spec"]["volumes"] if v["name"] == "webhook-certs")
-    certificate = one(kustomize.render("operator-cert-manager"), "Certificate")
-    assert certificate["spec"]["secretName"] == secret["secret"]["secretName"]
+    assert pod["spec"]["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_the_operator_keeps_its_own_webhook_certificates():
+    """manifests/operator: the operator makes the Secret, writes the caBundle and serves
+    the certificate from a writable directory, with RBAC for exactly those names."""
+    objects = kustomize.render("operator")
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    from training_operator.cli import build_parser
+
+    args = build_parser().parse_args(_pod_args(deployment))
+    assert args.webhook_cert_management == "internal"
+    configuration = one(objects, "ValidatingWebhookConfiguration")
+    service = configuration["webhooks"][0]["clientConfig"]["service"]
+    assert (args.webhook_config_name, args.webhook_service, args.webhook_cert_namespace) == (
+        configuration["metadata"]["name"], service["name"], service["namespace"])
+    assert "cert-manager.io/inject-ca-from" not in (configuration["metadata"].get("annotations")
+                                                     or {})
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-certs")
+    assert volume == {"name": "webhook-certs", "emptyDir": {}}, volume
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "webhook-certs")
+    assert not mount.get("readOnly") and mount["mountPath"] == args.webhook_cert_dir
+    account = (deployment["metadata"]["namespace"], pod["serviceAccountName"])
+    roles = [o for o in objects if o["kind"] == "Role"
+             and o["metadata"]["namespace"] == args.webhook_cert_namespace
+             and account in _bound_to(objects, "Role", o["metadata"]["name"],
+                                      args.webhook_cert_namespace)]
+    rules = [r for role in roles for r in role["rules"]]
+    secret = args.webhook_cert_secret
+    assert all(_allows(rules, "", "secrets", verb, secret)
+               for verb in ("create", "get", "list", "watch", "update")), rules
+    assert not _allows(rules, "", "secrets", "get", "another-secret"), rules
+    cluster_rules = _rules(objects, "ClusterRole", "training-operator-webhook-cert")
+    assert _bound_to(objects, "ClusterRole", "training-operator-webhook-cert", None) == {account}
+    assert all(_allows(cluster_rules, "admissionregistration.k8s.io",
+                       "validatingwebhookconfigurations", verb, args.webhook_config_name)
+               for verb in ("get", "patch")), cluster_rules
+    assert not _allows(cluster_rules, "admissionregistration.k8s.io",
+                       "validatingwebhookconfigurations", "patch", "someone-elses"), cluster_rules
+
+
+def test_the_cert_manager_variant_leaves_the_certificates_to_cert_manager():
+    objects = kustomize.render("operator-cert-manager")
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    from training_operator.cli import build_parser
+
+    args = build_parser().parse_args(_pod_args(deployment))
+    assert args.webhook_cert_management == "external"
+    certificate = one(objects, "Certificate")
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-certs")
+    assert volume == {"name": "webhook-certs",
+                      "secret": {"secretName": certificate["spec"]["secretName"]}}, volume
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert args.webhook_cert_dir == mounts["webhook-certs"]
     annotation = one(objects, "ValidatingWebhookConfiguration")["metadata"]["annotations"]
     assert annotation["cert-manager.io/inject-ca-from"] == (
         f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}")
-    assert pod["spec"]["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    assert not [o["metadata"]["name"] for o in objects
+                if o["metadata"]["name"] == "training-operator-webhook-cert"], (
+        "the operator's certificate RBAC is left out")
 
 
 # --- what a user deploying beside Kueue gets ---------------------------------------------
@@ -240,7 +295,8 @@ def test_the_standalone_dispatcher_does_not_take_kueues_origin(overlay):
 
 # The bases a team installs the product with, and removes it with: none carries a CRD.
 DEPLOY_BASES = ("manager", "manager-beside-kueue", "manager-kueue", "dispatcher", "worker",
-                "operator", "operator-cert-manager", "worker-access", *COMPONENTS)
+                "operator", "operator-cert-manager", "worker-access", "worker-reader",
+                *COMPONENTS)
 
 
 @pytest.mark.parametrize("base", DEPLOY_BASES)
@@ -344,7 +400,8 @@ def _secret_rules(objects: list[dict]) -> list[tuple[dict, dict]]:
 def test_worker_secrets_are_listed_in_one_place_for_every_mode():
     """The worker kubeconfig Secrets the dispatcher may read are named once, in
     manifests/worker-secrets, and every manager overlay grants exactly those, by name, where
-    that overlay's dispatcher reads them (its own namespace; Kueue's in kueue mode)."""
+    that overlay's dispatcher reads them: its own namespace, in kueue mode too (Kueue's
+    Secrets of the same names, in Kueue's namespace, are never the dispatcher's)."""
     listed = [rule["resourceNames"]
               for _, rule in _secret_rules(kustomize.render("worker-secrets"))]
     assert len(listed) == 1 and listed[0], listed
@@ -366,6 +423,28 @@ def test_worker_secrets_are_listed_in_one_place_for_every_mode():
                    deployment["spec"]["template"]["spec"]["serviceAccountName"])
         assert _bound_to(objects, "Role", role["metadata"]["name"],
                          config.worker_secrets_namespace) == {account}, name
+
+
+def test_the_worker_reader_only_lists_and_watches_what_kueue_mode_reads():
+    """manifests/worker-reader, what a Kueue-mode dispatcher reads a worker with: a
+    ServiceAccount of its own (never worker-access's writing one), granted list and watch
+    of exactly the resources its worker caches read (workers/connection.py,
+    placement/worker_quota.py), and nothing else."""
+    objects = kustomize.render("worker-reader")
+    account = ("trainjob-system", "trainjob-dispatcher-reader")
+    assert _bound_accounts(objects) == {account}
+    writers = kustomize.render("worker-access")
+    assert account not in {(s.get("namespace"), s["name"]) for o in writers
+                           if o["kind"].endswith("Binding") for s in o.get("subjects") or []}
+    rules = [rule for o in objects if o["kind"] in ("Role", "ClusterRole") for rule in o["rules"]]
+    granted = {(group, resource) for r in rules for group in r["apiGroups"]
+               for resource in r["resources"]}
+    assert granted == {("trainer.kubeflow.org", "trainjobs"),
+                       ("trainer.kubeflow.org", "trainingruntimes"),
+                       ("trainer.kubeflow.org", "clustertrainingruntimes"),
+                       ("", "namespaces"), ("", "nodes"), ("", "pods"),
+                       ("kueue.x-k8s.io", "localqueues"), ("kueue.x-k8s.io", "clusterqueues")}
+    assert {verb for r in rules for verb in r["verbs"]} == {"list", "watch"}, rules
 
 
 def test_a_rollout_never_leaves_the_webhook_without_a_pod():
