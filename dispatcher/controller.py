@@ -229,6 +229,8 @@ class DispatcherController:
             for obj in self.nominator.workloads.list():
                 self.nominator.queue.add((obj["metadata"]["namespace"],
                                           obj["metadata"]["name"]))
+            # What a standby saw of the workers is told now (an Event for one unusable).
+            self.registry.publish_all()
             return
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "dispatch", self._on_error,

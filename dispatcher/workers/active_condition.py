@@ -4,6 +4,11 @@ Only the leader writes, and only while Kueue does not run on the manager (its Mu
 controller writes these conditions then). A worker that is draining, comes from the
 static list, or whose Secret is still being read for the first time has no condition of
 ours written.
+
+While Kueue writes the condition it speaks for Kueue's connection, made with Kueue's own
+Secret; the dispatcher reads the worker with a Secret of its own (kueue mode), so a worker
+Kueue reports Active may still be unusable to the dispatcher. That is told as a Warning
+Event on the MultiKueueCluster, once per reason, instead of a condition.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from kubernetes import client
 from dispatcher.workers.cluster import ACTIVE, REASON_PENDING, WorkerCluster
 from trainjob import constants as c
 from trainjob.conditions import format_time
+from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
 
@@ -26,8 +32,10 @@ log = logging.getLogger(__name__)
 class ActiveConditions:
     def __init__(self, manager: client.ApiClient, clusters: Informer,
                  may_write: Callable[[], bool], publish_conditions: Callable[[], bool],
-                 current: Callable[[WorkerCluster], bool]):
+                 current: Callable[[WorkerCluster], bool],
+                 recorder: EventRecorder | None = None):
         self.manager = manager
+        self.recorder = recorder
         self.clusters = clusters  # the MultiKueueCluster cache
         # Only the leader writes conditions; a standby keeps the same picture silently.
         self.may_write = may_write
@@ -35,6 +43,8 @@ class ActiveConditions:
         self.publish_conditions = publish_conditions
         self.current = current  # whether a worker object is the registry's one for its name
         self._left_conditions = False
+        # While Kueue owns the conditions: the reason last told per unusable worker.
+        self._told: dict[str, str] = {}
         # Condition writes one at a time, each by the worker object current at that moment:
         # two syncs can run back to back (a Secret's first list ends during one), and the
         # older one's write must not land after the newer one's.
@@ -56,6 +66,7 @@ class ActiveConditions:
                 self._left_conditions = True
                 log.info("Kueue runs on the manager: its MultiKueue controller writes the "
                          "MultiKueueCluster Active conditions; this dispatcher writes none")
+            self._tell(worker)
             return
         self._left_conditions = False
         obj = self.clusters.get("", worker.name)
@@ -83,3 +94,20 @@ class ActiveConditions:
         except Exception as err:  # noqa: BLE001 - reported again on the next change/probe
             log.warning("MultiKueueCluster %s: cannot write Active condition: %s",
                         worker.name, describe_error(err))
+
+    def _tell(self, worker: WorkerCluster) -> None:
+        """A Warning Event on the worker's MultiKueueCluster when this dispatcher cannot use
+        it (its own Secret missing, unreadable or refused, the worker unreachable with
+        it), once per reason: Kueue's condition there is about Kueue's connection."""
+        if worker.active:
+            self._told.pop(worker.name, None)
+            return
+        if worker.connected and not worker.verdicts:
+            return  # connected, its first probe still out: no verdict to tell
+        obj = self.clusters.get("", worker.name)
+        if self.recorder is None or obj is None or self._told.get(worker.name) == worker.reason:
+            return
+        self._told[worker.name] = worker.reason
+        self.recorder.event(obj, "Warning", worker.reason,
+                            f"this dispatcher cannot use worker {worker.name} (Kueue's Active "
+                            f"condition is about Kueue's own connection): {worker.message}")

@@ -65,7 +65,7 @@ class WorkerRegistry:
         self.duplicates = Duplicates(recorder, may_write, self.registrations.cluster)
         self.conditions = ActiveConditions(
             manager, self.registrations.clusters, may_write, publish_conditions,
-            current=lambda worker: self.workers.get(worker.name) is worker)
+            current=lambda worker: self.workers.get(worker.name) is worker, recorder=recorder)
         self.prober = Prober(probe_interval, probe_timeout, self.probe_all, self._probed)
         self._started = False
 
