@@ -30,7 +30,10 @@ from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 
-DISPATCHER_NAMESPACE = "kueue-system"
+# The dispatcher's own namespace (its Lease and worker Secrets), never Kueue's: in kueue
+# mode the Secrets of the MultiKueueClusters' names there are Kueue's, which the dispatcher
+# refuses to read.
+DISPATCHER_NAMESPACE = "trainjob-system"
 # Room for far more jobs than any run places: 3 pods of 100m cpu each per job.
 NODE_CAPACITY = {"cpu": "100000", "memory": "1000Ti", "pods": "10000000"}
 # Kueue quota on every ClusterQueue: more than every Node of a run together, GPUs included

@@ -282,8 +282,8 @@ class ControlPlane:
     @property
     def audit_log(self) -> Path:
         """The apiserver's audit log (clusters running Kueue only): one JSON line per write
-        to a TrainJob, JobSet or Kueue object, and per request for a Secret of Kueue's
-        namespace, with who made it (user and User-Agent)."""
+        to a TrainJob, JobSet or Kueue object, and per request for a Secret, with who
+        made it (user and User-Agent)."""
         return self.directory / "logs" / "audit.log"
 
     def _audit_flags(self) -> list[str]:
@@ -300,9 +300,9 @@ class ControlPlane:
                        "resources": [{"group": "trainer.kubeflow.org"},
                                      {"group": "jobset.x-k8s.io"},
                                      {"group": "kueue.x-k8s.io"}]},
-                      # Every request for the Secrets of Kueue's namespace, reads too: the
-                      # dispatcher must read only those MultiKueueClusters name.
-                      {"level": "Metadata", "namespaces": [kueue.NAMESPACE],
+                      # Every request for a Secret, reads too: the dispatcher must read
+                      # only its own, those MultiKueueClusters name, and never Kueue's.
+                      {"level": "Metadata",
                        "resources": [{"group": "", "resources": ["secrets"]}]},
                       {"level": "None"}],
         }, sort_keys=False))

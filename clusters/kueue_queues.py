@@ -7,15 +7,22 @@
   LocalQueue per namespace;
 * on each worker: the same ResourceFlavor, a ClusterQueue with that worker's quota and the
   same-named LocalQueue in each namespace (a remote Workload is admitted there).
+
+And what Kueue mode adds for this project's dispatcher: on each worker the read-only
+identity of manifests/worker-reader, and on the manager the dispatcher's own Secret per
+worker, of the name Kueue's has, in the dispatcher's namespace (never Kueue's).
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from clusters import fixtures, kueue
+from clusters import fixtures, kueue, kustomize
+from clusters.pki import service_account_user
 from trainjob import constants as c
 from trainjob.kubeclient import apply_custom_object
 
@@ -24,6 +31,13 @@ CLUSTER_QUEUE = "cluster-queue"
 LOCAL_QUEUE = "user-queue"
 ADMISSION_CHECK = "multikueue-check"
 QUEUE_NAME_LABEL = c.KUEUE_QUEUE_NAME_LABEL
+# The Kueue-mode dispatcher's own namespace (--namespace), as the shipped Deployment's: its
+# Lease and its worker Secrets. Never Kueue's (the dispatcher refuses that in kueue mode).
+DISPATCHER_NAMESPACE = "trainjob-system"
+# manifests/worker-reader: the identity a Kueue-mode dispatcher reads a worker with.
+WORKER_READER = "worker-reader"
+WORKER_READER_ACCOUNT = ("trainjob-system", "trainjob-dispatcher-reader")
+_IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
 
 
 def _apply(api: client.ApiClient, plural: str, body: dict) -> None:
@@ -56,13 +70,44 @@ def local_queue(api: client.ApiClient, namespace: str) -> None:
                                 "spec": {"clusterQueue": CLUSTER_QUEUE}})
 
 
+def worker_reader(harness, worker: str, kubeconfig: Path, path: Path) -> Path:
+    """manifests/worker-reader's identity objects applied on ``worker`` (as its admin, with
+    ``kubeconfig``), and a kubeconfig that authenticates as its ServiceAccount (a client
+    certificate from the worker's CA) written to ``path``."""
+    objects = [o for o in kustomize.render(WORKER_READER) if o["kind"] in _IDENTITY_KINDS]
+    kustomize.apply(kubeconfig, objects)
+    user, groups = service_account_user(*WORKER_READER_ACCOUNT)
+    return harness.issue_user_kubeconfig(worker, user, groups, path)
+
+
+def dispatcher_secret(manager: client.ApiClient, worker: str, kubeconfig: Path,
+                      namespace: str = DISPATCHER_NAMESPACE) -> None:
+    """The Kueue-mode dispatcher's own Secret for ``worker``: named as the one Kueue reads
+    (the MultiKueueCluster's location), in the dispatcher's namespace."""
+    fixtures.ensure_namespace(manager, namespace)
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=f"{worker}-kubeconfig", namespace=namespace),
+        data={"kubeconfig": base64.b64encode(Path(kubeconfig).read_bytes()).decode()})
+    core = client.CoreV1Api(manager)
+    try:
+        core.create_namespaced_secret(namespace, secret)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        core.replace_namespaced_secret(secret.metadata.name, namespace, secret)
+
+
 def multikueue_manager(manager: client.ApiClient, config: str,
-                       workers: dict[str, Path], quota: dict[str, str]) -> None:
-    """The manager's side: workers registered (Secret + MultiKueueCluster each), the
-    MultiKueueConfig ``config`` listing them in order, the MultiKueue AdmissionCheck and a
-    ClusterQueue with ``quota`` that requires it."""
+                       workers: dict[str, Path], quota: dict[str, str],
+                       dispatcher: dict[str, Path] | None = None) -> None:
+    """The manager's side: workers registered (Kueue's Secret in Kueue's namespace +
+    MultiKueueCluster each), the MultiKueueConfig ``config`` listing them in order, the
+    MultiKueue AdmissionCheck and a ClusterQueue with ``quota`` that requires it;
+    ``dispatcher``: the kubeconfig per worker of a Kueue-mode dispatcher's own Secret."""
     for name, kubeconfig in workers.items():
         fixtures.register_worker(manager, name, kubeconfig, namespace=kueue.NAMESPACE)
+    for name, kubeconfig in (dispatcher or {}).items():
+        dispatcher_secret(manager, name, kubeconfig)
     fixtures.register_config(manager, config, list(workers))
     _apply(manager, "admissionchecks", {
         "kind": "AdmissionCheck", "metadata": {"name": ADMISSION_CHECK},

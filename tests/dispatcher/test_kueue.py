@@ -8,25 +8,33 @@ the MultiKueue AdmissionCheck. A test that shrinks a worker's quota restores it.
 
 Who wrote what is read from the apiservers' audit logs (clusters running Kueue keep one),
 by the User-Agent each component sends, never from the components' own logs.
+
+The dispatcher reads each worker as manifests/worker-reader's read-only ServiceAccount,
+with its own Secret per worker in its own namespace (``kueue_queues.DISPATCHER_NAMESPACE``);
+Kueue connects with its Secrets of the same names in ``kueue-system`` (admin kubeconfigs).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures, kueue, kueue_queues, kustomize, worker_stack
 from clusters.pki import service_account_user
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
-from clusters.testing import (ServiceProcess, audited_requests, audited_writes, eventually,
+from clusters.testing import (ServiceProcess, audited_writes, eventually,
                               holds_for)
 from trainjob import constants as c
+from trainjob.kubeclient import api_client
 
 from dispatch_helpers import TRAINER, condition, get, placement, trainjob  # noqa: E402
 
@@ -41,6 +49,7 @@ WORKERS = {"worker-1": {"node_cpu": "8", "quota_cpu": "64"},
 class KueueEnv:
     multicluster: object
     log_dir: object
+    readers: dict[str, Path]  # worker -> kubeconfig of its worker-reader identity
 
     @property
     def manager(self):
@@ -59,13 +68,16 @@ def kueue_env(kueue_multicluster, tmp_path_factory):
         fixtures.add_node(mc[name].api, f"{name}-kueue",
                           {"cpu": sizes["node_cpu"], "memory": "64Gi", "pods": "110"})
         kueue_queues.cluster_queue(mc[name].api, {"cpu": sizes["quota_cpu"], "memory": "256Gi"})
+    readers = {name: kueue_queues.worker_reader(mc.harness, name, mc[name].kubeconfig,
+                                                log_dir / f"{name}-reader.kubeconfig")
+               for name in WORKERS}
     kueue_queues.multikueue_manager(mc.manager.api, CONFIG,
                                     {name: mc[name].kubeconfig for name in WORKERS},
-                                    {"cpu": "100", "memory": "512Gi"})
+                                    {"cpu": "100", "memory": "512Gi"}, dispatcher=readers)
     operators = [ServiceProcess("training_operator", mc[name].kubeconfig,
                                 log_dir / f"operator-{name}.log", ()).start()
                  for name in WORKERS]
-    yield KueueEnv(mc, log_dir)
+    yield KueueEnv(mc, log_dir, readers)
     for process in operators:
         process.stop()
 
@@ -98,11 +110,14 @@ def finished(obj: dict | None) -> bool:
 def kueue_dispatcher(kueue_env):
     """The dispatcher as Kueue's external dispatcher (the manager's Kueue starts with
     ``dispatcherName: KUEUE_TEST_DISPATCHER``)."""
+    started = datetime.datetime.now(datetime.timezone.utc)
     process = ServiceProcess(
         "dispatcher", kueue_env.manager.kubeconfig, kueue_env.log_dir / "kueue-mode.log",
         ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--namespace", kueue_queues.DISPATCHER_NAMESPACE,
          "--multikueue-config", CONFIG, "--admission-timeout", "30", "--no-leader-elect",
          "--log-level", "debug")).start()
+    process.started_at = started
     yield process
     process.stop()
 
@@ -274,16 +289,37 @@ def test_kueue_mode_nominates_by_the_workers_clusterqueue_quota(kueue_env, kueue
             set_cpu_quota(env.multicluster[name], sizes["quota_cpu"])
 
 
-def test_the_dispatcher_reads_only_the_secrets_multikueueclusters_name(kueue_env,
-                                                                      kueue_dispatcher,
-                                                                      kueue_namespace):
-    """The manager's audit log holds every request for a Secret of ``kueue-system``: the
-    dispatcher's (told by its User-Agent) each name a Secret one of its MultiKueueClusters
-    names; it never lists the namespace nor reads another Secret there (Kueue's webhook
-    certificate, or one created while it runs), and it still nominates."""
+def secret_requests_since(cluster, since: datetime.datetime) -> list[dict]:
+    """The dispatcher's requests (told by its User-Agent) for Secrets on ``cluster`` since
+    ``since``, from its audit log: ``{verb, namespace, name}`` each."""
+    found = {}
+    for line in cluster.control_plane.audit_log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line the apiserver is still writing
+        ref = record.get("objectRef") or {}
+        if (record.get("userAgent") or "").startswith(c.DISPATCHER_USER_AGENT) and \
+                ref.get("resource") == "secrets" and datetime.datetime.fromisoformat(
+                    record["requestReceivedTimestamp"].replace("Z", "+00:00")) >= since:
+            found[record["auditID"]] = {"verb": record.get("verb"),
+                                        "namespace": ref.get("namespace", ""),
+                                        "name": ref.get("name", "")}
+    return list(found.values())
+
+
+def test_the_dispatcher_reads_only_its_own_secrets_multikueueclusters_name(kueue_env,
+                                                                          kueue_dispatcher,
+                                                                          kueue_namespace):
+    """The manager's audit log holds every request for a Secret: the dispatcher's each
+    name, in its own namespace, a Secret one of its MultiKueueClusters names; it never
+    lists the namespace, reads another Secret there (one created while it runs), nor asks
+    for any Secret of Kueue's namespace, where Kueue's Secrets of the same names are; and
+    it still nominates."""
     env, ns = kueue_env, kueue_namespace
+    own = kueue_queues.DISPATCHER_NAMESPACE
     unnamed = f"unnamed-{ns}"[:63]
-    env.manager.core.create_namespaced_secret(kueue.NAMESPACE, client.V1Secret(
+    env.manager.core.create_namespaced_secret(own, client.V1Secret(
         metadata=client.V1ObjectMeta(name=unnamed),
         string_data={"token": "no MultiKueueCluster names this Secret"}))
     try:
@@ -294,14 +330,15 @@ def test_the_dispatcher_reads_only_the_secrets_multikueueclusters_name(kueue_env
         named = {env.manager.custom.get_cluster_custom_object(
                      c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, name)[
                      "spec"]["clusterSource"]["kubeConfig"]["location"] for name in WORKERS}
-        read = [r for r in audited_requests(env.manager, c.DISPATCHER_USER_AGENT)
-                if r["resource"] == "secrets"]
-        assert read and {r["name"] for r in read} <= named, (
-            f"expected the dispatcher's Secret requests to name only {sorted(named)} (one "
-            f"watch each); the audit log shows {sorted({(r['verb'], r['name']) for r in read})}")
+        read = secret_requests_since(env.manager, kueue_dispatcher.started_at)
+        assert read and {(r["namespace"], r["name"]) for r in read} <= {
+            (own, name) for name in named}, (
+            f"expected the dispatcher's Secret requests to name only {sorted(named)} in "
+            f"{own} (one watch each), none in {kueue.NAMESPACE}; the audit log shows "
+            f"{sorted({(r['verb'], r['namespace'], r['name']) for r in read})}")
         assert {r["verb"] for r in read} <= {"list", "watch"}, read
     finally:
-        env.manager.core.delete_namespaced_secret(unnamed, kueue.NAMESPACE)
+        env.manager.core.delete_namespaced_secret(unnamed, own)
 
 
 def test_kueue_mode_nominates_the_next_worker_when_one_does_not_admit(kueue_env,
@@ -316,6 +353,7 @@ def test_kueue_mode_nominates_the_next_worker_when_one_does_not_admit(kueue_env,
     dispatcher = ServiceProcess(
         "dispatcher", env.manager.kubeconfig, env.log_dir / "kueue-mode-timeout.log",
         ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--namespace", kueue_queues.DISPATCHER_NAMESPACE,
          "--multikueue-config", CONFIG, "--admission-timeout", "6", "--no-leader-elect",
          "--log-level", "debug")).start()
     try:
@@ -432,7 +470,8 @@ def test_kueue_mode_refuses_an_origin_that_is_not_kueues(kueue_env):
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher", "run", "--kubeconfig",
          str(kueue_env.manager.kubeconfig), "--metrics-port", "0", "--no-leader-elect",
-         "--mode", "kueue", "--origin", c.DEFAULT_ORIGIN],
+         "--mode", "kueue", "--namespace", kueue_queues.DISPATCHER_NAMESPACE,
+         "--origin", c.DEFAULT_ORIGIN],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and (
         f"--origin {c.DEFAULT_ORIGIN}: in kueue mode the origin must be Kueue's, and Kueue "
@@ -447,22 +486,47 @@ IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBind
                   "RoleBinding"}
 
 
+def forbidden(call, what: str) -> None:
+    """``call`` is refused by RBAC (403), naming ``what`` when it is not."""
+    try:
+        call()
+    except ApiException as err:
+        assert err.status == 403, f"{what}: expected 403 Forbidden; got {err.status}: {err.body}"
+        return
+    raise AssertionError(f"{what}: expected 403 Forbidden; it was allowed")
+
+
+def cluster_events(env, cluster: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events about MultiKueueCluster ``cluster``."""
+    events = env.manager.core.list_namespaced_event("default", field_selector=(
+        f"involvedObject.kind=MultiKueueCluster,involvedObject.name={cluster}")).items
+    return [(e.type, e.reason, e.message) for e in events]
+
+
 def test_kueue_mode_as_shipped_with_only_its_roles(kueue_env, kueue_namespace, tmp_path):
-    """manifests/manager-kueue on a manager that runs Kueue: its RBAC applied (its worker
-    Secrets are the sample workers', which are this environment's), and the dispatcher run
-    with its Deployment's flags as its ServiceAccount. It reads Kueue's Configuration and
-    the worker Secrets in Kueue's namespace, leads on its Lease in its own, nominates a
-    worker, the job completes, and RBAC refuses it nothing."""
+    """manifests/manager-kueue on a manager that runs Kueue, manifests/worker-reader on the
+    workers (``kueue_env``): the RBAC applied (its worker Secrets are the sample workers',
+    which are this environment's), the dispatcher run with its Deployment's flags as its
+    ServiceAccount, reading each worker with its own Secret in its own namespace as the
+    read-only identity. Its own Secret of worker-1 is missing at first: worker-1 is said
+    unusable in a Warning Event on its MultiKueueCluster naming that Secret (Kueue's Active
+    condition, from Kueue's own Secret, stays True) and the job is nominated to worker-2 and
+    completes. Once the Secret is there, worker-1 is nominated by room. Kueue's Secret is
+    unreadable to it, the read-only identity is refused writes on a worker, and RBAC refuses
+    the dispatcher nothing it asks for."""
     env, ns = kueue_env, kueue_namespace
     objects = kustomize.render("manager-kueue")
     identities = [o for o in objects if o["kind"] in IDENTITY_KINDS]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     home = deployment["metadata"]["namespace"]
+    assert home == kueue_queues.DISPATCHER_NAMESPACE, (home, "where kueue_env put the Secrets")
     account = (home, deployment["spec"]["template"]["spec"]["serviceAccountName"])
     kustomize.apply(env.manager.kubeconfig, identities)
     user, groups = service_account_user(*account)
     kubeconfig = env.multicluster.harness.issue_user_kubeconfig(
         "manager", user, groups, tmp_path / "dispatcher.kubeconfig")
+    missing = "worker-1-kubeconfig"
+    env.manager.core.delete_namespaced_secret(missing, home)
     # The Pod's flags, but for where it listens and how it logs (this is not a Pod).
     shipped = [arg.replace("$(POD_NAMESPACE)", home)
                for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
@@ -471,22 +535,87 @@ def test_kueue_mode_as_shipped_with_only_its_roles(kueue_env, kueue_namespace, t
                                 (*shipped, "--multikueue-config", CONFIG,
                                  "--log-level", "debug")).start()
     try:
+        said = f"Secret {home}/{missing} not found"
+        eventually(lambda: cluster_events(env, "worker-1"),
+                   lambda seen: any(t == "Warning" and r == "BadKubeConfig" and said in m
+                                    for t, r, m in seen), timeout=30,
+                   expected=f"a Warning Event on MultiKueueCluster worker-1 saying '{said}'")
+        kueues = env.manager.custom.get_cluster_custom_object(
+            c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, "worker-1")
+        assert (condition(kueues, "Active") or {}).get("status") == "True", (
+            f"expected Kueue's Active condition (Kueue's own Secret) still True; saw "
+            f"{condition(kueues, 'Active')}")
+
         env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
                                                            queued_trainjob("shipped"))
-        eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1, timeout=60,
-                   expected="one Nominated Event from the dispatcher as shipped")
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1,
+                          timeout=60, expected="one Nominated Event from the dispatcher")
+        assert said == ["nominated worker cluster worker-2"], (
+            f"expected worker-2, the one worker the dispatcher can read; saw {said}")
         done = eventually(lambda: get(env.manager, ns, "shipped"), finished, timeout=90,
                           expected="the manager TrainJob finished")
         assert (condition(done, c.CONDITION_COMPLETE) or {}).get("status") == "True", (
             f"expected Complete; saw {done.get('status')}")
+
+        # Its own Secret back: worker-1 is read again, and best fit (6 cpu on its 8-cpu
+        # Node, tighter than worker-2's 16) takes it.
+        kueue_queues.dispatcher_secret(env.manager.api, "worker-1", env.readers["worker-1"],
+                                       home)
+        eventually(lambda: {x["name"]: x["active"] for x in json.loads(
+                       dispatcher.get("/api/state")[1])["clusters"]},
+                   lambda seen: seen.get("worker-1") is True, timeout=30,
+                   expected="the dashboard showing worker-1 usable once its Secret is there")
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS,
+                                                           queued_trainjob("roomy", cpu="6"))
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 2,
+                          timeout=60, expected="a second Nominated Event")
+        assert sorted(said) == ["nominated worker cluster worker-1",
+                                "nominated worker cluster worker-2"], (
+            f"expected the 6-cpu job on worker-1 (tighter fit); saw {said}")
+
         lease = client.CoordinationV1Api(env.manager.api).read_namespaced_lease(
             f"trainjob-dispatcher-{c.KUEUE_DEFAULT_ORIGIN}", home)
         assert lease.spec.holder_identity, "expected the dispatcher to hold its Lease"
         refused = [line for line in dispatcher.log_file.read_text(errors="replace").splitlines()
                    if "forbidden" in line.lower() and '" cannot ' in line]
         assert not refused, "the dispatcher was refused by RBAC:\n" + "\n".join(refused[:10])
+
+        # Kueue's Secrets, of the same names, are out of the dispatcher's reach...
+        dispatcher_api = api_client(kubeconfig)
+        own = client.CoreV1Api(dispatcher_api)
+        try:
+            for name in WORKERS:
+                forbidden(lambda n=name: own.list_namespaced_secret(
+                    kueue.NAMESPACE, field_selector=f"metadata.name={n}-kubeconfig"),
+                    f"the dispatcher listing Kueue's Secret {kueue.NAMESPACE}/{name}-kubeconfig")
+        finally:
+            dispatcher_api.close()
+        # ...and what it reads a worker with writes nothing there.
+        reader_api = api_client(env.readers["worker-1"])
+        try:
+            reader, custom = client.CoreV1Api(reader_api), client.CustomObjectsApi(reader_api)
+            assert reader.list_node().items and custom.list_cluster_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, "clusterqueues")["items"]
+            forbidden(lambda: reader.create_namespaced_pod(ns, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sneaky"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+                "the worker-reader identity creating a Pod")
+            forbidden(lambda: custom.create_namespaced_custom_object(
+                *TRAINER, ns, c.TRAINJOBS, trainjob("sneaky", runtime=RUNTIME)),
+                "the worker-reader identity creating a TrainJob")
+            forbidden(lambda: custom.patch_cluster_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, "clusterqueues", kueue_queues.CLUSTER_QUEUE,
+                {"spec": {"stopPolicy": "Hold"}}),
+                "the worker-reader identity holding a ClusterQueue")
+            forbidden(lambda: reader.read_namespaced_secret(
+                "trainjob-dispatcher-reader-token", kueue_queues.DISPATCHER_NAMESPACE),
+                "the worker-reader identity reading a Secret")
+        finally:
+            reader_api.close()
     finally:
         dispatcher.stop()
+        kueue_queues.dispatcher_secret(env.manager.api, "worker-1", env.readers["worker-1"],
+                                       home)
         doomed = [o for o in identities if o["kind"] != "Namespace"]
         kustomize.kubectl(env.manager.kubeconfig, "delete", "--ignore-not-found",
                           "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(doomed))

@@ -69,12 +69,19 @@ def kinds_env(kueue_multicluster, tmp_path_factory):
                           {"cpu": "32", "memory": "64Gi", "pods": "110", KINDS: kinds})
         kueue_queues.cluster_queue(mc[name].api, {"cpu": QUOTA_CPU[name], "memory": "256Gi",
                                                   KINDS: "100"})
+    # The dispatcher reads each worker as the read-only worker-reader identity, with its own
+    # Secrets in its own namespace; Kueue's are in Kueue's.
+    readers = {name: kueue_queues.worker_reader(mc.harness, name, mc[name].kubeconfig,
+                                                log_dir / f"{name}-reader.kubeconfig")
+               for name in NODE_KINDS}
     kueue_queues.multikueue_manager(mc.manager.api, CONFIG,
                                     {name: mc[name].kubeconfig for name in NODE_KINDS},
-                                    {"cpu": "100", "memory": "512Gi", KINDS: "100"})
+                                    {"cpu": "100", "memory": "512Gi", KINDS: "100"},
+                                    dispatcher=readers)
     dispatcher = ServiceProcess(
         "dispatcher", mc.manager.kubeconfig, log_dir / "kueue-kinds.log",
         ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,
+         "--namespace", kueue_queues.DISPATCHER_NAMESPACE,
          "--origin", KUEUE_ORIGIN, "--multikueue-config", CONFIG,
          "--admission-timeout", "60", "--no-leader-elect", "--log-level", "debug")).start()
     yield mc
