@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="this cluster runs Kueue (its CRDs, webhooks and controller, read "
                     "from the Kueue module; only the TrainJob integration); a manager with "
                     "Kueue serves Kueue's MultiKueue CRDs instead of the project's; "
-                    "repeatable (local provider)")
+                    "repeatable. Local provider: Kueue as a process beside the cluster; kind: "
+                    "Kueue's release manifests, its Deployment running the image built here")
     up.add_argument("--kueue-dispatcher", default=None, metavar="NAME",
                     help="Kueue's multiKueue.dispatcherName on those clusters (default: "
                     "kueue.x-k8s.io/multikueue-dispatcher-all-at-once; another name makes "
@@ -414,8 +415,6 @@ def _main(argv: list[str] | None) -> int:
                                  "memory (no GPUs). Use the local provider for them")
             kueue_args = {}
             if args.kueue:
-                if args.provider != "local":
-                    raise ValueError("--kueue: only the local provider runs Kueue")
                 kueue_args = {"kueue_clusters": tuple(args.kueue)}
                 if args.kueue_dispatcher:
                     kueue_args["kueue_dispatcher"] = args.kueue_dispatcher

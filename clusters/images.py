@@ -8,7 +8,7 @@ so docker-compose.yml and the manifests name them as they would anywhere.
   trainjob-dispatcher, training-operator   images/Dockerfile, pip given the CA bundle as a
                                 build secret (never written into a layer)
   registry.k8s.io/etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-  registry.k8s.io/jobset/jobset, registry.k8s.io/kwok/kwok
+  registry.k8s.io/jobset/jobset, registry.k8s.io/kwok/kwok, registry.k8s.io/kueue/kueue
                                 the harness's own static binaries (images/binary.Dockerfile)
   trainjob-workload             a container that runs for a given time and exits with a
                                 given code (images/workload)
@@ -82,6 +82,9 @@ BINARY_IMAGES: dict[str, BinaryImage] = {i.binary: i for i in (
                 module_files=("config/components",)),
     BinaryImage("kwok", "registry.k8s.io/kwok/kwok", binaries.COMPONENTS["kwok"].version,
                 "/usr/local/bin/kwok", module_files=("kustomize/stage",)),
+    # Where Kueue's release runs it (`command: [/manager]`), by the name its manifests give.
+    BinaryImage("kueue", "registry.k8s.io/kueue/kueue", binaries.COMPONENTS["kueue"].version,
+                "/manager"),
 )}
 
 # Every image by the name `--only` takes.

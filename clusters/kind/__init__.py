@@ -25,6 +25,11 @@ controller (``clusters.kind.jobset``), plus one kind worker node per Node of the
 ``clusters.kind.config``). `up` returns when every Node is Ready, the project's CRDs are
 Established and, on workers, JobSet's controller is Available and its webhooks answer.
 
+``up --kueue NAME`` (repeatable) installs Kueue from its release manifests on those clusters
+(``clusters.kind.kueue``; a manager running it also gets JobSet's CRD, which Kueue's TrainJob
+integration watches) and returns once Kueue's Deployment is rolled out, its webhooks admit a
+Kueue object and its visibility API is Available.
+
 stop/start are ``docker stop``/``docker start`` of a cluster's node containers; etcd's data
 and the loaded images live in each node's ``/var`` volume, so objects survive. What a later
 command needs (prefix, network, which cluster is stopped) is in ``<state-dir>/kind-state.json``.
@@ -46,12 +51,13 @@ import yaml
 from kubernetes import client
 from pydantic import BaseModel, Field
 
-from clusters import binaries, crds, images, kind_node, nodes
+from clusters import binaries, crds, images, kind_node, kueue as local_kueue, nodes, worker_stack
 from clusters.controlplane import ControlPlaneError
 from clusters.state_dir import lock_state_dir, save_state
 from clusters.engine import Engine, ensure_engine, find_engine
 from clusters.kind import config as kind_config
 from clusters.kind import jobset
+from clusters.kind import kueue
 from clusters import local
 from clusters.local import ClusterInfo, cluster_names
 from trainjob.kubeclient import api_client
@@ -81,6 +87,11 @@ class KindRecord(BaseModel):
     trainer_crds: Literal["project", "upstream"] = crds.PROJECT
     # kind worker nodes (the manager has none).
     worker_nodes: int = 0
+    # Kueue's MultiKueue dispatcherName when the cluster runs Kueue (``up --kueue``); None:
+    # no Kueue.
+    kueue_dispatcher: str | None = None
+    # The job kinds Kueue manages there (Kueue's integration names; ``up --kueue``).
+    kueue_integrations: list[str] = Field(default_factory=lambda: list(local_kueue.INTEGRATIONS))
 
 
 class KindState(BaseModel):
@@ -254,18 +265,25 @@ class KindClusters:
     def up(self, workers: int = 2, timeout: float = 300,
            node_layout: nodes.NodeLayout | None = None,
            max_workers: int | None = None,
-           upstream_crds: tuple[str, ...] = ()) -> list[ClusterInfo]:
+           upstream_crds: tuple[str, ...] = (), kueue_clusters: tuple[str, ...] = (),
+           kueue_dispatcher: str = local_kueue.DISPATCHER_ALL_AT_ONCE,
+           kueue_integrations: tuple[str, ...] = local_kueue.INTEGRATIONS) -> list[ClusterInfo]:
         """Bring up the manager and ``workers`` workers as kind clusters, each worker with a
         kind worker node per Node of ``node_layout`` (default: two); a no-op for what is
         up, and stopped clusters are started. More workers than ``max_workers`` (default:
-        what this machine holds) are refused, as are layouts asking for Node resources."""
+        what this machine holds) are refused, as are layouts asking for Node resources.
+        ``kueue_clusters`` run Kueue from its release (``clusters.kind.kueue``), with
+        MultiKueue dispatcher ``kueue_dispatcher`` and the integrations
+        ``kueue_integrations``."""
         if workers < 0:
             raise ValueError("--workers must be 0 or more")
         wanted = cluster_names(workers)
-        unknown = sorted(set(upstream_crds) - set(wanted))
-        if unknown:
-            raise ValueError(f"--upstream-crds {', '.join(unknown)}: no such cluster; "
-                             f"clusters: {', '.join(wanted)}")
+        kueue_integrations = local_kueue.check_integrations(kueue_integrations)
+        for flag, names in (("--upstream-crds", upstream_crds), ("--kueue", kueue_clusters)):
+            unknown = sorted(set(names) - set(wanted))
+            if unknown:
+                raise ValueError(f"{flag} {', '.join(unknown)}: no such cluster; "
+                                 f"clusters: {', '.join(wanted)}")
         local.check_worker_count(workers, max_workers, machine_worker_limit(), "kind workers")
         node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
         node_layout.check_workers(wanted[1:])
@@ -281,7 +299,8 @@ class KindClusters:
                     "another --state-dir.")
             engine = self.engine
             ensure_inotify_limits()
-            self._ensure_images(engine)
+            self._ensure_images(engine, with_kueue=bool(kueue_clusters) or any(
+                r.kueue_dispatcher is not None for r in state.clusters))
             known = self._kind_clusters(state)
             if not existing:
                 taken = sorted(state.prefix + n for n in wanted if state.prefix + n in known)
@@ -311,6 +330,9 @@ class KindClusters:
                 record.stopped = False
                 if record.name in upstream_crds:
                     record.trainer_crds = crds.UPSTREAM
+                if record.name in kueue_clusters:
+                    record.kueue_dispatcher = kueue_dispatcher
+                    record.kueue_integrations = list(kueue_integrations)
             self._save(state)
             with ThreadPoolExecutor(max_workers=len(state.clusters)) as pool:
                 futures = [pool.submit(self._bring_up, state, record, configs[record.name],
@@ -330,8 +352,9 @@ class KindClusters:
                     "clusters down --provider kind` removes them)") from errors[0]
             return self._info(state, engine)
 
-    def _ensure_images(self, engine: Engine) -> None:
-        """The node image and JobSet's image in the engine, built here when missing."""
+    def _ensure_images(self, engine: Engine, with_kueue: bool = False) -> None:
+        """The node image and JobSet's image (and Kueue's, ``with_kueue``) in the engine,
+        built here when missing."""
         if not images.image_exists(engine, NODE_IMAGE):
             log.info("building the kind node image %s", NODE_IMAGE)
             try:
@@ -343,6 +366,9 @@ class KindClusters:
         if not images.image_exists(engine, jobset.IMAGE):
             log.info("building %s", jobset.IMAGE)
             images.build_images(engine, only=("jobset-controller",))
+        if with_kueue and not images.image_exists(engine, kueue.IMAGE):
+            log.info("building %s", kueue.IMAGE)
+            images.build_images(engine, only=(kueue.COMPONENT,))
 
     def _bring_up(self, state: KindState, record: KindRecord, config: dict, exists: bool,
                   deadline: float) -> None:
@@ -362,18 +388,32 @@ class KindClusters:
             if stopped:
                 self.engine.docker("start", *stopped)
         self._write_kubeconfigs(state, name)
+        with_kueue = record.kueue_dispatcher is not None
         with api_client(self.kubeconfig(name)) as api:
             self._wait_apiserver(api, name, deadline)
-            documents = crds.cluster_crds(record.role, record.trainer_crds)
+            # A manager running Kueue gets Kueue's MultiKueue CRDs from Kueue's release, and
+            # JobSet's CRD, which Kueue's TrainJob integration watches (workers have JobSet).
+            documents = crds.cluster_crds(record.role, record.trainer_crds,
+                                          with_kueue=with_kueue)
+            if with_kueue and record.role == "manager":
+                documents += worker_stack.jobset_crds()
             crds.install_crds(api, documents, _deadline_left(deadline))
+            control_plane = next(iter(self.containers(name, state)))
             if record.role == "worker":
-                control_plane = next(iter(self.containers(name, state)))
                 self.load_images(name, [jobset.IMAGE], nodes_only=(control_plane,),
                                  timeout=_deadline_left(deadline))
                 jobset.install(self.kubeconfig(name))
             self._wait_nodes_ready(api, name, 1 + record.worker_nodes, deadline)
             if record.role == "worker":
                 jobset.wait_ready(api, name, _deadline_left(deadline))
+            if with_kueue:
+                # After JobSet's controller is up: Kueue's pod webhook (failurePolicy Fail)
+                # would otherwise hold JobSet's Pods back until Kueue answers.
+                self.load_images(name, [kueue.IMAGE], nodes_only=(control_plane,),
+                                 timeout=_deadline_left(deadline))
+                kueue.install(self.kubeconfig(name), self.state_dir / f"{name}.kueue-pki",
+                              record.kueue_dispatcher, tuple(record.kueue_integrations))
+                kueue.wait_ready(api, name, _deadline_left(deadline))
 
     def _write_kubeconfigs(self, state: KindState, name: str) -> None:
         cluster = state.prefix + name
@@ -461,6 +501,10 @@ class KindClusters:
                 if record.role == "worker":
                     progress(f"{name}: waiting for JobSet's controller and its webhook")
                     jobset.wait_ready(api, name, _deadline_left(deadline))
+                if record.kueue_dispatcher is not None:
+                    progress(f"{name}: waiting for Kueue's controller, its webhooks and its "
+                             "visibility API")
+                    kueue.wait_ready(api, name, _deadline_left(deadline))
             return next(i for i in self._info(state, self.engine) if i.name == name)
 
     def down(self) -> None:

@@ -129,7 +129,7 @@ def test_layouts_kind_cannot_honour_are_refused_and_change_nothing(kind_clusters
 def test_cli_refuses_node_flags_kind_cannot_honour(tmp_path):
     for flags, named in ((["--node-gpus", "1"], "--node-gpus"),
                          (["--node-cpu", "8"], "--node-cpu"),
-                         (["--kueue", "worker-1"], "--kueue")):
+                         (["--kueue", "worker-9"], "--kueue worker-9: no such cluster")):
         result = subprocess.run(
             [sys.executable, "-m", "clusters", "up", "--provider", "kind", "--state-dir",
              str(tmp_path / "state"), *flags], capture_output=True, text=True, timeout=60)

@@ -1,0 +1,194 @@
+"""Kueue (the version ``clusters/binaries.py`` pins) on a kind cluster, installed as a team
+installs a release: the objects of Kueue's own ``config/default`` kustomization (what its
+release ``manifests.yaml`` is built from), rendered from the Kueue module in the Go module
+cache, applied server-side, running the image built here
+(``registry.k8s.io/kueue/kueue:<version>``, the name the release manifests give it;
+``python -m clusters images --only kueue``) once it is ``kind load``-ed. Nothing of Kueue's is
+copied into this repository, and no registry is reached.
+
+What the rendered release is changed in, and why:
+  * the manager container's image: ``config/default`` names the staging registry's ``main``
+    tag (the release process sets the published name); ours has the published name, and
+    ``imagePullPolicy: IfNotPresent`` so the kubelet uses the loaded copy;
+  * the pod runs as 65532: the image built here is ``FROM scratch`` without a USER, and
+    the release asks for ``runAsNonRoot`` (upstream's distroless image says 65532 itself);
+  * it is pinned to the control-plane node (with the toleration for its taint), so a
+    worker's Nodes stay all the workloads', as JobSet's controller is (``jobset``);
+  * its Configuration (ConfigMap ``kueue-manager-config``), as the local provider's
+    (``clusters.kueue.configuration``) in what matters to the product: the integrations
+    asked for (``up --kueue-integration``; TrainJobs alone by default), the MultiKueue
+    ``dispatcherName`` (``up --kueue-dispatcher``) and ``WorkloadRequestUseMergePatch``;
+    the rest is the release's (leader election, ports, the visibility server whose
+    APIService the release registers).
+
+Webhook certificates: Kueue 0.19 manages them itself by default (``internalCertManagement``:
+it fills the Secret ``kueue-webhook-server-cert`` and injects its CA into the webhook
+configurations, the converting CRDs and keeps them renewed), but a Secret it fills only
+reaches the Pod's mounted volume at the kubelet's next sync, a minute or more later. So the
+Secret is made first, with a CA and certificate Kueue's rotator accepts and keeps
+(``clusters.kueue.KueueCertificates``): the Pod starts with them mounted.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import time
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clusters import binaries, kueue as local_kueue, kustomize
+from clusters.controlplane import ControlPlaneError
+from clusters.kind import jobset, waits
+from trainjob.kubeclient import api_client
+
+COMPONENT = local_kueue.COMPONENT
+VERSION = binaries.COMPONENTS[COMPONENT].version
+IMAGE = f"registry.k8s.io/kueue/kueue:{VERSION}"
+NAMESPACE = local_kueue.NAMESPACE
+DEPLOYMENT = "kueue-controller-manager"
+CONTAINER = "manager"
+CONFIG_MAP = local_kueue.CONFIG_MAP
+CONFIG_KEY = local_kueue.CONFIG_KEY
+WEBHOOK_SECRET = local_kueue.WEBHOOK_SECRET
+WEBHOOK_SERVICE = local_kueue.WEBHOOK_SERVICE
+# The release's aggregated API (Kueue's visibility server, in the same Pod): until it is
+# Available, API discovery is incomplete, and namespace deletion waits on it.
+VISIBILITY_API = "v1beta2.visibility.kueue.x-k8s.io"
+FIELD_MANAGER = "trainjob-clusters"
+NONROOT = jobset.NONROOT
+
+
+@functools.lru_cache(maxsize=1)
+def _rendered() -> tuple[dict, ...]:
+    source = binaries.module_dir(COMPONENT) / "config" / "default"
+    out = kustomize.kubectl(None, "kustomize", str(source))
+    if out.returncode != 0:
+        raise ControlPlaneError(f"kubectl kustomize {source} failed: {out.stderr.strip()}")
+    # 1.7 MB, most of it the Workload CRD: libyaml when PyYAML has it.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(d for d in yaml.load_all(out.stdout, Loader=loader) if d)
+
+
+def _one(documents: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name]
+    if len(found) != 1:
+        raise ControlPlaneError(f"Kueue's config/default: expected one {kind} {name}, found "
+                                f"{len(found)}: Kueue's release layout changed")
+    return found[0]
+
+
+def configuration(documents: list[dict], dispatcher: str,
+                  integrations: tuple[str, ...]) -> dict:
+    """The release's Configuration with the product's choices (see the module doc)."""
+    config_map = _one(documents, "ConfigMap", CONFIG_MAP)
+    config = yaml.safe_load(config_map["data"][CONFIG_KEY])
+    config["integrations"] = {**(config.get("integrations") or {}),
+                              "frameworks": list(local_kueue.check_integrations(integrations))}
+    config["multiKueue"] = {**(config.get("multiKueue") or {}), "dispatcherName": dispatcher}
+    config["featureGates"] = {**(config.get("featureGates") or {}),
+                              "WorkloadRequestUseMergePatch": True}
+    return config
+
+
+def release(dispatcher: str = local_kueue.DISPATCHER_ALL_AT_ONCE,
+            integrations: tuple[str, ...] = local_kueue.INTEGRATIONS) -> list[dict]:
+    """Kueue's release objects, adapted to run from the loaded image with the product's
+    Configuration (see the module doc)."""
+    documents = copy.deepcopy(list(_rendered()))
+    config_map = _one(documents, "ConfigMap", CONFIG_MAP)
+    config_map["data"][CONFIG_KEY] = yaml.safe_dump(
+        configuration(documents, dispatcher, integrations), sort_keys=False)
+    pod = _one(documents, "Deployment", DEPLOYMENT)["spec"]["template"]["spec"]
+    managers = [c for c in pod["containers"] if c["name"] == CONTAINER]
+    if len(managers) != 1:
+        raise ControlPlaneError(f"Kueue's config/default: no container {CONTAINER} in "
+                                f"Deployment {DEPLOYMENT}: Kueue's release layout changed")
+    managers[0]["image"] = IMAGE
+    managers[0]["imagePullPolicy"] = "IfNotPresent"
+    pod.setdefault("securityContext", {}).update(runAsUser=NONROOT, runAsGroup=NONROOT)
+    pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), jobset.CONTROL_PLANE_LABEL: ""}
+    pod["tolerations"] = [*(pod.get("tolerations") or []),
+                          {"key": jobset.CONTROL_PLANE_LABEL, "operator": "Exists",
+                           "effect": "NoSchedule"}]
+    return documents
+
+
+def ensure_webhook_secret(api: client.ApiClient, pki: Path) -> None:
+    """Kueue's namespace and its webhook Secret holding certificates Kueue keeps (made from
+    ``pki`` when the Secret is missing; one already there, Kueue's or ours, is kept)."""
+    core = client.CoreV1Api(api)
+    for create in (
+            lambda: core.create_namespace(client.V1Namespace(
+                metadata=client.V1ObjectMeta(name=NAMESPACE))),
+            lambda: core.create_namespaced_secret(NAMESPACE, client.V1Secret(
+                metadata=client.V1ObjectMeta(name=WEBHOOK_SECRET, namespace=NAMESPACE),
+                data={k: base64.b64encode(v).decode() for k, v in local_kueue.KueueCertificates(
+                    pki).ensure(hosts=(f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc.cluster.local",))
+                    .secret_data().items()}))):
+        try:
+            create()
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+
+def install(kubeconfig: Path, pki: Path, dispatcher: str,
+            integrations: tuple[str, ...]) -> None:
+    """Apply Kueue's release (server-side, taking over fields an earlier install set) after
+    its webhook Secret (``ensure_webhook_secret``)."""
+    documents = release(dispatcher, integrations)
+    with api_client(kubeconfig) as api:
+        ensure_webhook_secret(api, pki)
+    out = kustomize.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts",
+                            f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                            stdin=yaml.safe_dump_all(documents), timeout=180)
+    if out.returncode != 0:
+        raise ControlPlaneError(f"applying Kueue's release failed: {out.stderr.strip()[-2000:]}")
+
+
+PROBE = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+         "metadata": {"name": "harness-probe"}}
+
+
+def _webhook_answers(api: client.ApiClient) -> str | None:
+    """Why a Kueue object cannot be created yet (None once a server-side dry run passes
+    Kueue's mutating and validating webhooks for ResourceFlavors)."""
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "resourceflavors", PROBE, dry_run="All")
+    except ApiException as err:
+        return f"dry-run ResourceFlavor create: {err.status} {err.reason}: {(err.body or '')[:300]}"
+    return None
+
+
+def _visibility_available(api: client.ApiClient) -> str | None:
+    """Why Kueue's aggregated visibility API is not Available yet (None once it is)."""
+    try:
+        service = client.ApiregistrationV1Api(api).read_api_service(VISIBILITY_API)
+    except ApiException as err:
+        return f"APIService {VISIBILITY_API}: {err.status} {err.reason}"
+    available = next((c for c in (service.status.conditions if service.status else None) or []
+                      if c.type == "Available"), None)
+    if available is None or available.status != "True":
+        return (f"APIService {VISIBILITY_API} not Available"
+                + (f": {available.reason}: {available.message}" if available else ""))
+    return None
+
+
+def ready_problem(api: client.ApiClient) -> str | None:
+    """Why Kueue is not ready yet: its Deployment not rolled out, its webhooks not
+    answering or its visibility APIService not Available (None once all are)."""
+    return (waits.deployment_problem(api, NAMESPACE, DEPLOYMENT) or _webhook_answers(api)
+            or _visibility_available(api))
+
+
+def wait_ready(api: client.ApiClient, cluster: str, timeout: float) -> None:
+    """Until Kueue's Deployment is rolled out, its webhooks admit a ResourceFlavor (dry run)
+    and its visibility APIService is Available."""
+    waits.wait_for(f"{cluster}: Kueue's controller", lambda: ready_problem(api),
+                   time.monotonic() + timeout)
