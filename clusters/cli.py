@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--timeout", type=float, default=300,
                         help="seconds to wait for everything to be rolled out (default: "
                         "%(default)s)")
+    deploy.add_argument("--manager-overlay", default="manager",
+                        choices=("manager", "manager-beside-kueue"),
+                        help="the manager's overlay under manifests/: manager (no Kueue; "
+                        "default) or manager-beside-kueue (the dispatcher standalone beside "
+                        "the Kueue `up --kueue manager` installed)")
 
     release = sub.add_parser(
         "release", help="write the installable manifests of a release, images set",
@@ -277,7 +282,8 @@ def _deploy(args) -> int:
     from clusters.kind import KindClusters
     from clusters.kind.deploy import deploy
 
-    report = deploy(KindClusters(args.state_dir), timeout=args.timeout)
+    report = deploy(KindClusters(args.state_dir), timeout=args.timeout,
+                    manager_overlay=args.manager_overlay)
     if args.json:
         print(json.dumps({"steps": report.steps, "seconds": round(report.seconds, 1)}))
     else:

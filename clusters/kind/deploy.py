@@ -16,12 +16,15 @@ state directory, as a team deploys it, from the shipped manifests:
    webhook configuration's caBundle;
 4. on the manager, the TrainJob and MultiKueue CRDs where it has none, then ``kubectl apply
    --server-side -k manifests/manager``: the dispatcher (two replicas electing a leader with
-   a Lease);
+   a Lease); ``--manager-overlay manager-beside-kueue`` applies that overlay instead, beside
+   the Kueue ``up --kueue manager`` installed (Kueue brings the MultiKueue CRDs);
 5. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
    container on the kind network, authenticated as the worker-access ServiceAccount (its
    token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
 6. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
-   holds the Lease and reports every worker Active.
+   holds the Lease and reports every worker Active (beside Kueue, whose MultiKueue
+   controller owns that condition: the leader's ``dispatcher_cluster_active`` metric is 1
+   for every worker).
 
 Safe to repeat: apply is declarative, and a certificate or registration already in place is
 kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
@@ -48,6 +51,10 @@ from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
 MANAGER_BASE = "manager"
+# The manager overlays `deploy --manager-overlay` takes: without Kueue, and beside a Kueue
+# that `up --kueue manager` installed.
+BESIDE_KUEUE = "manager-beside-kueue"
+MANAGER_OVERLAYS = (MANAGER_BASE, BESIDE_KUEUE)
 WORKER_BASE = "worker"
 FIELD_MANAGER = "trainjob-deploy"
 # Who the manager's dispatcher authenticates as on a worker (manifests/worker-access).
@@ -72,9 +79,9 @@ class Shipped:
     worker_secrets: tuple[str, ...]
 
     @classmethod
-    def read(cls) -> Shipped:
+    def read(cls, manager_base: str = MANAGER_BASE) -> Shipped:
         worker = kustomize.render(WORKER_BASE)
-        manager = kustomize.render(MANAGER_BASE)
+        manager = kustomize.render(manager_base)
 
         def one(objects: list[dict], kind: str, base: str, where=lambda o: True) -> dict:
             found = [o for o in objects if o["kind"] == kind and where(o)]
@@ -93,17 +100,17 @@ class Shipped:
         webhook = one(worker, "ValidatingWebhookConfiguration", WORKER_BASE)
         service = webhook["webhooks"][0]["clientConfig"]["service"]
         token = one(worker, "Secret", WORKER_BASE, lambda o: o.get("type") == TOKEN_SECRET_TYPE)
-        dispatcher = one(manager, "Deployment", MANAGER_BASE)
+        dispatcher = one(manager, "Deployment", manager_base)
 
         def rules(o: dict) -> list[dict]:
             return o.get("rules") or []
 
-        lease = one(manager, "Role", MANAGER_BASE, lambda o: any(
+        lease = one(manager, "Role", manager_base, lambda o: any(
             "leases" in r.get("resources", []) and r.get("resourceNames")
             for r in rules(o)))
         lease_name = next(n for r in rules(lease) if "leases" in r.get("resources", [])
                           for n in r.get("resourceNames") or [])
-        secrets_role = one(manager, "Role", MANAGER_BASE, lambda o: any(
+        secrets_role = one(manager, "Role", manager_base, lambda o: any(
             "secrets" in r.get("resources", []) for r in rules(o)))
         return cls(
             operator_namespace=operator["metadata"]["namespace"],
@@ -342,9 +349,35 @@ def workers_problem(api: client.ApiClient, workers: list[str]) -> str | None:
     return "; ".join(problems) or None
 
 
+def workers_reached_problem(api: client.ApiClient, shipped: Shipped,
+                            workers: list[str]) -> str | None:
+    """Why the leading dispatcher does not reach every worker yet, as its own metric says
+    (``dispatcher_cluster_active``, read through the API server's Pod proxy): beside
+    Kueue, the MultiKueueClusters' Active conditions are Kueue's, about Kueue's connection."""
+    lease = client.CoordinationV1Api(api).read_namespaced_lease(
+        shipped.dispatcher_lease, shipped.dispatcher_namespace)
+    holder = lease.spec.holder_identity or ""
+    core = client.CoreV1Api(api)
+    leader = next((p for p in core.list_namespaced_pod(shipped.dispatcher_namespace).items
+                   if holder.startswith(p.metadata.name)), None)
+    if leader is None:
+        return f"no dispatcher Pod holds the Lease (held by {holder or 'nobody'})"
+    port = next(p.container_port for c_ in leader.spec.containers for p in c_.ports or []
+                if p.name == "metrics")
+    text = core.connect_get_namespaced_pod_proxy_with_path(
+        f"{leader.metadata.name}:{port}", shipped.dispatcher_namespace, "metrics")
+    active = {w for w in workers
+              if f'dispatcher_cluster_active{{cluster="{w}"}} 1.0' in text.splitlines()}
+    missing = [w for w in workers if w not in active]
+    return (f"dispatcher {leader.metadata.name} does not report dispatcher_cluster_active 1 "
+            f"for {', '.join(missing)}" if missing else None)
+
+
 def deploy(kind: KindClusters, timeout: float = 300,
-           progress: binaries.Progress = binaries.stderr_progress) -> DeployReport:
-    """Deploy the product into ``kind``'s clusters (see the module doc)."""
+           progress: binaries.Progress = binaries.stderr_progress,
+           manager_overlay: str = MANAGER_BASE) -> DeployReport:
+    """Deploy the product into ``kind``'s clusters (see the module doc), the manager from
+    ``manager_overlay`` (one of ``MANAGER_OVERLAYS``)."""
     begun = time.monotonic()
     deadline = begun + timeout
     state = kind.load()
@@ -356,8 +389,18 @@ def deploy(kind: KindClusters, timeout: float = 300,
     if stopped:
         raise ControlPlaneError(f"cluster(s) {', '.join(stopped)} are stopped: `python -m "
                                 f"clusters start --provider kind {stopped[0]}` first")
+    with_kueue = state.clusters[0].kueue_dispatcher is not None
+    if manager_overlay not in MANAGER_OVERLAYS:
+        raise ValueError(f"--manager-overlay {manager_overlay}: not one of "
+                         f"{', '.join(MANAGER_OVERLAYS)}")
+    if with_kueue != (manager_overlay != MANAGER_BASE):
+        raise ValueError(
+            f"--manager-overlay {manager_overlay}: the manager "
+            + ("runs Kueue (`up --kueue manager`): use manifests/" + BESIDE_KUEUE
+               if with_kueue else "runs no Kueue: it is for a manager running Kueue (`up "
+               "--kueue manager`); use manifests/" + MANAGER_BASE))
     workers = names[1:]
-    shipped = Shipped.read()
+    shipped = Shipped.read(manager_overlay)
     unlisted = [w for w in workers if f"{w}-kubeconfig" not in shipped.worker_secrets]
     if unlisted:
         raise ControlPlaneError(
@@ -372,7 +415,8 @@ def deploy(kind: KindClusters, timeout: float = 300,
     report.add("images", "built", started)
     progress(f"deploying into {', '.join(names)}")
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        manager = pool.submit(_deploy_manager, kind, shipped, report, deadline)
+        manager = pool.submit(_deploy_manager, kind, shipped, report, deadline,
+                              manager_overlay)
         tokens = {w: pool.submit(deploy_worker, kind, w, shipped, report, deadline)
                   for w in workers}
         manager.result()
@@ -381,17 +425,21 @@ def deploy(kind: KindClusters, timeout: float = 300,
             progress(f"manager: worker {worker} registered")
     with api_client(kind.kubeconfig("manager")) as api:
         started = time.monotonic()
+        # Beside Kueue, Kueue writes the Active conditions: the dispatcher's metric says.
+        reached = workers_reached_problem if with_kueue else (
+            lambda api, shipped, workers: workers_problem(api, workers))
         waits.wait_for("manager: the dispatcher", lambda: (
             waits.deployment_problem(api, shipped.dispatcher_namespace,
                                      shipped.dispatcher_deployment)
-            or lease_problem(api, shipped) or workers_problem(api, workers)), deadline)
-        report.add("manager", "dispatcher rolled out, leading, every worker Active", started)
+            or lease_problem(api, shipped) or reached(api, shipped, workers)), deadline)
+        report.add("manager", "dispatcher rolled out, leading, every worker "
+                   + ("reached" if with_kueue else "Active"), started)
     report.seconds = time.monotonic() - begun
     return report
 
 
 def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
-                    deadline: float) -> None:
+                    deadline: float, overlay: str = MANAGER_BASE) -> None:
     started = time.monotonic()
     _load(kind, "manager", [images.DISPATCHER_IMAGE], False, deadline)
     report.add("manager", "image loaded", started)
@@ -400,8 +448,8 @@ def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
         applied = ensure_crds(kind.kubeconfig("manager"), api, (TRAINER_CRDS, MULTIKUEUE_CRDS))
     report.add("manager", _crds_step(applied), started)
     started = time.monotonic()
-    apply_base(kind.kubeconfig("manager"), MANAGER_BASE)
-    report.add("manager", f"manifests/{MANAGER_BASE} applied", started)
+    apply_base(kind.kubeconfig("manager"), overlay)
+    report.add("manager", f"manifests/{overlay} applied", started)
 
 
 def _register(kind: KindClusters, worker: str, token: str, shipped: Shipped) -> None:
