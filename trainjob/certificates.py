@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=365)
+# Certificates made here start this long before they are made, for clocks a little behind.
+BACKDATE = datetime.timedelta(minutes=5)
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:
@@ -35,6 +37,12 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def issued_at(cert: x509.Certificate) -> datetime.datetime:
+    """When a certificate made here was made: its start plus ``BACKDATE`` (never after its
+    end); for another's certificate, a few minutes late."""
+    return min(cert.not_valid_before_utc + BACKDATE, cert.not_valid_after_utc)
 
 
 def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
@@ -62,7 +70,7 @@ class CertificateAuthority:
             .issuer_name(name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - BACKDATE)
             .not_valid_after(now + validity)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
@@ -116,7 +124,7 @@ class CertificateAuthority:
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - BACKDATE)
             .not_valid_after(now + validity)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
