@@ -56,9 +56,10 @@ CONFIG_MAP = local_kueue.CONFIG_MAP
 CONFIG_KEY = local_kueue.CONFIG_KEY
 WEBHOOK_SECRET = local_kueue.WEBHOOK_SECRET
 WEBHOOK_SERVICE = local_kueue.WEBHOOK_SERVICE
-# The release's aggregated API (Kueue's visibility server, in the same Pod): until it is
-# Available, API discovery is incomplete, and namespace deletion waits on it.
-VISIBILITY_API = "v1beta2.visibility.kueue.x-k8s.io"
+# The release's aggregated APIs (Kueue's visibility server, in the same Pod): until they
+# are Available, API discovery is incomplete, and namespace deletion waits on them.
+VISIBILITY_APIS = ("v1beta1.visibility.kueue.x-k8s.io", "v1beta2.visibility.kueue.x-k8s.io")
+VISIBILITY_API = VISIBILITY_APIS[-1]
 FIELD_MANAGER = "trainjob-clusters"
 NONROOT = jobset.NONROOT
 
@@ -146,7 +147,8 @@ def install(kubeconfig: Path, pki: Path, dispatcher: str,
         ensure_webhook_secret(api, pki)
     out = kustomize.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts",
                             f"--field-manager={FIELD_MANAGER}", "-f", "-",
-                            stdin=yaml.safe_dump_all(documents), timeout=180)
+                            stdin=yaml.dump_all(documents, Dumper=getattr(
+                                yaml, "CSafeDumper", yaml.SafeDumper)), timeout=180)
     if out.returncode != 0:
         raise ControlPlaneError(f"applying Kueue's release failed: {out.stderr.strip()[-2000:]}")
 
@@ -167,28 +169,29 @@ def _webhook_answers(api: client.ApiClient) -> str | None:
 
 
 def _visibility_available(api: client.ApiClient) -> str | None:
-    """Why Kueue's aggregated visibility API is not Available yet (None once it is)."""
-    try:
-        service = client.ApiregistrationV1Api(api).read_api_service(VISIBILITY_API)
-    except ApiException as err:
-        return f"APIService {VISIBILITY_API}: {err.status} {err.reason}"
-    available = next((c for c in (service.status.conditions if service.status else None) or []
-                      if c.type == "Available"), None)
-    if available is None or available.status != "True":
-        return (f"APIService {VISIBILITY_API} not Available"
-                + (f": {available.reason}: {available.message}" if available else ""))
+    """Why Kueue's aggregated visibility APIs are not Available yet (None once they are)."""
+    for name in VISIBILITY_APIS:
+        try:
+            service = client.ApiregistrationV1Api(api).read_api_service(name)
+        except ApiException as err:
+            return f"APIService {name}: {err.status} {err.reason}"
+        available = next((c for c in (service.status.conditions if service.status else None)
+                          or [] if c.type == "Available"), None)
+        if available is None or available.status != "True":
+            return (f"APIService {name} not Available"
+                    + (f": {available.reason}: {available.message}" if available else ""))
     return None
 
 
 def ready_problem(api: client.ApiClient) -> str | None:
     """Why Kueue is not ready yet: its Deployment not rolled out, its webhooks not
-    answering or its visibility APIService not Available (None once all are)."""
+    answering or its visibility APIServices not Available (None once all are)."""
     return (waits.deployment_problem(api, NAMESPACE, DEPLOYMENT) or _webhook_answers(api)
             or _visibility_available(api))
 
 
 def wait_ready(api: client.ApiClient, cluster: str, timeout: float) -> None:
     """Until Kueue's Deployment is rolled out, its webhooks admit a ResourceFlavor (dry run)
-    and its visibility APIService is Available."""
+    and its visibility APIServices are Available."""
     waits.wait_for(f"{cluster}: Kueue's controller", lambda: ready_problem(api),
                    time.monotonic() + timeout)
