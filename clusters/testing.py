@@ -118,6 +118,9 @@ class ServiceProcess:
         self.extra_args = extra_args
         self.supervised = supervised
         self.metrics_port = free_port()
+        # Where /readyz answers: beside /metrics unless the probes have a port of their own.
+        self.probe_port = (int(extra_args[extra_args.index("--health-probe-port") + 1])
+                           if "--health-probe-port" in extra_args else self.metrics_port)
         self.proc: subprocess.Popen | None = None
         # Restarts after a lost Lease, by the supervision; whether the running process is
         # one it started, and how many it started since the last lost Lease that ended
@@ -204,10 +207,11 @@ class ServiceProcess:
                         return 0, "ended; its supervision starts it again"
             raise ProcessExited(
                 f"{self.module} exited with {self.proc.returncode}:\n{self.log_tail()}")
-        return self.get("/readyz")
+        return self.get("/readyz", self.probe_port)
 
-    def get(self, path: str) -> tuple[int, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
+    def get(self, path: str, port: int | None = None) -> tuple[int, str]:
+        """GET ``path`` over plain HTTP on loopback, from the metrics port by default."""
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.metrics_port, timeout=5)
         try:
             conn.request("GET", path)
             response = conn.getresponse()

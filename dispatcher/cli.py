@@ -10,10 +10,11 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT, ConfigError,
-                               DispatcherConfig, is_loopback, load_config)
+from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT,
+                               PLAIN_METRICS_PORT, ConfigError, DispatcherConfig, is_loopback,
+                               load_config)
 from dispatcher.placement.capacity import SCORING_STRATEGIES
-from trainjob import command_line, logs
+from trainjob import command_line, listeners, logs
 from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
                                 KUEUE_NAMESPACE)
 from trainjob.kubeclient import KubeconfigError, api_client, describe_error, find_kubeconfig
@@ -101,13 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: 10; must be less than the lease duration)")
     run.add_argument("--retry-period", type=command_line.seconds, dest="retry_period_seconds",
                      help="seconds between lease renewals and acquisition attempts (default: 2)")
-    run.add_argument("--metrics-port", type=int,
-                     help="port for /metrics, /healthz and /readyz (default: 8081; 0 = any); "
-                     "also the read-only dashboard's while --metrics-host is a loopback "
-                     "address and no --dashboard-host or --dashboard-port is given")
-    run.add_argument("--metrics-host", help="address to bind it to (default: 127.0.0.1; "
-                     "0.0.0.0 in a Pod, for probes and scraping: the dashboard then gets a "
-                     "listener of its own)")
+    listeners.add_arguments(
+        run, PLAIN_METRICS_PORT, metrics_port_note="; also the read-only dashboard's while "
+        "metrics are plain HTTP on a loopback --metrics-host and no --dashboard-host or "
+        "--dashboard-port is given (else the dashboard gets a listener of its own)")
     run.add_argument("--dashboard-port", type=int,
                      help="port of the dashboard's own listener: / and /api/state, which show "
                      f"every job and cluster without authentication (default: "
@@ -144,6 +142,9 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         "origin": args.origin, "placement_policy": args.placement_policy,
         "node_scoring": args.node_scoring,
         "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
+        "metrics_secure": args.metrics_secure, "metrics_cert_dir": args.metrics_cert_dir,
+        "health_probe_host": args.health_probe_host,
+        "health_probe_port": args.health_probe_port,
         "dashboard_port": args.dashboard_port, "dashboard_host": args.dashboard_host,
         "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
         "gc_interval_seconds": args.gc_interval_seconds,
@@ -219,8 +220,9 @@ def _main(argv: list[str] | None) -> int:
     else:
         log.info("dispatcher starting (origin %s, namespace %s)", config.origin,
                  config.namespace)
-    return serve("dispatcher", controller, controller.metrics.registry, config.metrics_host,
-                 config.metrics_port, stop=stop, failed=controller.lost_leadership.is_set,
+    return serve("dispatcher", controller, controller.metrics.registry,
+                 config.metrics_listeners(), manager, stop=stop,
+                 failed=controller.lost_leadership.is_set,
                  routes=routes, routes_listener=_dashboard_listener(config),
                  gc_sweep_seconds=config.python_gc_sweep_seconds)
 

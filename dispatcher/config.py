@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from trainjob import listeners
 from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMESPACE
 from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
@@ -26,6 +27,8 @@ DEFAULT_DISPATCHER_NAME = "trainjob-dispatcher.io/capacity"
 # The dashboard's own listener, used whenever metrics and health are not on loopback.
 DEFAULT_DASHBOARD_HOST = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8082
+# Plain metrics and health, as run by hand; with metrics_secure, trainjob/listeners.py's.
+PLAIN_METRICS_PORT = 8081
 
 
 class ConfigError(ValueError):
@@ -110,8 +113,23 @@ class DispatcherConfig(_Strict):
     lease_duration_seconds: float = Field(15.0, gt=0)
     renew_deadline_seconds: float = Field(10.0, gt=0)
     retry_period_seconds: float = Field(2.0, gt=0)
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(8081, ge=0, le=65535)
+    metrics_host: str = Field(
+        listeners.DEFAULT_HOST, min_length=1,
+        description=f"{listeners.EVERY_INTERFACE}: every interface, IPv6 and IPv4")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description=f"default {PLAIN_METRICS_PORT}, or "
+                                          f"{listeners.SECURE_METRICS_PORT} with metrics_secure")
+    metrics_secure: bool = Field(
+        False, description="HTTPS, each request's bearer token authenticated (TokenReview) "
+                           "and authorized for get /metrics (SubjectAccessReview)")
+    metrics_cert_dir: Path | None = Field(
+        None, description="tls.crt and tls.key for metrics_secure; default: self-signed")
+    health_probe_host: str | None = Field(
+        None, min_length=1, description="default: metrics_host")
+    health_probe_port: int | None = Field(
+        None, ge=0, le=65535, description="/healthz and /readyz on a listener of their own; "
+                                          f"default: beside /metrics, "
+                                          f"{listeners.HEALTH_PROBE_PORT} with metrics_secure")
     dashboard_host: str | None = Field(
         None, min_length=1, description=f"default {DEFAULT_DASHBOARD_HOST}; see "
                                         "dashboard_address")
@@ -130,11 +148,11 @@ class DispatcherConfig(_Strict):
     def dashboard_address(self) -> tuple[str, int] | None:
         """Where the dashboard (``/`` and ``/api/state``, which show every job and cluster)
         listens on its own; None when it shares the metrics and health listener, which it
-        does only when that listener is on loopback and no dashboard address was given.
-        Metrics and health on every interface (in a Pod, for probes and scraping) never
-        take the dashboard with them."""
+        does only when that listener is plain HTTP on loopback and no dashboard address was
+        given. Metrics on every interface (in a Pod, for scraping) or behind authentication
+        never take the dashboard with them."""
         if self.dashboard_host is None and self.dashboard_port is None \
-                and is_loopback(self.metrics_host):
+                and not self.metrics_secure and is_loopback(self.metrics_host):
             return None
         return (self.dashboard_host or DEFAULT_DASHBOARD_HOST,
                 DEFAULT_DASHBOARD_PORT if self.dashboard_port is None else self.dashboard_port)
@@ -157,6 +175,27 @@ class DispatcherConfig(_Strict):
                 "Kueue's own Secrets, which can write to every worker; give the dispatcher "
                 "one of its own (the shipped Deployment runs in trainjob-system), holding a "
                 "read-only kubeconfig for each worker")
+        return self
+
+    def metrics_listeners(self) -> listeners.Listeners:
+        """Where metrics and the health probes are served."""
+        return listeners.Listeners(
+            metrics_host=self.metrics_host, metrics_port=self.metrics_port or 0,
+            metrics_secure=self.metrics_secure, metrics_cert_dir=self.metrics_cert_dir,
+            health_probe_host=self.health_probe_host, health_probe_port=self.health_probe_port)
+
+    @model_validator(mode="after")
+    def _listeners(self) -> DispatcherConfig:
+        # The rules across the metrics and probe keys are the operator's too; the refusal
+        # names the keys (flags, where flags gave them: _describe).
+        where = listeners.resolve(
+            plain_metrics_port=PLAIN_METRICS_PORT, metrics_host=self.metrics_host,
+            metrics_port=self.metrics_port, metrics_secure=self.metrics_secure,
+            metrics_cert_dir=self.metrics_cert_dir, health_probe_host=self.health_probe_host,
+            health_probe_port=self.health_probe_port, names={k: k for k in listeners.FLAGS})
+        self.metrics_port = where.metrics_port
+        self.health_probe_host, self.health_probe_port = (where.health_probe_host,
+                                                          where.health_probe_port)
         return self
 
     @model_validator(mode="after")
@@ -226,5 +265,7 @@ def load_config(path: Path | str | None = None,
     try:
         return DispatcherConfig.model_validate(data)
     except ValidationError as err:
-        flags = {k: f for k, f in (flag_names or {}).items() if k in given}
+        # Without a file, a key nobody gave is named by the flag that would give it too.
+        flags = {k: f for k, f in (flag_names or {}).items()
+                 if k in given or (path is None and k not in data)}
         raise ConfigError(_describe(err, flags)) from None

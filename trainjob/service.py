@@ -1,4 +1,4 @@
-"""Running a controller process: signals, the metrics/health server, the reconcile
+"""Running a controller process: signals, the metrics and health listeners, the reconcile
 workers, and an orderly stop. Shared by the dispatcher and the operator commands."""
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
 from trainjob import logs
 from trainjob import controller_metrics as results
 from trainjob.controller_metrics import ReconcileMetrics
 from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
-from trainjob.observability import ObservabilityServer, Route
+from trainjob.listeners import Listeners
+from trainjob.metrics_auth import MetricsAuthorizer
+from trainjob.observability import ObservabilityServer, Route, address
+from trainjob.serving_certificate import ServingCertificate
 from trainjob.workqueue import ShutDown, WorkQueue
 from trainjob.required_apis import ClusterUnusable
 
@@ -103,8 +107,8 @@ class ListenError(OSError):
         reason = err.strerror or str(err)
         hint = (f"another process listens there; choose another port with {flag}"
                 if err.errno == errno.EADDRINUSE else f"check {flag}")
-        super().__init__(err.errno, f"cannot listen on {host}:{port} for {what}: {reason} "
-                                    f"({hint})")
+        super().__init__(err.errno, f"cannot listen on {address(host, port)} for {what}: "
+                                    f"{reason} ({hint})")
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,76 @@ class RoutesListener:
     flag: str
 
 
-def serve(name: str, controller: Controller, registry: CollectorRegistry, host: str,
-          port: int, extra_servers: Callable[[], list[Server]] | None = None,
+def _listen(what: str, host: str, port: int, flag: str, **server) -> ObservabilityServer:
+    try:
+        return ObservabilityServer(port, host=host, **server).start()
+    except OSError as err:
+        raise ListenError(what, host, port, flag, err) from err
+
+
+def _observability(controller: Controller, registry: CollectorRegistry, listeners: Listeners,
+                   api: ApiClient | None, routes: dict[str, Route] | None,
+                   routes_listener: RoutesListener | None) -> list[ObservabilityServer]:
+    """The metrics listener (first), the probes' own and the routes' own when they have
+    them."""
+    shared = routes if routes_listener is None else None
+    if listeners.metrics_secure and shared:
+        raise ValueError("routes: the dashboard is never served on the authenticated metrics "
+                         "listener; give it a listener of its own")
+    started: list[ObservabilityServer] = []
+    try:
+        if listeners.metrics_secure:
+            if api is None:
+                raise ValueError("secure metrics need the API client whose apiserver "
+                                 "authenticates their callers")
+            certificate = ServingCertificate(listeners.metrics_cert_dir)
+            certificate.context()  # a missing or broken pair fails here, not per scrape
+            authorizer = MetricsAuthorizer(api)
+            started.append(_listen("secure metrics", listeners.metrics_host,
+                                   listeners.metrics_port, "--metrics-port", registry=registry,
+                                   ready=None, tls=certificate.context,
+                                   authorize=authorizer.decide))
+            log.info("metrics served over HTTPS with %s; every request is authenticated "
+                     "(TokenReview) and authorized (SubjectAccessReview)",
+                     certificate.describe())
+        else:
+            what = "metrics" if listeners.probes_apart else "metrics and health"
+            started.append(_listen(what + (" and the dashboard" if shared else ""),
+                                   listeners.metrics_host, listeners.metrics_port,
+                                   "--metrics-port", registry=registry,
+                                   ready=None if listeners.probes_apart else controller.ready,
+                                   routes=shared))
+        if listeners.probes_apart:
+            assert listeners.health_probe_host is not None
+            assert listeners.health_probe_port is not None
+            probes = _listen("health probes", listeners.health_probe_host,
+                             listeners.health_probe_port, "--health-probe-port", registry=None,
+                             ready=controller.ready)
+            started.append(probes)
+            log.info("health probes on %s/healthz and /readyz", probes.url)
+        if routes and routes_listener is not None:
+            listener = routes_listener
+            own = _listen(listener.what, listener.host, listener.port, listener.flag,
+                          registry=None, ready=None, routes=routes)
+            started.append(own)
+            log.info("%s on %s/", listener.what, own.url)
+    except BaseException:
+        for server in reversed(started):
+            server.stop()
+        raise
+    return started
+
+
+def serve(name: str, controller: Controller, registry: CollectorRegistry,
+          listeners: Listeners, api: ApiClient | None = None,
+          extra_servers: Callable[[], list[Server]] | None = None,
           stop: threading.Event | None = None,
           failed: Callable[[], bool] | None = None,
           routes: dict[str, Route] | None = None,
           routes_listener: RoutesListener | None = None,
           gc_sweep_seconds: float = SWEEP_SECONDS) -> int:
-    """Serve metrics and health, and ``routes`` (on the same server, or on
+    """Serve metrics and health where ``listeners`` say (secure metrics are authenticated
+    against ``api``'s apiserver), and ``routes`` (beside plain metrics, or on
     ``routes_listener``), start ``controller`` (then ``extra_servers``), run until
     SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
     reverse order; the interpreter's frozen objects are swept every ``gc_sweep_seconds``
@@ -138,30 +204,17 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry, host: 
     # and again (trainjob/gc_pauses.py).
     collector = GcPauses(registry, gc_sweep_seconds).install()
     servers: list[Server] = []
-    shared = routes if routes_listener is None else None
     try:
-        try:
-            observability = ObservabilityServer(port, registry, controller.ready, host=host,
-                                                routes=shared).start()
-        except OSError as err:
-            raise ListenError("metrics and health" + (" and the dashboard" if shared else ""),
-                              host, port, "--metrics-port", err) from err
-        servers.append(observability)
-        if routes and routes_listener is not None:
-            listener = routes_listener
-            try:
-                own = ObservabilityServer(listener.port, None, None, host=listener.host,
-                                          routes=routes).start()
-            except OSError as err:
-                raise ListenError(listener.what, listener.host, listener.port, listener.flag,
-                                  err) from err
-            servers.append(own)
-            log.info("%s on http://%s:%d/", listener.what, listener.host, own.port)
+        observability = _observability(controller, registry, listeners, api, routes,
+                                       routes_listener)
+        servers.extend(observability)
+        metrics = observability[0]
         controller.start()
         # The caches have synced (reconciles may have begun): freeze what they hold.
         collector.sweep()
         servers.extend(extra_servers() if extra_servers else [])
-        log.info("%s running; metrics on http://%s:%d/metrics", name, host, observability.port)
+        log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
+                 " (authenticated)" if listeners.metrics_secure else "")
         stop.wait()
     except ListenError as err:
         print(f"error: {err.strerror}", file=sys.stderr)

@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 
-from trainjob import command_line, logs
+from trainjob import command_line, listeners, logs
 from trainjob import constants as c, trainer_status as ts
 from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
@@ -18,6 +18,7 @@ log = logging.getLogger("training_operator")
 
 DEFAULT_SERVICE = "training-operator-webhook.training-operator-system.svc"
 DEFAULT_LEASE_NAMESPACE = "training-operator-system"
+PLAIN_METRICS_PORT = 8080
 
 DESCRIPTION = """\
 Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
@@ -49,10 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "closing its connection, so that the apiserver moves to another replica "
                      "without a review cut short (default: %(default)s; keep it below the "
                      "Pod's terminationGracePeriodSeconds minus its preStop delay)")
-    run.add_argument("--metrics-port", type=int, default=8080,
-                     help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
-    run.add_argument("--metrics-host", default="127.0.0.1",
-                     help="address the metrics server binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
+    listeners.add_arguments(run, PLAIN_METRICS_PORT)
     status = run.add_argument_group(
         "trainer status (upstream Trainer's TrainJobStatus feature gate; alpha, off by default)",
         "Training pods report progress (percentage, remaining time, metrics) to an HTTPS "
@@ -149,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status_plugins = _trainer_status_plugins(args)
         lease = _lease(args)
+        where = listeners.from_args(args, PLAIN_METRICS_PORT)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -208,6 +207,6 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("operator starting (namespace: %s%s)", args.namespace or "all",
              f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
-    return serve("operator", controller, controller.metrics.registry, args.metrics_host,
-                 args.metrics_port, webhook, stop=stop, failed=controller.lost_leadership.is_set,
+    return serve("operator", controller, controller.metrics.registry, where, api, webhook,
+                 stop=stop, failed=controller.lost_leadership.is_set,
                  gc_sweep_seconds=args.python_gc_sweep_seconds)

@@ -30,7 +30,8 @@ MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "manager-be
                  "manager-kueue", "samples")
 WORKER_BASES = ("crds", "operator", "worker-access", "worker-reader", "worker")
 RENDER_ONLY = ("operator-cert-manager",)
-COMPONENTS = ("worker-secrets", "kueue-config-access")
+COMPONENTS = ("worker-secrets", "kueue-config-access", "prometheus-dispatcher",
+              "prometheus-operator")
 # The dispatcher's Deployments, one per way to run it on a manager.
 DISPATCHER_OVERLAYS = ("manager", "manager-beside-kueue", "manager-kueue")
 # The namespaces the project creates for itself; any other is someone else's.
@@ -180,7 +181,7 @@ def test_dispatcher_deployment_matches_its_identity_and_flags():
     from dispatcher.cli import build_parser
 
     args = build_parser().parse_args(_deployment_args(deployment))
-    assert args.leader_elect is True and args.metrics_port == 8081
+    assert args.leader_elect is True and args.metrics_secure and args.metrics_port == 8443
     # The Lease the Role lets it renew is the one the dispatcher takes with the default origin.
     role = one(objects, "Role")
     named = [r for r in role["rules"] if "leases" in r["resources"] and r.get("resourceNames")]
@@ -190,8 +191,9 @@ def test_dispatcher_deployment_matches_its_identity_and_flags():
 def test_operator_webhook_service_and_deployment_fit_together():
     objects = kustomize.render("operator")
     deployment = one(objects, "Deployment")
-    service = one(objects, "Service")
     webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    service = next(o for o in by_kind(objects, "Service")
+                   if o["metadata"]["name"] == webhook["clientConfig"]["service"]["name"])
     pod = deployment["spec"]["template"]
     assert webhook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
     assert webhook["clientConfig"]["service"]["namespace"] == service["metadata"]["namespace"]
@@ -394,7 +396,7 @@ def _crd_names(cluster) -> list[str]:
 
 def _secret_rules(objects: list[dict]) -> list[tuple[dict, dict]]:
     return [(o, rule) for o in objects if o["kind"] in ("Role", "ClusterRole")
-            for rule in o["rules"] if "secrets" in rule["resources"]]
+            for rule in o["rules"] if "secrets" in rule.get("resources", [])]
 
 
 def test_worker_secrets_are_listed_in_one_place_for_every_mode():
@@ -467,7 +469,7 @@ def test_a_rollout_never_leaves_the_webhook_without_a_pod():
     assert budget["selector"]["matchLabels"].items() <= labels.items()
     assert 1 <= budget["minAvailable"] < replicas, budget  # a drain still progresses
     container = spec["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert container["lifecycle"]["preStop"]["sleep"]["seconds"] >= 1
     from training_operator.cli import build_parser
     from training_operator.controller import lease_name
@@ -487,8 +489,9 @@ def test_a_rollout_never_leaves_the_webhook_without_a_pod():
 
 @pytest.mark.parametrize("overlay", DISPATCHER_OVERLAYS)
 def test_the_dashboard_is_not_served_on_every_interface(overlay):
-    """Metrics and health listen on every interface of the Pod (probes, scraping); the
-    dashboard and /api/state (every job, no authentication) only on its loopback."""
+    """Metrics (authenticated) and health listen on every interface of the Pod (scraping,
+    probes); the dashboard and /api/state (every job, no authentication) only on its
+    loopback."""
     from dispatcher.config import is_loopback
 
     deployment = one(kustomize.render(overlay), "Deployment")
@@ -500,7 +503,69 @@ def test_the_dashboard_is_not_served_on_every_interface(overlay):
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["metrics"] == config.metrics_port and address[1] not in ports.values()
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] == "metrics"
+        assert container[probe]["httpGet"]["port"] == "health"
+
+
+def _listeners(base: str, deployment: dict):
+    """Where the shipped Pod serves metrics and probes, as its own CLI resolves its args."""
+    if base == "dispatcher":
+        return _dispatcher_config(deployment).metrics_listeners()
+    from training_operator.cli import PLAIN_METRICS_PORT, build_parser
+    from trainjob import listeners
+
+    return listeners.from_args(build_parser().parse_args(_pod_args(deployment)),
+                               PLAIN_METRICS_PORT)
+
+
+@pytest.mark.parametrize("base, overlay, monitoring", [
+    ("dispatcher", "manager", "prometheus-dispatcher"),
+    ("operator", "worker", "prometheus-operator")])
+def test_metrics_are_served_as_controller_runtime_serves_them(base, overlay, monitoring):
+    """HTTPS metrics on every interface of both address families, each scrape checked
+    with the apiserver by RBAC the Pod's identity holds; a reader role for Prometheus to
+    bind (bound to no one here); probes plain on a port of their own, with a timeout a busy
+    process meets; a Service for the metrics, and a ServiceMonitor that finds it only when
+    its component is added."""
+    objects = kustomize.render(base)
+    deployment = one(objects, "Deployment")
+    name = deployment["metadata"]["name"]
+    pod = deployment["spec"]["template"]
+    where = _listeners(base, deployment)
+    assert (where.metrics_secure, where.metrics_host, where.health_probe_host) == (
+        True, "::", "::"), where
+    container = pod["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (ports["metrics"], ports["health"]) == (
+        where.metrics_port, where.health_probe_port) == (8443, 8081), (ports, where)
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "health"}, probe
+        assert container[probe]["timeoutSeconds"] >= 5, probe
+    account = (deployment["metadata"]["namespace"], pod["spec"]["serviceAccountName"])
+    auth = _rules(objects, "ClusterRole", f"{name}-metrics-auth")
+    assert _allows(auth, "authentication.k8s.io", "tokenreviews", "create")
+    assert _allows(auth, "authorization.k8s.io", "subjectaccessreviews", "create")
+    assert _bound_to(objects, "ClusterRole", f"{name}-metrics-auth", None) == {account}
+    assert _rules(objects, "ClusterRole", f"{name}-metrics-reader") == [
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert _bound_to(objects, "ClusterRole", f"{name}-metrics-reader", None) == set()
+    services = {o["metadata"]["name"]: o for o in by_kind(objects, "Service")}
+    service = services[f"{name}-metrics"]
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("https", 8443, "metrics")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+
+    monitor = one(kustomize.render(monitoring), "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert [n for n, o in services.items()
+            if selector.items() <= (o["metadata"].get("labels") or {}).items()] == [
+        service["metadata"]["name"]]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == (
+        port["name"], "https", "/metrics")
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert by_kind(kustomize.render(overlay), "ServiceMonitor") == [], (
+        f"manifests/{overlay} needs no Prometheus Operator: its ServiceMonitor is optional")
 
 
 def test_the_kueue_mode_overlay_sets_what_kueue_mode_needs():
