@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     command_line.add_cluster_arguments(status, "manager")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="(default: %(default)s)")
+    status.add_argument("--dispatcher-url",
+                        help="a running dispatcher's dashboard (e.g. http://127.0.0.1:8082, "
+                        "through kubectl port-forward): the workers' room per resource is "
+                        "read from its /api/state (without it, that table says it was not asked)")
     return parser
 
 
@@ -244,7 +248,7 @@ def _status(args) -> int:
 
     try:
         manager = api_client(find_kubeconfig(args.kubeconfig), args.context)
-        print(render(collect(manager), args.output))
+        print(render(collect(manager, args.dispatcher_url), args.output))
     except KubeconfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -95,6 +95,7 @@ class DispatcherController:
                                        observer=self.metrics.observer,
                                        in_use=self._workers_in_use, recorder=self.recorder,
                                        publish_conditions=lambda: not self.kueue.installed())
+        self.metrics.count_capacity(self.registry.snapshot)
         self.placer = Placer(self.registry, config.placement_policy)
         self.timings = JobTimings(self.metrics)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,

@@ -14,14 +14,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.utils.quantity import parse_quantity
-
 from dispatcher.job_state import job_summary, workloads_by_job
+from dispatcher.placement.capacity import capacity_by_resource
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob import managed_by
 from trainjob.conditions import format_time
 from trainjob.observability import Response, Route
+from trainjob.runtime.podsets import format_quantity
 
 if TYPE_CHECKING:
     from dispatcher.controller import DispatcherController
@@ -57,21 +57,18 @@ def _plain(amount: Decimal, places: int = 3) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def capacity_view(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per resource of a ``WorkerCapacity.summary()``: exact amounts, display strings and
-    the share taken by pods and reservations."""
+def capacity_view(by_resource: dict[str, dict[str, Decimal]]) -> list[dict[str, Any]]:
+    """Per resource of a ``WorkerCapacity.by_resource()`` (what the capacity metrics say
+    too): exact amounts, display strings and the share taken by pods and reservations."""
     rows = []
-    for resource, allocatable_text in summary.get("allocatable", {}).items():
-        amounts = {kind: parse_quantity(summary.get(kind, {}).get(resource, "0"))
-                   for kind in ("used", "reserved", "free")}
-        allocatable = parse_quantity(allocatable_text)
+    for resource, amounts in by_resource.items():
+        allocatable = amounts["allocatable"]
         taken = amounts["used"] + amounts["reserved"]
         rows.append({
             "resource": resource,
-            "allocatable": allocatable_text,
-            **{kind: summary.get(kind, {}).get(resource, "0") for kind in amounts},
-            "display": {kind: display_amount(resource, amount) for kind, amount in
-                        {"allocatable": allocatable, **amounts}.items()},
+            **{state: format_quantity(amount) for state, amount in amounts.items()},
+            "display": {state: display_amount(resource, amount)
+                        for state, amount in amounts.items()},
             "takenFraction": float(min(taken / allocatable, Decimal(1))) if allocatable else 0.0,
         })
     return rows
@@ -79,7 +76,7 @@ def capacity_view(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
     """One worker cluster: connection state (the Active condition) and capacity."""
-    summary = worker.capacity.summary()
+    totals = worker.capacity.totals()
     return {
         "name": worker.name,
         "active": worker.active,
@@ -87,11 +84,11 @@ def cluster_view(worker: WorkerCluster, jobs_placed: int) -> dict[str, Any]:
         "message": worker.message,
         "since": format_time(worker.since),
         "source": "MultiKueueCluster" if worker.from_object else "configuration file",
-        "nodes": summary["nodes"],
-        "usableNodes": summary["usableNodes"],
-        "reservations": summary["reservations"],
+        "nodes": totals["nodes"],
+        "usableNodes": totals["usableNodes"],
+        "reservations": totals["reservations"],
         "jobs": jobs_placed,
-        "capacity": capacity_view(summary),
+        "capacity": capacity_view(capacity_by_resource(totals)),
         # Kueue mode: the worker Kueue's quota, which nominations must also fit.
         "quota": worker.quota.summary() if worker.quota is not None else None,
     }

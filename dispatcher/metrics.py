@@ -87,6 +87,12 @@ class DispatcherMetrics:
         ``jobs()`` (the dispatcher's cache)."""
         self.registry.register(_JobsCollector(jobs))
 
+    def count_capacity(self, workers) -> None:
+        """Publish, at scrape time, each worker's room by resource (and in Kueue mode its
+        ClusterQueues' quota left), computed from ``workers()`` (the registry's workers and
+        their caches): a worker that leaves takes its series with it."""
+        self.registry.register(_CapacityCollector(workers))
+
 
 class _JobsCollector:
     def __init__(self, jobs):
@@ -105,3 +111,37 @@ class _JobsCollector:
         for (state, cluster), count in sorted(counts.items()):
             family.add_metric([state, cluster], count)
         yield family
+
+
+class _CapacityCollector:
+    """``dispatcher_worker_capacity`` from the same totals the dashboard draws
+    (``WorkerCapacity.by_resource``), ``dispatcher_worker_quota_free`` from the same rows
+    (``WorkerQuota.by_cluster_queue``): one walk over each worker's Nodes per scrape."""
+
+    def __init__(self, workers):
+        self._workers = workers
+
+    def collect(self):
+        capacity = GaugeMetricFamily(
+            "dispatcher_worker_capacity",
+            "Worker room by resource the Nodes report: allocatable (usable Nodes), used "
+            "(bound pods), reserved (placed jobs whose pods are not bound yet), free; cores "
+            "for cpu, bytes for memory, devices for extended resources",
+            labels=["cluster", "resource", "state"])
+        quota = GaugeMetricFamily(
+            "dispatcher_worker_quota_free",
+            "Kueue mode: quota left in each worker ClusterQueue by flavor and resource, less "
+            "nominations not reserved there yet (absent where the quota sets no limit)",
+            labels=["cluster", "cluster_queue", "flavor", "resource"])
+        for worker in self._workers():
+            for resource, amounts in worker.capacity.by_resource().items():
+                for state, amount in amounts.items():
+                    capacity.add_metric([worker.name, resource, state], float(amount))
+            queues = worker.quota.by_cluster_queue() if worker.quota is not None else {}
+            for cluster_queue, rows in ({} if isinstance(queues, str) else queues).items():
+                for row in rows:
+                    if row.free is not None:
+                        quota.add_metric([worker.name, cluster_queue, row.flavor,
+                                          row.resource], float(row.free))
+        yield capacity
+        yield quota

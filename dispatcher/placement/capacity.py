@@ -59,6 +59,9 @@ ARRIVAL_WINDOW_SECONDS = 30.0
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
+# What a worker's room is split into, per resource: what its usable Nodes allocate, what
+# bound pods use, what placed jobs without pods yet hold, and what is left.
+CAPACITY_STATES = ("allocatable", "used", "reserved", "free")
 
 
 @dataclass
@@ -132,6 +135,10 @@ class WorkerCapacity:
         self._planned_counted: dict[JobKey, dict[str, Resources]] = {}
         self._node_planned: dict[str, Resources] = {}
         self._unplanned_total: Resources = {}
+        # ``totals`` as last computed, and the count of changes it saw: a scrape or a
+        # dashboard poll between two changes reuses it (read only by callers).
+        self._changes = 0
+        self._totals: tuple[int, dict[str, Any]] | None = None
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -143,6 +150,7 @@ class WorkerCapacity:
             return
         name = (obj.get("metadata") or {}).get("name") or ""
         with self._lock:
+            self._changes += 1
             if gone:
                 self._nodes.pop(name, None)
             else:
@@ -157,6 +165,7 @@ class WorkerCapacity:
         key = (meta.get("namespace") or "", meta.get("name") or "")
         use = None if kind == DELETED or new is None else _pod_use(new)
         with self._lock:
+            self._changes += 1
             previous = self._pods.pop(key, None)
             if previous is not None:
                 self._count(previous, -1)
@@ -230,6 +239,7 @@ class WorkerCapacity:
                        for at in self._reserved_at.values())
 
     def _recount(self, job: JobKey) -> None:
+        self._changes += 1
         # A reservation shrinks by what the job's bound pods already use: pods that exist
         # but are not yet bound (or not yet created, e.g. the trainer after its
         # initializer) stay covered, and once all pods run the reservation counts nothing.
@@ -496,27 +506,52 @@ class WorkerCapacity:
                 total[resource] -= amount
         return {resource: max(amount, _ZERO) for resource, amount in total.items()}
 
-    def summary(self) -> dict[str, Any]:
-        """Totals over usable nodes, as strings, for dashboards and logs."""
+    def totals(self) -> dict[str, Any]:
+        """Totals over usable nodes: node and reservation counts, and per ``CAPACITY_STATES``
+        the amounts by resource. The one computation the dashboard, the status command and
+        the capacity metrics all read (``summary``, ``by_resource``)."""
         with self._lock:
+            if self._totals is not None and self._totals[0] == self._changes:
+                return self._totals[1]  # nothing moved since: a scrape costs nothing
             usable = [name for name, node in self._nodes.items() if node.usable]
             allocatable: Resources = {}
             used: Resources = {}
             for name in usable:
                 _accumulate(allocatable, self._nodes[name].allocatable)
-                _accumulate(used, self._used.get(name, {}))
-            return {
+                _accumulate(used, self._used.get(name, _NOTHING))
+            totals = {
                 "nodes": len(self._nodes),
                 "usableNodes": len(usable),
                 "reservations": len(self._reserved),
-                "allocatable": _strings(allocatable),
-                "used": _strings(used),
-                "reserved": _strings(self._counted_reservations()),
-                "free": _strings(self._free(usable)),
+                "allocatable": allocatable,
+                "used": {r: a for r, a in used.items() if a},
+                "reserved": self._counted_reservations(),
+                "free": self._free(usable),
             }
+            self._totals = (self._changes, totals)
+            return totals
+
+    def summary(self) -> dict[str, Any]:
+        """``totals`` with the amounts as strings, for logs and tests."""
+        totals = self.totals()
+        return {key: _strings(value) if key in CAPACITY_STATES else value
+                for key, value in totals.items()}
+
+    def by_resource(self) -> dict[str, dict[str, Decimal]]:
+        """Per resource the usable Nodes report (allocatable), each of ``CAPACITY_STATES``
+        (0 where nothing is used or reserved): what the dashboard draws and the
+        ``dispatcher_worker_capacity`` metric says."""
+        return capacity_by_resource(self.totals())
 
 
 # --- pure helpers -----------------------------------------------------------------------
+
+def capacity_by_resource(totals: dict[str, Any]) -> dict[str, dict[str, Decimal]]:
+    """``WorkerCapacity.totals`` by resource, over the resources the Nodes allocate: bounded
+    by what Nodes report (a pod asking for a resource no Node has adds no row)."""
+    return {resource: {state: totals[state].get(resource, _ZERO) for state in CAPACITY_STATES}
+            for resource in sorted(totals["allocatable"])}
+
 
 def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
           sign: int) -> str | None:

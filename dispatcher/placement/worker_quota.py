@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 
 from kubernetes import client
@@ -37,6 +38,20 @@ DISCOVERY_TIMEOUT = 10.0  # the probe's thread waits for it
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    """One flavor and resource of a ClusterQueue: its nominal quota, what the worker's Kueue
+    reserved, what nominations not reserved yet hold here, and what is left (None: this
+    ClusterQueue sets no limit, by borrowing without a borrowingLimit)."""
+
+    flavor: str
+    resource: str
+    nominal: Decimal
+    reserved: Decimal
+    held: Decimal
+    free: Decimal | None
 
 
 class WorkerQuota:
@@ -179,30 +194,37 @@ class WorkerQuota:
         """What the dashboard shows: each ClusterQueue's quota per flavor and resource
         (nominal, reserved by the worker's Kueue, held for nominations it has not reserved
         yet, free), or why the quota is not read."""
+        queues = self.by_cluster_queue()
+        if isinstance(queues, str):
+            return {"read": False, "why": queues, "clusterQueues": []}
+        return {"read": True, "why": None, "clusterQueues": [
+            {"name": name, "resources": [
+                {"flavor": row.flavor, "resource": row.resource,
+                 **{part: format_amount(row.resource, getattr(row, part))
+                    for part in ("nominal", "reserved", "held")},
+                 "free": "no limit" if row.free is None
+                 else format_amount(row.resource, row.free)}
+                for row in rows]}
+            for name, rows in queues.items()]}
+
+    def by_cluster_queue(self) -> dict[str, list[QuotaRow]] | str:
+        """Each ClusterQueue's quota rows by name (the dashboard's and the
+        ``dispatcher_worker_quota_free`` metric's one source), or why it is not read."""
         if why := self.unreadable():
-            return {"read": False, "why": why, "clusterQueues": []}
+            return why
         if self.syncing():
-            return {"read": False, "why": "Kueue's queues not read yet", "clusterQueues": []}
-        queues = []
+            return "Kueue's queues not read yet"
+        queues = {}
         for cluster_queue in sorted(self.informers[CLUSTERQUEUES].list(),
                                     key=lambda obj: obj["metadata"]["name"]):
             room = self._room(cluster_queue)
-            rows = []
-            for _, flavors in room.groups:
-                for flavor in flavors:
-                    for resource in sorted(flavor.nominal):
-                        free = flavor.free(resource)
-                        rows.append({
-                            "flavor": flavor.name, "resource": resource,
-                            "nominal": format_amount(resource, flavor.nominal[resource]),
-                            "reserved": format_amount(
-                                resource, flavor.reserved.get(resource, Decimal(0))),
-                            "held": format_amount(
-                                resource, flavor.pending.get(resource, Decimal(0))),
-                            "free": "no limit" if free is None
-                            else format_amount(resource, free)})
-            queues.append({"name": room.cluster_queue, "resources": rows})
-        return {"read": True, "why": None, "clusterQueues": queues}
+            queues[room.cluster_queue] = [
+                QuotaRow(flavor.name, resource, flavor.nominal[resource],
+                         flavor.reserved.get(resource, Decimal(0)),
+                         flavor.pending.get(resource, Decimal(0)), flavor.free(resource))
+                for _, flavors in room.groups for flavor in flavors
+                for resource in sorted(flavor.nominal)]
+        return queues
 
     # --- nominations not reserved on the worker yet -------------------------------------
 
