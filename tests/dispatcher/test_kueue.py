@@ -486,6 +486,50 @@ IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBind
                   "RoleBinding"}
 
 
+def test_kueue_mode_nominates_only_workers_the_jobs_cluster_selector_matches(
+        kueue_env, kueue_dispatcher, kueue_namespace):
+    """A small job best fit would nominate to worker-1 (its Nodes the fuller) goes to
+    worker-2, the one worker whose MultiKueueCluster its cluster selector matches (read on
+    the job through the Workload's owner). The quota metric says what the dashboard
+    shows."""
+    env, ns = kueue_env, kueue_namespace
+    mkc = (c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS)
+
+    def quota(worker: str) -> tuple[float, float | None]:
+        """worker's ClusterQueue cpu left: (the gauge, the dashboard)."""
+        gauge = kueue_dispatcher.metric("dispatcher_worker_quota_free", cluster=worker,
+                                        cluster_queue=kueue_queues.CLUSTER_QUEUE,
+                                        resource="cpu")
+        state = json.loads(kueue_dispatcher.get("/api/state")[1])
+        cluster = next(x for x in state["clusters"] if x["name"] == worker)
+        queue = next((q for q in (cluster["quota"] or {}).get("clusterQueues") or []
+                      if q["name"] == kueue_queues.CLUSTER_QUEUE), {})
+        cpu = next((r["free"] for r in queue.get("resources") or [] if r["resource"] == "cpu"),
+                   None)
+        return gauge, None if cpu is None else float(cpu)
+    eventually(lambda: quota("worker-1"), lambda seen: seen[0] > 0 and seen[0] == seen[1],
+               timeout=30, expected="worker-1's cpu quota left, the same in the gauge and "
+                                    "on the dashboard")
+    env.manager.custom.patch_cluster_custom_object(
+        *mkc, "worker-2", {"metadata": {"labels": {"example.com/zone": "b"}}},
+        _content_type="application/merge-patch+json")
+    try:
+        body = queued_trainjob("picky")
+        body["metadata"]["annotations"] = {
+            "trainjob-dispatcher.io/cluster-selector": "example.com/zone in (b,c)"}
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS, body)
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1,
+                          timeout=60, expected="one Nominated Event from the dispatcher")
+        assert said == ["nominated worker cluster worker-2"], (
+            f"expected worker-2 (the only worker its selector matches), saw {said}")
+        eventually(lambda: copies(env, ns, "picky"), lambda seen: list(seen) == ["worker-2"],
+                   timeout=60, expected="Kueue's copy on worker-2 only")
+    finally:
+        env.manager.custom.patch_cluster_custom_object(
+            *mkc, "worker-2", {"metadata": {"labels": {"example.com/zone": None}}},
+            _content_type="application/merge-patch+json")
+
+
 def forbidden(call, what: str) -> None:
     """``call`` is refused by RBAC (403), naming ``what`` when it is not."""
     try:
@@ -498,8 +542,9 @@ def forbidden(call, what: str) -> None:
 
 def cluster_events(env, cluster: str) -> list[tuple[str, str, str]]:
     """(type, reason, message) of the Events about MultiKueueCluster ``cluster``."""
-    events = env.manager.core.list_namespaced_event("default", field_selector=(
-        f"involvedObject.kind=MultiKueueCluster,involvedObject.name={cluster}")).items
+    # A cluster-scoped object's Events are in "default".
+    events = env.manager.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={cluster}").items
     return [(e.type, e.reason, e.message) for e in events]
 
 
