@@ -575,7 +575,7 @@ def test_kueue_mode_as_shipped_with_only_its_roles(kueue_env, kueue_namespace, t
     # The Pod's flags, but for where it listens and how it logs (this is not a Pod).
     shipped = [arg.replace("$(POD_NAMESPACE)", home)
                for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
-               if not arg.startswith(("--metrics-", "--dashboard-", "--log-format"))]
+               if not arg.startswith(("--metrics-", "--dashboard-", "--health-", "--log-format"))]
     dispatcher = ServiceProcess("dispatcher", kubeconfig, env.log_dir / "kueue-shipped.log",
                                 (*shipped, "--multikueue-config", CONFIG,
                                  "--log-level", "debug")).start()
