@@ -29,6 +29,28 @@ def ensure_namespace(api: client.ApiClient, name: str) -> None:
             raise
 
 
+# manifests/worker-access: the dispatcher's identity on a worker, and the ClusterRole a
+# worker's administrator binds in each namespace the dispatcher may create TrainJobs in.
+WORKER_ACCESS_ACCOUNT = ("trainjob-system", "trainjob-dispatcher")
+WORKER_WRITER_ROLE = "trainjob-dispatcher-writer"
+
+
+def open_namespace_to_dispatcher(api: client.ApiClient, namespace: str) -> None:
+    """Bind the dispatcher's writer ClusterRole in ``namespace`` on a worker, as its
+    administrator does (``kubectl create rolebinding``); a no-op when already bound."""
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name=WORKER_WRITER_ROLE, namespace=namespace),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole",
+                                  name=WORKER_WRITER_ROLE),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=WORKER_ACCESS_ACCOUNT[1],
+                                       namespace=WORKER_ACCESS_ACCOUNT[0])])
+    try:
+        client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(namespace, binding)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
 def register_worker(manager: client.ApiClient, name: str, kubeconfig: Path | str,
                     namespace: str = "kueue-system") -> None:
     """A Secret holding ``kubeconfig`` under key ``kubeconfig`` and a MultiKueueCluster

@@ -10,8 +10,9 @@ image with the project's own code:
   kwok image's copy of its module) and the JobSet controller, with a serving certificate for
   JobSet's webhooks at its container name.
 * ``setup``: once the apiservers answer, install the CRDs, the shipped identities (the
-  Namespace, ServiceAccount and RBAC objects of manifests/dispatcher, operator and
-  worker-access), the sample runtime and a Node with capacity per worker, JobSet's CRD and
+  Namespace, ServiceAccount, RBAC and policy objects of manifests/dispatcher, operator and
+  worker-access, whose writer role is bound in ``default``, where the samples go), the
+  sample runtime and a Node with capacity per worker, JobSet's CRD and
   webhooks on each worker (read from the JobSet image's copy of its module), and register
   the workers on the manager (Secret + MultiKueueCluster).
 """
@@ -34,8 +35,11 @@ from trainjob.kubeclient import api_client
 DISPATCHER = ("trainjob-system", "trainjob-dispatcher")
 WORKER_ACCESS = ("trainjob-system", "trainjob-dispatcher")
 OPERATOR = ("training-operator-system", "training-operator")
+# With worker-access's policy, which holds the dispatcher's identity to its copies.
 IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                  "RoleBinding"}
+                  "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+# Where the compose stack's jobs go (the samples'): opened to the dispatcher on each worker.
+JOB_NAMESPACE = "default"
 # The images' user: identity kubeconfigs must be readable by it, and by nobody else.
 IMAGE_UID = 65532
 APISERVER_PORT = 6443
@@ -152,6 +156,7 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
                     f"https://{jobset_host(cluster)}:{JOBSET_WEBHOOK_PORT}",
                     ClusterPKI(directory / cluster).ca_cert.read_bytes()))
             fixtures.install_runtime(api, runtime)
+            fixtures.open_namespace_to_dispatcher(api, JOB_NAMESPACE)
             fixtures.add_node(api, f"{cluster}-node", {"cpu": "64", "memory": "256Gi",
                                                        "pods": "110"})
         print(f"{cluster}: CRDs and identities installed")

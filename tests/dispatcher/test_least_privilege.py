@@ -33,9 +33,10 @@ CONFIG = "least-privilege"
 WORKERS = ("worker-1", "worker-2")
 # Only these kinds are applied for real: the Deployments would never run here (no
 # scheduler, no kubelet) and the operator's fail-closed webhook would block every TrainJob
-# write on the worker for the rest of the session.
+# write on the worker for the rest of the session. The worker-access policy, which looks
+# only at the dispatcher's own requests, is applied: the path runs under it.
 IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                  "RoleBinding"}
+                  "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 # The dispatcher's own namespace, as manifests/dispatcher creates it: its Lease and the
 # worker kubeconfig Secrets (standalone mode).
 DISPATCHER_NAMESPACE = "trainjob-system"
@@ -78,7 +79,8 @@ def with_secret_names(objects: list[dict], names: list[str]) -> list[dict]:
 
 
 def subjects(objects: list[dict]) -> set[tuple[str, str]]:
-    return {(s["namespace"], s["name"]) for obj in objects if obj["kind"].endswith("Binding")
+    return {(s["namespace"], s["name"]) for obj in objects
+            if obj["kind"] in ("RoleBinding", "ClusterRoleBinding")
             for s in obj["subjects"] if s["kind"] == "ServiceAccount"}
 
 
@@ -205,6 +207,9 @@ def test_full_path_with_only_the_shipped_roles(restricted, namespace):
     multicluster, apis, processes = restricted
     manager = multicluster.manager
     mk = client.CustomObjectsApi(manager.api)
+    # Each worker's administrator opens the namespace to the dispatcher (its writes).
+    for name in WORKERS:
+        fixtures.open_namespace_to_dispatcher(multicluster[name].api, namespace)
 
     # The Active condition is written with the dispatcher's identity (status patch).
     for name in WORKERS:
@@ -275,6 +280,50 @@ def test_full_path_with_only_the_shipped_roles(restricted, namespace):
         assert not refused, (
             f"{process.module} ({process.kubeconfig.name}) was refused by RBAC:\n"
             + "\n".join(refused[:10]))
+
+
+def rejections(api, namespace: str, name: str) -> dict[str, str]:
+    """Worker -> the message of the dispatcher's RemoteRejected Events on a manager job."""
+    events = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}")
+    return {e.message.split(":", 1)[0].removeprefix("worker "): e.message
+            for e in events.items if e.reason == "RemoteRejected"}
+
+
+def test_workers_refuse_a_copy_that_chooses_its_service_account(restricted, namespace):
+    """Each worker's policy refuses the dispatcher's copy of a job that sets its Pods'
+    ServiceAccount, and the manager job's Events say so; no copy is made anywhere."""
+    multicluster, _, _ = restricted
+    manager = multicluster.manager
+    for name in WORKERS:
+        fixtures.open_namespace_to_dispatcher(multicluster[name].api, namespace)
+    body = trainjob("chooses-account")
+    body["spec"]["podSpecOverrides"] = [{"targetJobs": [{"name": c.NODE}],
+                                         "serviceAccountName": "powerful"}]
+    manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
+    seen = eventually(lambda: rejections(manager.api, namespace, "chooses-account"),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    for message in seen.values():
+        assert "ValidatingAdmissionPolicy 'trainjob-dispatcher-worker-access'" in message and (
+            f"spec.podSpecOverrides[targetJobs: {c.NODE}].serviceAccountName is set") in message, (
+            message)
+    assert all(get(multicluster[n].api, namespace, "chooses-account") is None for n in WORKERS)
+
+
+def test_workers_refuse_a_namespace_not_opened_to_the_dispatcher(restricted, namespace):
+    """No RoleBinding of trainjob-dispatcher-writer in the job's namespace on the workers:
+    RBAC refuses the copy, and the manager job's Events name the namespace."""
+    multicluster, _, _ = restricted
+    manager = multicluster.manager
+    manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
+                                                   trainjob("not-opened"))
+    seen = eventually(lambda: rejections(manager.api, namespace, "not-opened"),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    for message in seen.values():
+        assert 'cannot create resource "trainjobs"' in message and (
+            f'in the namespace "{namespace}"') in message, message
 
 
 def test_identities_are_refused_what_they_do_not_need(restricted, namespace):

@@ -164,7 +164,7 @@ def _bound_to(objects: list[dict], kind: str, role: str, namespace: str | None
 
 def _bound_accounts(objects: list[dict]) -> set[tuple[str, str]]:
     return {(s["namespace"], s["name"]) for o in objects if o["kind"].endswith("Binding")
-            for s in o["subjects"] if s["kind"] == "ServiceAccount"}
+            for s in o.get("subjects") or [] if s["kind"] == "ServiceAccount"}
 
 
 def test_dispatcher_deployment_matches_its_identity_and_flags():
