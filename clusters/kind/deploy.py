@@ -94,9 +94,13 @@ class Shipped:
         volumes = operator["spec"]["template"]["spec"].get("volumes") or []
         secret = next((v["secret"]["secretName"] for v in volumes if "secret" in v), None)
         if secret is None:
-            raise ControlPlaneError(f"manifests/{WORKER_BASE}: Deployment "
-                                    f"{operator['metadata']['name']} mounts no Secret for its "
-                                    "webhook certificate")
+            # The operator keeps the Secret itself (--webhook-cert-management=internal) and
+            # takes over one made here (a new CA beside this one's, the certificate kept).
+            from training_operator.cli import build_parser
+
+            secret = build_parser().parse_args(
+                operator["spec"]["template"]["spec"]["containers"][0]["args"]
+            ).webhook_cert_secret
         webhook = one(worker, "ValidatingWebhookConfiguration", WORKER_BASE)
         service = webhook["webhooks"][0]["clientConfig"]["service"]
         token = one(worker, "Secret", WORKER_BASE, lambda o: o.get("type") == TOKEN_SECRET_TYPE)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import datetime
 import logging
+import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 from trainjob import command_line, listeners, logs
 from trainjob import constants as c, trainer_status as ts
@@ -18,6 +24,7 @@ log = logging.getLogger("training_operator")
 
 DEFAULT_SERVICE = "training-operator-webhook.training-operator-system.svc"
 DEFAULT_LEASE_NAMESPACE = "training-operator-system"
+INTERNAL, EXTERNAL = "internal", "external"
 PLAIN_METRICS_PORT = 8080
 
 DESCRIPTION = """\
@@ -42,15 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-host", default="127.0.0.1",
                      help="address the webhook binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
     run.add_argument("--webhook-cert-dir", default=None,
-                     help="directory holding tls.crt and tls.key; the webhook server starts "
-                     "only when this is given (without it the operator still reconciles and "
-                     "the CRD's CEL rules still apply)")
+                     help="directory holding tls.crt and tls.key; with external certificates "
+                     "the webhook server starts only when this is given (without it the "
+                     "operator still reconciles and the CRD's CEL rules still apply); with "
+                     "--webhook-cert-management internal the operator writes them there (it "
+                     "must be writable; default: a private temporary directory)")
     run.add_argument("--webhook-drain-seconds", type=command_line.seconds, default=5.0,
                      help="on SIGTERM, go on answering reviews for up to this long, each answer "
                      "closing its connection, so that the apiserver moves to another replica "
                      "without a review cut short (default: %(default)s; keep it below the "
                      "Pod's terminationGracePeriodSeconds minus its preStop delay)")
     listeners.add_arguments(run, PLAIN_METRICS_PORT)
+    _add_certificate_arguments(run)
     status = run.add_argument_group(
         "trainer status (upstream Trainer's TrainJobStatus feature gate; alpha, off by default)",
         "Training pods report progress (percentage, remaining time, metrics) to an HTTPS "
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--trainer-status-ca-file", default=None,
                         help="CA certificate pods verify the endpoint with, copied into each "
                         "job's ConfigMap (default: ca.crt in --webhook-cert-dir, as "
-                        "cert-manager writes it)")
+                        "cert-manager and the internal certificate management write it)")
     run.add_argument("--workers", type=command_line.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
     election = run.add_argument_group(
         "leader election",
@@ -105,19 +115,95 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _trainer_status_plugins(args: argparse.Namespace) -> list:
-    """The trainer status plug-in, configured from the flags, when the endpoint is on."""
+def _add_certificate_arguments(run: argparse.ArgumentParser) -> None:
+    from training_operator import webhook_certificates as wc
+
+    group = run.add_argument_group(
+        "webhook certificates",
+        "With internal management the operator makes the webhook's certificates itself, "
+        "with no cert-manager: the leader keeps the Secret --webhook-cert-secret (ca.crt, "
+        "ca.key, tls.crt, tls.key) with a CA and a serving certificate for "
+        "<--webhook-service>.<namespace>.svc (and .svc.cluster.local), renews the "
+        "serving certificate at 2/3 of its life under a long-lived CA, and writes the CA "
+        "bundle into the caBundle of every webhook of --webhook-config-name; every replica "
+        "serves what the Secret holds (written into --webhook-cert-dir and reloaded, no "
+        "restart). It needs RBAC on that Secret and that configuration "
+        "(manifests/operator/webhook-cert-rbac.yaml).")
+    group.add_argument("--webhook-cert-management", choices=(INTERNAL, EXTERNAL),
+                       default=EXTERNAL,
+                       help="internal: the operator makes, injects and rotates its webhook "
+                       "certificates and serves the webhook (its files in --webhook-cert-dir, "
+                       "else in a private temporary directory); external: someone else "
+                       "(cert-manager, "
+                       "a person) puts tls.crt and tls.key into --webhook-cert-dir and the "
+                       "CA into the caBundle (default: %(default)s; manifests/operator runs "
+                       "internal, manifests/operator-cert-manager external)")
+    group.add_argument("--webhook-cert-secret", default="training-operator-webhook-cert",
+                       metavar="NAME",
+                       help="the Secret holding the certificates (default: %(default)s)")
+    group.add_argument("--webhook-cert-namespace",
+                       default=os.environ.get("POD_NAMESPACE") or DEFAULT_LEASE_NAMESPACE,
+                       metavar="NAMESPACE",
+                       help="namespace of that Secret, the operator's own (default: "
+                       "$POD_NAMESPACE, else training-operator-system; now %(default)s)")
+    group.add_argument("--webhook-service", default="training-operator-webhook",
+                       metavar="NAME",
+                       help="the Service the apiserver calls the webhook through; the "
+                       "certificate is for its in-cluster names (default: %(default)s)")
+    group.add_argument("--webhook-config-name", default="training-operator-trainjob-validator",
+                       metavar="NAME",
+                       help="the ValidatingWebhookConfiguration whose webhooks get the CA "
+                       "bundle (default: %(default)s)")
+    group.add_argument("--webhook-cert-extra-hosts", type=_hosts, default=(),
+                       metavar="HOST[,HOST...]",
+                       help="more DNS names or IP addresses for the serving certificate, "
+                       "comma-separated (e.g. 127.0.0.1 for a webhook called by URL)")
+    group.add_argument("--webhook-cert-validity", type=command_line.seconds,
+                       default=wc.DEFAULT_VALIDITY.total_seconds(), metavar="SECONDS",
+                       help="life of a serving certificate; the CA lives "
+                       f"{wc.CA_LIFETIMES} times as long; each is renewed at 2/3 of its "
+                       "life (default: %(default).0f, a year; a short one shows rotations "
+                       "in tests; at least 10)")
+
+
+def _hosts(value: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in value.split(",") if h.strip())
+    if not hosts:
+        raise argparse.ArgumentTypeError("give one or more hosts, comma-separated")
+    return hosts
+
+
+def _certificate_settings(args: argparse.Namespace):
+    """What the internal certificate management keeps, from the flags; None when the
+    certificates are made by someone else."""
+    if args.webhook_cert_management != INTERNAL:
+        return None
+    from training_operator.webhook_certificates import CertificateSettings
+
+    if args.webhook_cert_validity < 10:
+        raise ValueError(f"--webhook-cert-validity {args.webhook_cert_validity:g}: at least "
+                         "10 seconds (a certificate is renewed at 2/3 of its life, and every "
+                         "replica must load it before the old one ends)")
+    return CertificateSettings(
+        namespace=args.webhook_cert_namespace, secret=args.webhook_cert_secret,
+        service=args.webhook_service, webhook_configuration=args.webhook_config_name,
+        extra_hosts=args.webhook_cert_extra_hosts,
+        validity=datetime.timedelta(seconds=args.webhook_cert_validity))
+
+
+def _trainer_status_plugins(args: argparse.Namespace, internal: bool = False) -> list:
+    """The trainer status plug-in, configured from the flags, when the endpoint is on.
+    ``internal``: the certificates (ca.crt among them) are written into the directory
+    once the operator runs."""
     if not args.enable_trainer_status:
         return []
     if not args.webhook_cert_dir:
         raise ValueError("--enable-trainer-status needs --webhook-cert-dir: the endpoint "
                          "serves HTTPS with the webhook's certificate")
-    from pathlib import Path
-
     from trainjob.runtime.plugins.trainer_status import TrainerStatusPlugin
 
     ca_file = Path(args.trainer_status_ca_file or Path(args.webhook_cert_dir) / "ca.crt")
-    if not ca_file.is_file():
+    if not (internal and not args.trainer_status_ca_file) and not ca_file.is_file():
         raise ValueError(f"--trainer-status-ca-file {ca_file}: no such file; pods need the CA "
                          "certificate of the endpoint's serving certificate to verify it")
     base_url = args.trainer_status_url or f"https://{DEFAULT_SERVICE}:{args.trainer_status_port}"
@@ -145,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     from training_operator.controller import OperatorController
 
     try:
-        status_plugins = _trainer_status_plugins(args)
+        certificates = _certificate_settings(args)
+        if certificates is not None and not args.webhook_cert_dir:
+            # The operator's own files, written from the Secret: a private directory.
+            args.webhook_cert_dir = tempfile.mkdtemp(prefix="training-operator-webhook-certs-")
+            atexit.register(shutil.rmtree, args.webhook_cert_dir, ignore_errors=True)
+        status_plugins = _trainer_status_plugins(args, internal=certificates is not None)
         lease = _lease(args)
         where = listeners.from_args(args, PLAIN_METRICS_PORT)
     except ValueError as err:
@@ -172,6 +263,19 @@ def main(argv: list[str] | None = None) -> int:
             return []
         from training_operator.webhook_server import WebhookServer
 
+        servers: list = []
+        if certificates is not None:
+            from training_operator.webhook_certificates import WebhookCertificates
+
+            keeper = WebhookCertificates(
+                api, certificates, Path(args.webhook_cert_dir), registry=controller.metrics.registry,
+                is_leader=lambda: controller.elector is None or controller.elector.is_leader)
+            servers.append(keeper.start())
+            # Listening starts once the Secret's certificate is in place; /readyz says no
+            # until then.
+            while not keeper.serving.wait(0.5):
+                if stop.is_set():
+                    return servers
         server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
                                host=args.webhook_host, on_review=controller.observe_review,
                                drain_seconds=args.webhook_drain_seconds)
@@ -183,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
         log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
-        servers = [server]
+        servers.append(server)
         if args.enable_trainer_status:
             servers.append(trainer_status(server))
         # Ready only once every listener is up: trainer pods report through the same Service.

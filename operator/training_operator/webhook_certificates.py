@@ -263,8 +263,9 @@ def plan(data: Mapping[str, bytes], hosts: Hosts, validity: datetime.timedelta,
         content = {CA_CRT: pem_bundle(new_bundle), CA_KEY: key_pem(new_ca.key)}
         if unusable:
             content.update(issue(new_ca))
-            return Plan(content, f"{ca_problem}, and {unusable}: a new CA and a serving "
-                                 f"certificate for {hosts}", settle)
+            why = f"{ca_problem}, and {unusable}" if data else "no certificates yet"
+            return Plan(content, f"{why}: a new CA and a serving certificate for {hosts}",
+                        settle)
         content.update({TLS_CRT: data[TLS_CRT], TLS_KEY: data[TLS_KEY]})
         return Plan(content, f"{ca_problem}: a new CA added to the bundle; the serving "
                              "certificate moves to it at its renewal", settle)
