@@ -233,6 +233,26 @@ def test_a_namespace_not_opened_is_refused_by_rbac(worker_identity):
         message)
 
 
+def test_an_administrator_sees_which_namespaces_are_open(worker_identity):
+    """What ``kubectl auth can-i create trainjobs -n <ns> --as=<the identity>`` asks: yes
+    where the writer role is bound, no elsewhere."""
+    _, api = worker_identity
+    authorization = client.AuthorizationV1Api(api)
+
+    def allowed(namespace: str, verb: str) -> bool:
+        review = authorization.create_self_subject_access_review(
+            client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=client.V1ResourceAttributes(
+                    group=c.TRAINER_GROUP, resource=c.TRAINJOBS, verb=verb,
+                    namespace=namespace))))
+        return review.status.allowed
+
+    assert [allowed(OPENED, v) for v in ("create", "delete", "update", "get")] == [
+        True, True, False, True]
+    assert [allowed(CLOSED, v) for v in ("create", "delete", "update", "get")] == [
+        False, False, False, True]
+
+
 @pytest.mark.parametrize("marks,field", [
     ({"labels": {}}, f"metadata.labels[{c.MULTIKUEUE_ORIGIN_LABEL}]"),
     ({"labels": {c.MULTIKUEUE_ORIGIN_LABEL: ""}}, f"metadata.labels[{c.MULTIKUEUE_ORIGIN_LABEL}]"),
