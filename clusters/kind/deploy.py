@@ -34,6 +34,7 @@ first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
 from __future__ import annotations
 
 import base64
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
 
 from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError
@@ -355,9 +357,12 @@ def workers_problem(api: client.ApiClient, workers: list[str]) -> str | None:
 
 def workers_reached_problem(api: client.ApiClient, shipped: Shipped,
                             workers: list[str]) -> str | None:
-    """Why the leading dispatcher does not reach every worker yet, as its own metric says
-    (``dispatcher_cluster_active``, read through the API server's Pod proxy): beside
-    Kueue, the MultiKueueClusters' Active conditions are Kueue's, about Kueue's connection."""
+    """Why the leading dispatcher does not reach every worker yet, as it says itself (each
+    cluster's ``active`` in its dashboard's ``/api/state``, what ``dispatcher_cluster_active``
+    reports): beside Kueue, the MultiKueueClusters' Active conditions are Kueue's, about
+    Kueue's connection. Its metrics want a token bound to the metrics-reader ClusterRole,
+    which the API server's Pod proxy does not pass on; the dashboard answers on the Pod's
+    loopback, read from inside the Pod."""
     lease = client.CoordinationV1Api(api).read_namespaced_lease(
         shipped.dispatcher_lease, shipped.dispatcher_namespace)
     holder = lease.spec.holder_identity or ""
@@ -366,12 +371,23 @@ def workers_reached_problem(api: client.ApiClient, shipped: Shipped,
                    if holder.startswith(p.metadata.name)), None)
     if leader is None:
         return f"no dispatcher Pod holds the Lease (held by {holder or 'nobody'})"
-    port = next(p.container_port for c_ in leader.spec.containers for p in c_.ports or []
-                if p.name == "metrics")
-    text = core.connect_get_namespaced_pod_proxy_with_path(
-        f"{leader.metadata.name}:{port}", shipped.dispatcher_namespace, "metrics")
-    active = {w for w in workers
-              if f'dispatcher_cluster_active{{cluster="{w}"}} 1.0' in text.splitlines()}
+    container = leader.spec.containers[0]
+    port = next((a.split("=", 1)[1] for a in container.args or []
+                 if a.startswith("--dashboard-port=")), "8082")
+    # A client of its own: the WebSocket call swaps its client's transport while it runs.
+    with client.ApiClient(api.configuration) as own:
+        text = stream(client.CoreV1Api(own).connect_get_namespaced_pod_exec,
+                      leader.metadata.name, shipped.dispatcher_namespace,
+                      container=container.name,
+                      command=["python", "-c", "import urllib.request as u; print(u.urlopen("
+                               f"'http://127.0.0.1:{port}/api/state', timeout=10).read()"
+                               ".decode())"],
+                      stdin=False, stdout=True, stderr=True, tty=False)
+    try:
+        active = {cluster["name"] for cluster in json.loads(text)["clusters"]
+                  if cluster["active"]}
+    except (ValueError, KeyError, TypeError):
+        return f"dispatcher {leader.metadata.name}: no state from its dashboard: {text[:300]}"
     missing = [w for w in workers if w not in active]
     return (f"dispatcher {leader.metadata.name} does not report dispatcher_cluster_active 1 "
             f"for {', '.join(missing)}" if missing else None)
