@@ -346,14 +346,15 @@ def pod(name: str) -> dict:
 
 @pytest.fixture
 def more_rbac_than_shipped(worker_identity):
-    """A Role someone binds to the identity by mistake: update TrainJobs, write Pods and
-    Secrets. The policy still holds it to its job."""
+    """A Role someone binds to the identity by mistake: update TrainJobs and their status,
+    write Pods and Secrets. The policy still holds it to its job."""
     worker, _ = worker_identity
     rbac = client.RbacAuthorizationV1Api(worker.api)
     name = "too-much-for-the-dispatcher"
     rbac.create_namespaced_role(OPENED, client.V1Role(
         metadata=client.V1ObjectMeta(name=name), rules=[
-            client.V1PolicyRule(api_groups=[c.TRAINER_GROUP], resources=[c.TRAINJOBS],
+            client.V1PolicyRule(api_groups=[c.TRAINER_GROUP],
+                                resources=[c.TRAINJOBS, f"{c.TRAINJOBS}/status"],
                                 verbs=["update", "patch"]),
             client.V1PolicyRule(api_groups=[""], resources=["pods", "secrets"],
                                 verbs=["create", "delete"])]))
@@ -393,6 +394,10 @@ def test_the_policy_holds_even_with_more_rbac(worker_identity, more_rbac_than_sh
     for subject, call in [
         (f"TrainJob {OPENED}/suspended-copy: UPDATE refused", patch_spec),
         (f"TrainJob {OPENED}/suspended-copy: UPDATE refused", replace_spec),
+        (f"TrainJob status {OPENED}/suspended-copy: UPDATE refused",
+         lambda: custom.patch_namespaced_custom_object_status(
+             *TRAINER, OPENED, c.TRAINJOBS, "suspended-copy",
+             {"status": {"conditions": []}}, _content_type=MERGE_PATCH)),
         (f"Pod {OPENED}/sneaky: CREATE refused",
          lambda: core.create_namespaced_pod(OPENED, pod("sneaky"))),
         (f"Secret {OPENED}/someone-elses: DELETE refused",
