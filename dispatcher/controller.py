@@ -96,6 +96,9 @@ class DispatcherController:
                                        in_use=self._workers_in_use, recorder=self.recorder,
                                        publish_conditions=lambda: not self.kueue.installed())
         self.metrics.count_capacity(self.registry.snapshot)
+        # Jobs' cluster selectors match MultiKueueCluster labels: a change of them may let
+        # a waiting job go (placed jobs never move for it).
+        self.registry.registrations.clusters.add_handler(self._on_multikueuecluster)
         self.placer = Placer(self.registry, config.placement_policy)
         self.timings = JobTimings(self.metrics)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
@@ -104,7 +107,8 @@ class DispatcherController:
                                              queued_for=self.queue.waited)
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
-                                           self.recorder, self.metrics, self.kueue_mode_idle) \
+                                           self.recorder, self.metrics, self.kueue_mode_idle,
+                                           trainjob=self.trainjobs.get) \
             if config.mode == "kueue" else None
         # Only the queue whose workers run reports (Kueue mode never works self.queue off).
         if self.nominator is None:
@@ -166,6 +170,11 @@ class DispatcherController:
             if released:
                 self._requeue_pending()
         elif resource in _CAPACITY_RESOURCES or (resource == "pods" and _frees_room(kind, old, new)):
+            self._requeue_pending()
+
+    def _on_multikueuecluster(self, kind: str, old: dict | None, new: dict | None) -> None:
+        labels = [((obj or {}).get("metadata") or {}).get("labels") or {} for obj in (old, new)]
+        if kind != "DELETED" and labels[0] != labels[1]:
             self._requeue_pending()
 
     def sync_lag(self, namespace: str, name: str) -> tuple[float | None, float | None]:

@@ -243,7 +243,9 @@ def nominate(choose: Choose, whole: Placed, partial: Placed | None, *, settings:
     if isinstance(placed, str):
         if choose.every_worker_tried:
             return StartOver()
-        return _pending(NO_WORKER_FITS, placed, said)
+        # No room (NoWorkerFits), or the job's cluster selector matches no worker or does
+        # not parse (the placer's answer carries that reason).
+        return _pending(getattr(placed, "reason", NO_WORKER_FITS), str(placed), said)
     message = f"nominated worker cluster {placed.worker}"
     if with_fewer_pods:
         message += (f" (room for {choose.least.pods} of its {choose.need.pods} pods only: "

@@ -60,7 +60,9 @@ from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
 from dispatcher.kueue import decisions as kd
 from dispatcher.kueue import workloads as wl
+from dispatcher.kueue.job_selectors import JobSelectors
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.placement.cluster_selector import Unplaceable
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
 from dispatcher.standalone.beside_kueue import RECHECK_SECONDS
@@ -90,8 +92,11 @@ class WorkloadNominator:
 
     def __init__(self, manager: client.ApiClient, registry: WorkerRegistry, placer: Placer,
                  config: DispatcherConfig, recorder: EventRecorder,
-                 metrics: DispatcherMetrics, idle: Callable[[], tuple[bool, str]]):
+                 metrics: DispatcherMetrics, idle: Callable[[], tuple[bool, str]],
+                 trainjob: Callable[[str, str], dict | None] = lambda _ns, _name: None):
         self.custom = client.CustomObjectsApi(manager)
+        # The cluster selector on each Workload's job (``trainjob``: the TrainJob cache).
+        self.selectors = JobSelectors(manager, trainjob)
         # (True, why) while Kueue does not wait for this dispatcher: nothing is nominated.
         self.idle = idle
         self.registry = registry
@@ -214,16 +219,19 @@ class WorkloadNominator:
             log.info("Workload %s/%s: %s", *key, choose.timed_out)
             obj = self._set_tried(obj, list(choose.tried))
         job = wl.job_key(obj)
-        whole = self._place(job, choose.need, choose.skip)
+        selector = self.selectors.of(obj)
+        whole = self._place(job, choose.need, choose.skip, selector)
         partial = None
-        if isinstance(whole, str) and choose.least is not None:
+        if isinstance(whole, str) and choose.least is not None \
+                and not isinstance(whole, Unplaceable):
             # No room for all its pods: the least Kueue's partial admission runs.
-            partial = self._place(job, choose.least, choose.skip)
+            partial = self._place(job, choose.least, choose.skip, selector)
         self._perform(key, obj, kd.nominate(choose, whole, partial, settings=self.settings,
                                             said=self._said.get(key)))
 
-    def _place(self, job: Key, need: Need, skip: dict[str, str]) -> kd.Placed:
-        placed = self.placer.place_need(job, need, skip)
+    def _place(self, job: Key, need: Need, skip: dict[str, str],
+               selector: str | None) -> kd.Placed:
+        placed = self.placer.place_need(job, need, skip, selector)
         return placed if isinstance(placed, str) else kd.Fits(placed[0].name)
 
     def _size(self, obj: dict, at_min_count: bool) -> Need | str:

@@ -24,6 +24,7 @@ from decimal import Decimal
 from cachetools import LRUCache
 from kubernetes.utils.quantity import parse_quantity
 
+from dispatcher.placement import cluster_selector
 from dispatcher.placement.chooser import describe_reasons, place_trainjob, shortfalls
 from dispatcher.placement.need import Need
 from dispatcher.placement.policy import POLICIES, Candidate
@@ -79,20 +80,38 @@ class Placer:
         ``raw``: the TrainJob as the API returns it."""
         key = (raw["metadata"].get("namespace") or "", raw["metadata"]["name"])
         content = _content(raw)  # the same for every worker: digested once
-        return self._place(key, lambda worker: self.need_on(raw, worker, content))
+        return self._place(key, lambda worker: self.need_on(raw, worker, content),
+                           cluster_selector.selector_of(raw["metadata"].get("annotations")))
 
-    def place_need(self, key: JobKey, need: Need,
-                   skip: dict[str, str]) -> tuple[WorkerCluster, Need] | str:
+    def place_need(self, key: JobKey, need: Need, skip: dict[str, str],
+                   selector: str | None = None) -> tuple[WorkerCluster, Need] | str:
         """``place`` for a job whose needs are known already (a Kueue Workload's podSets),
         the same on every worker; the workers in ``skip`` are not candidates (the reason
-        given is reported)."""
+        given is reported), nor those ``selector`` (the job's cluster selector) leaves out."""
         def need_of(worker: WorkerCluster) -> tuple[str | None, Need | None]:
             problem = skip.get(worker.name) or self._ineligible(key, None, worker)
             return (problem, None) if problem else (None, need)
-        return self._place(key, need_of)
+        return self._place(key, need_of, selector)
 
-    def _place(self, key: JobKey, need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
-        workers = {worker.name: worker for worker in self.registry.snapshot()}
+    def _place(self, key: JobKey, need_of: NeedOf,
+               selector: str | None = None) -> tuple[WorkerCluster, Need] | str:
+        registered = {worker.name: worker for worker in self.registry.snapshot()}
+        # Only the workers the job's cluster selector matches are candidates; one that
+        # matches none, or does not parse, waits saying so (an ``Unplaceable`` reason).
+        selected = cluster_selector.select(selector, registered,
+                                           lambda name: self.registry.labels(name))
+        if isinstance(selected, cluster_selector.Unplaceable):
+            return selected
+        workers = {name: worker for name, worker in registered.items() if name in selected}
+        decision = self._decide(key, workers, need_of)
+        left_out = sorted(registered.keys() - selected)
+        if isinstance(decision, str) and left_out:
+            return f"{decision}; not selected by cluster selector {selector!r}: " \
+                   f"{', '.join(left_out)}"
+        return decision
+
+    def _decide(self, key: JobKey, workers: dict[str, WorkerCluster],
+                need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
         # What the job needs on each worker depends on the job and that worker's runtime,
         # not on reservations: worked out before the lock, which only counting room needs.
         asked = {name: need_of(worker) for name, worker in workers.items()}

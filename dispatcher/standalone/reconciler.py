@@ -271,17 +271,21 @@ class DispatchReconciler:
         self._create_remote(written, worker, need)
 
     def _pending(self, raw: dict, message: str) -> None:
+        # No room (NoWorkerFits), or a cluster selector that matches no worker or does not
+        # parse (``cluster_selector.Unplaceable`` carries its own reason).
+        reason = getattr(message, "reason", REASON_NO_WORKER)
         current = conditions.find(raw, CONDITION_PLACED)
         # Free amounts move with every pod and placement elsewhere; rewriting each pending
         # job (and emitting an Event) for a changed number would be a write storm. Only a
         # changed reason is written; the numbers shown are those of the last such change.
-        if current and current.get("status") == "False" and \
-                message_shape(current.get("message", "")) == message_shape(message):
+        if current and current.get("status") == "False" and current.get("reason") == reason \
+                and message_shape(current.get("message", "")) == message_shape(message):
             return
+        message = str(message)
         self.status.set_condition(raw, {"type": CONDITION_PLACED, "status": "False",
-                                        "reason": REASON_NO_WORKER, "message": message,
+                                        "reason": reason, "message": message,
                                         "lastTransitionTime": conditions.format_time()})
-        self.recorder.event(raw, WARNING, REASON_NO_WORKER, message)
+        self.recorder.event(raw, WARNING, reason, message)
         log.info("TrainJob %s/%s pending: %s", *self._key(raw), message)
 
     # --- the remote copy --------------------------------------------------------------

@@ -110,6 +110,15 @@ class WorkerRegistry:
         with self._lock:
             return self.workers.get(name)
 
+    def labels(self, name: str) -> dict[str, str]:
+        """The labels of the worker's MultiKueueCluster, as cached now (a job's cluster
+        selector matches them); none for a worker of the static list."""
+        worker = self.get(name)
+        if worker is not None and not worker.from_object:
+            return {}
+        obj = self.registrations.cluster(name)
+        return dict(((obj or {}).get("metadata") or {}).get("labels") or {})
+
     def same_cluster(self, first: str, second: str) -> bool:
         """Whether two worker names reach one cluster (as far as is known)."""
         with self._lock:
