@@ -281,6 +281,12 @@ def plan(data: Mapping[str, bytes], hosts: Hosts, validity: datetime.timedelta,
     if renew_time(cert) <= now:
         due.append(f"the serving certificate is past {RENEW_AT:.0%} of its life (it expires "
                    f"at {cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S}Z)")
+    elif cert.not_valid_after_utc - now > validity * 1.1 + datetime.timedelta(minutes=1):
+        # The validity was shortened (a new --webhook-cert-validity): a certificate made
+        # for the longer one would otherwise be served until its own renewal.
+        due.append(f"the serving certificate is valid until "
+                   f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S}Z, longer than "
+                   f"--webhook-cert-validity ({validity.total_seconds():g} s)")
     if due and ca_settled(ca.cert):
         return Plan({CA_CRT: pem_bundle(bundle), CA_KEY: data[CA_KEY], **issue(ca)},
                     f"{' and '.join(due)}: a new one for {hosts}", settle)

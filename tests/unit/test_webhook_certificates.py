@@ -83,6 +83,17 @@ def test_other_hosts_renew_the_serving_certificate():
     assert wc.Hosts.of(serving(step.data)).same_as(other)
 
 
+def test_a_shortened_validity_renews_a_longer_lived_certificate():
+    longer = datetime.timedelta(hours=1)
+    data = wc.plan({}, HOSTS, longer, now(), settled).data
+    # Within the margin (a tenth and a minute) it is kept; beyond it, renewed at once.
+    assert wc.plan(data, HOSTS, longer * 0.95, now(), settled).data is None
+    step = wc.plan(data, HOSTS, VALIDITY, now(), settled)
+    assert step.data is not None and "longer than --webhook-cert-validity (60 s)" in step.reason
+    assert step.data[wc.CA_CRT] == data[wc.CA_CRT]
+    assert serving(step.data).not_valid_after_utc <= now(VALIDITY.total_seconds())
+
+
 def test_a_due_certificate_waits_until_the_apiserver_trusts_the_ca():
     data = fresh()
     step = wc.plan(data, HOSTS, VALIDITY, now(41), unsettled)
