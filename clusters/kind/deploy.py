@@ -7,27 +7,21 @@ state directory, as a team deploys it, from the shipped manifests:
 2. on each worker, the TrainJob CRDs where it has none (``manifests/crds``, a step of its
    own: ``up`` installs them, the project's or upstream's, and they are kept), then
    ``kubectl apply --server-side -k manifests/worker``: the training operator (two
-   replicas, its webhook Service and configuration) and the identity the dispatcher uses
-   there;
-3. the webhook's serving certificate, which ``manifests/operator-cert-manager`` has
-   cert-manager issue: cert-manager's images cannot be had without a registry, so this step
-   does what its CA injector would, by hand, as the manifests describe it: a CA and a
-   certificate for the webhook Service in the Secret the Deployment mounts, and the CA in the
-   webhook configuration's caBundle;
-4. on the manager, the TrainJob and MultiKueue CRDs where it has none, then ``kubectl apply
+   replicas, its webhook Service and configuration; it makes its webhook certificate and
+   puts its CA into the configuration itself) and the identity the dispatcher uses there;
+3. on the manager, the TrainJob and MultiKueue CRDs where it has none, then ``kubectl apply
    --server-side -k manifests/manager``: the dispatcher (two replicas electing a leader with
    a Lease); ``--manager-overlay manager-beside-kueue`` applies that overlay instead, beside
    the Kueue ``up --kueue manager`` installed (Kueue brings the MultiKueue CRDs);
-5. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
+4. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
    container on the kind network, authenticated as the worker-access ServiceAccount (its
    token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
-6. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
+5. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
    holds the Lease and reports every worker Active (beside Kueue, whose MultiKueue
    controller owns that condition: the leader's ``dispatcher_cluster_active`` metric is 1
    for every worker).
 
-Safe to repeat: apply is declarative, and a certificate or registration already in place is
-kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
+Safe to repeat: apply is declarative, and a registration already in place is kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
 first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
 """
 
@@ -48,7 +42,6 @@ from kubernetes.stream import stream
 from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError
 from clusters.kind import KindClusters, waits
-from clusters.pki import CertificateAuthority, cert_pem, key_pem
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
@@ -70,9 +63,6 @@ class Shipped:
     they cannot drift from what is applied."""
     operator_namespace: str
     operator_deployment: str
-    webhook_secret: str
-    webhook_service: str
-    webhook_configuration: str
     access_namespace: str
     token_secret: str
     dispatcher_namespace: str
@@ -93,18 +83,6 @@ class Shipped:
             return found[0]
 
         operator = one(worker, "Deployment", WORKER_BASE)
-        volumes = operator["spec"]["template"]["spec"].get("volumes") or []
-        secret = next((v["secret"]["secretName"] for v in volumes if "secret" in v), None)
-        if secret is None:
-            # The operator keeps the Secret itself (--webhook-cert-management=internal) and
-            # takes over one made here (a new CA beside this one's, the certificate kept).
-            from training_operator.cli import build_parser
-
-            secret = build_parser().parse_args(
-                operator["spec"]["template"]["spec"]["containers"][0]["args"]
-            ).webhook_cert_secret
-        webhook = one(worker, "ValidatingWebhookConfiguration", WORKER_BASE)
-        service = webhook["webhooks"][0]["clientConfig"]["service"]
         token = one(worker, "Secret", WORKER_BASE, lambda o: o.get("type") == TOKEN_SECRET_TYPE)
         dispatcher = one(manager, "Deployment", manager_base)
 
@@ -121,8 +99,6 @@ class Shipped:
         return cls(
             operator_namespace=operator["metadata"]["namespace"],
             operator_deployment=operator["metadata"]["name"],
-            webhook_secret=secret, webhook_service=service["name"],
-            webhook_configuration=webhook["metadata"]["name"],
             access_namespace=token["metadata"]["namespace"],
             token_secret=token["metadata"]["name"],
             dispatcher_namespace=dispatcher["metadata"]["namespace"],
@@ -182,57 +158,6 @@ def ensure_crds(kubeconfig: Path, api: client.ApiClient,
 def _crds_step(applied: list[str]) -> str:
     return (f"CRDs applied ({', '.join(f'manifests/{b}' for b in applied)})" if applied
             else "CRDs already installed, left as they are")
-
-
-def webhook_dns_names(shipped: Shipped) -> tuple[str, ...]:
-    service = f"{shipped.webhook_service}.{shipped.operator_namespace}.svc"
-    return (service, f"{service}.cluster.local")
-
-
-def ensure_webhook_certificate(api: client.ApiClient, shipped: Shipped) -> bytes:
-    """The Secret with the webhook's serving certificate (made when missing); its CA."""
-    core = client.CoreV1Api(api)
-    try:
-        found = core.read_namespaced_secret(shipped.webhook_secret, shipped.operator_namespace)
-        if found.data and found.data.get("ca.crt") and found.data.get("tls.crt"):
-            return base64.b64decode(found.data["ca.crt"])
-    except ApiException as err:
-        if err.status != 404:
-            raise
-    authority = CertificateAuthority.create(f"{shipped.webhook_service}-ca")
-    key, cert = authority.issue(shipped.webhook_service, dns_names=webhook_dns_names(shipped),
-                                server=True)
-    ca = cert_pem(authority.cert)
-    secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name=shipped.webhook_secret,
-                                     namespace=shipped.operator_namespace),
-        type="kubernetes.io/tls",
-        data={k: base64.b64encode(v).decode() for k, v in (
-            ("tls.crt", cert_pem(cert)), ("tls.key", key_pem(key)), ("ca.crt", ca))})
-    try:
-        core.create_namespaced_secret(shipped.operator_namespace, secret)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        # Another deploy made it meanwhile: use its certificate.
-        return ensure_webhook_certificate(api, shipped)
-    return ca
-
-
-def inject_ca_bundle(api: client.ApiClient, shipped: Shipped, ca: bytes) -> None:
-    """Every webhook of the configuration trusts ``ca`` (what cert-manager's CA injector
-    does for ../operator-cert-manager)."""
-    admission = client.AdmissionregistrationV1Api(api)
-    configuration = admission.read_validating_webhook_configuration(
-        shipped.webhook_configuration)
-    bundle = base64.b64encode(ca).decode()
-    if all(w.client_config.ca_bundle == bundle for w in configuration.webhooks):
-        return
-    patch = {"webhooks": [{"name": w.name, "clientConfig": {"caBundle": bundle}}
-                          for w in configuration.webhooks]}
-    # webhooks is a list merged by name: a strategic merge patch sets only caBundle.
-    admission.patch_validating_webhook_configuration(
-        shipped.webhook_configuration, patch, field_manager=FIELD_MANAGER)
 
 
 def webhook_problem(api: client.ApiClient) -> str | None:
@@ -310,9 +235,7 @@ def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: Deplo
                    started)
         started = time.monotonic()
         apply_base(kind.kubeconfig(name), WORKER_BASE)
-        inject_ca_bundle(api, shipped, ensure_webhook_certificate(api, shipped))
-        report.add(name, f"manifests/{WORKER_BASE} applied, webhook certificate in place",
-                   started)
+        report.add(name, f"manifests/{WORKER_BASE} applied", started)
         started = time.monotonic()
         waits.wait_for(f"{name}: the training operator", lambda: (
             waits.deployment_problem(api, shipped.operator_namespace,

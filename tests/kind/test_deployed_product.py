@@ -9,7 +9,10 @@ run real containers (the trainjob-workload image) on the workers' kind nodes.
 * a job too large for any worker waits with a reason, and runs once room appears;
 * the leading dispatcher Pod is deleted: the other replica takes the Lease over, and no job
   gets a second copy;
-* the operator Deployment is rolled out while TrainJobs are created: none is refused;
+* the operator made its own webhook certificate: a valid TrainJob is admitted and an invalid
+  one refused by its webhook;
+* the operator Deployment is rolled out with a short certificate validity while TrainJobs are
+  created: none is refused through the rollout and two certificate rotations;
 * `kubectl delete -k` of the two bases removes what was deployed and nothing else: every
   CRD, and a team's own TrainJobs and Secrets, stay (last).
 
@@ -42,6 +45,9 @@ RUNTIME = "kind-workload"
 # What a job of the room test asks for: more than half of a kind worker node's 2 cpu (this
 # machine's), so one such job fills a worker and a second waits.
 LARGE_CPU = "1200m"
+# The Secret the operator keeps its webhook certificate in (its --webhook-cert-secret).
+WEBHOOK_SECRET = "training-operator-webhook-cert"
+SHORT_VALIDITY = 30
 
 
 def workload_runtime() -> dict:
@@ -401,18 +407,53 @@ def test_the_standby_dispatcher_takes_over_and_no_job_gets_a_second_copy(
         f"the deleted Pod {leader} held the Lease again: {holders}")
 
 
-def test_an_operator_rollout_refuses_no_trainjob_create(deployed, manager, namespace):
+def tls_crt(core: client.CoreV1Api, shipped: Shipped) -> str:
+    """The serving certificate the operator keeps in its Secret ("" before it has one)."""
+    try:
+        secret = core.read_namespaced_secret(WEBHOOK_SECRET, shipped.operator_namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return ""
+        raise
+    return (secret.data or {}).get("tls.crt", "")
+
+
+def test_the_operators_own_certificate_admits_and_refuses(deployed, namespace):
+    """manifests/worker alone (no certificate made by anyone else): the operator made its
+    Secret and put its CA into the webhook configuration, so the apiserver calls it."""
+    with deployed.api("worker-1") as worker:
+        assert tls_crt(client.CoreV1Api(worker), deployed.shipped)
+        create(worker, trainjob("valid", namespace, managed_by=None, suspend=True))
+        with pytest.raises(ApiException) as refused:
+            create(worker, trainjob("1-not-a-dns-label", namespace, managed_by=None))
+        assert refused.value.status == 422 and "denied the request" in refused.value.body, (
+            refused.value.body)
+        assert "metadata.name" in refused.value.body, refused.value.body
+
+
+def test_an_operator_rollout_and_certificate_rotations_refuse_no_trainjob_create(
+        deployed, manager, namespace):
+    """The operator rolled out with serving certificates of 30 s (renewed every 20 s), while
+    TrainJobs are created: none is refused, through the rollout and two rotations."""
     shipped = deployed.shipped
     with deployed.api("worker-1") as worker:
         core, apps = client.CoreV1Api(worker), client.AppsV1Api(worker)
         before = {p.metadata.name for p in core.list_namespaced_pod(
             shipped.operator_namespace).items}
-        # What `kubectl rollout restart` does: a new template, so every Pod is replaced.
+        # A new template, so every Pod is replaced: the same arguments and a shorter
+        # certificate validity (the leader renews the Secret's at once, as too long-lived).
+        deployment = apps.read_namespaced_deployment(shipped.operator_deployment,
+                                                     shipped.operator_namespace)
+        container = deployment.spec.template.spec.containers[0]
         apps.patch_namespaced_deployment(shipped.operator_deployment,
                                          shipped.operator_namespace, {
-            "spec": {"template": {"metadata": {"annotations": {
-                "kubectl.kubernetes.io/restartedAt":
-                    datetime.datetime.now(datetime.timezone.utc).isoformat()}}}}})
+            "spec": {"template": {
+                "metadata": {"annotations": {
+                    "kubectl.kubernetes.io/restartedAt":
+                        datetime.datetime.now(datetime.timezone.utc).isoformat()}},
+                "spec": {"containers": [{"name": container.name, "args": [
+                    *container.args, f"--webhook-cert-validity={SHORT_VALIDITY}"]}]}}}})
+        certificates = [tls_crt(core, shipped)]
         created, refused = [], []
         via_manager = []
         deadline = time.monotonic() + 240
@@ -432,13 +473,20 @@ def test_an_operator_rollout_refuses_no_trainjob_create(deployed, manager, names
             index += 1
             now = {p.metadata.name for p in core.list_namespaced_pod(
                 shipped.operator_namespace).items}
-            over = (waits.deployment_problem(worker, shipped.operator_namespace,
-                                             shipped.operator_deployment) is None
-                    and not now & before)
+            current = tls_crt(core, shipped)
+            if current != certificates[-1]:
+                certificates.append(current)
+            rolled_out = (waits.deployment_problem(worker, shipped.operator_namespace,
+                                                   shipped.operator_deployment) is None
+                          and not now & before)
+            # The first change is the renewal the shorter validity calls for; two more are
+            # rotations on their schedule.
+            over = rolled_out and len(certificates) >= 4
             if over or time.monotonic() > deadline:
                 break
             time.sleep(0.2)  # pacing of the creates, not a wait for anything
-        assert over, f"the rollout did not end within 240 s; pods {now}, before {before}"
+        assert over, (f"within 240 s: rolled out {rolled_out} (pods {now}, before {before}); "
+                      f"{len(certificates) - 1} certificate changes, expected 3")
         assert refused == [], f"{len(refused)} of {index} creates refused: {refused[:3]}"
         assert len(created) >= 10, f"only {len(created)} creates during the rollout"
     for name in via_manager:
