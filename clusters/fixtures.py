@@ -51,13 +51,13 @@ def open_namespace_to_dispatcher(api: client.ApiClient, namespace: str) -> None:
             raise
 
 
-def register_worker(manager: client.ApiClient, name: str, kubeconfig: Path | str,
-                    namespace: str = "kueue-system") -> None:
-    """A Secret holding ``kubeconfig`` under key ``kubeconfig`` and a MultiKueueCluster
-    pointing at it, as MultiKueue users set workers up."""
+def store_kubeconfig(manager: client.ApiClient, secret_name: str, kubeconfig: Path | str,
+                     namespace: str) -> None:
+    """The Secret ``namespace/secret_name`` holding ``kubeconfig`` under key ``kubeconfig``
+    (created, or replaced when it exists)."""
     ensure_namespace(manager, namespace)
     secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name=f"{name}-kubeconfig", namespace=namespace),
+        metadata=client.V1ObjectMeta(name=secret_name, namespace=namespace),
         data={"kubeconfig": base64.b64encode(Path(kubeconfig).read_bytes()).decode()})
     core = client.CoreV1Api(manager)
     try:
@@ -65,7 +65,14 @@ def register_worker(manager: client.ApiClient, name: str, kubeconfig: Path | str
     except ApiException as err:
         if err.status != 409:
             raise
-        core.replace_namespaced_secret(secret.metadata.name, namespace, secret)
+        core.replace_namespaced_secret(secret_name, namespace, secret)
+
+
+def register_worker(manager: client.ApiClient, name: str, kubeconfig: Path | str,
+                    namespace: str = "kueue-system") -> None:
+    """A Secret holding ``kubeconfig`` under key ``kubeconfig`` and a MultiKueueCluster
+    pointing at it, as MultiKueue users set workers up."""
+    store_kubeconfig(manager, f"{name}-kubeconfig", kubeconfig, namespace)
     apply_custom_object(manager, c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTERS, {
         "apiVersion": f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", "kind": "MultiKueueCluster",
         "metadata": {"name": name},

@@ -15,11 +15,9 @@ worker, of the name Kueue's has, in the dispatcher's namespace (never Kueue's).
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures, kueue, kustomize
 from clusters.pki import service_account_user
@@ -84,17 +82,7 @@ def dispatcher_secret(manager: client.ApiClient, worker: str, kubeconfig: Path,
                       namespace: str = DISPATCHER_NAMESPACE) -> None:
     """The Kueue-mode dispatcher's own Secret for ``worker``: named as the one Kueue reads
     (the MultiKueueCluster's location), in the dispatcher's namespace."""
-    fixtures.ensure_namespace(manager, namespace)
-    secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name=f"{worker}-kubeconfig", namespace=namespace),
-        data={"kubeconfig": base64.b64encode(Path(kubeconfig).read_bytes()).decode()})
-    core = client.CoreV1Api(manager)
-    try:
-        core.create_namespaced_secret(namespace, secret)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        core.replace_namespaced_secret(secret.metadata.name, namespace, secret)
+    fixtures.store_kubeconfig(manager, f"{worker}-kubeconfig", kubeconfig, namespace)
 
 
 def multikueue_manager(manager: client.ApiClient, config: str,

@@ -7,6 +7,7 @@ import ctypes
 import http.client
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +64,28 @@ def eventually(
                 f"expected {expected} within {timeout:.1f}s; last seen: {last!r}"
             )
         time.sleep(interval)
+
+
+def plain_get(port: int, path: str, host: str = "127.0.0.1",
+              timeout: float = 5) -> tuple[int, str]:
+    """GET ``path`` over plain HTTP from ``host:port``: the status and the body."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on the IPv6 loopback address."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def holds_for(
@@ -211,13 +234,7 @@ class ServiceProcess:
 
     def get(self, path: str, port: int | None = None) -> tuple[int, str]:
         """GET ``path`` over plain HTTP on loopback, from the metrics port by default."""
-        conn = http.client.HTTPConnection("127.0.0.1", port or self.metrics_port, timeout=5)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read().decode()
-        finally:
-            conn.close()
+        return plain_get(port or self.metrics_port, path)
 
     def metric(self, metric: str, /, **labels: str) -> float:
         """Sum of a metric's samples from the process's /metrics: every label set, or

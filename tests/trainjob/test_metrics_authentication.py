@@ -10,7 +10,6 @@ bound to the shipped ``metrics-reader`` ClusterRole of each process."""
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from clusters.controlplane import free_port
 from clusters.crds import manifests_dir
 from clusters.pki import service_account_user
-from clusters.testing import apiserver_writes
+from clusters.testing import apiserver_writes, ipv6_loopback, plain_get
 from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
 
 MISSING_CONFIG = "no-such-multikueue-config"  # the dispatcher places nothing here
@@ -46,16 +45,7 @@ PROCESSES = {
 }
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-IPV6 = _ipv6_loopback()
+IPV6 = ipv6_loopback()
 
 
 def _documents(base: str, file: str) -> list[dict]:
@@ -133,16 +123,6 @@ def _get(port: int, path: str, *, ca: Path, token: str | None = None,
         conn.close()
 
 
-def _plain_get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, str]:
-    conn = http.client.HTTPConnection(host, port, timeout=10)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("module", sorted(PROCESSES))
 def test_only_a_bound_reader_scrapes_and_the_probes_need_no_token(
         module, multicluster, namespace, rbac, run_dispatcher, run_operator, tmp_path):
@@ -214,19 +194,19 @@ def test_only_a_bound_reader_scrapes_and_the_probes_need_no_token(
 
     # Nothing is served in plain HTTP on the metrics port.
     with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
-        _plain_get(port, "/metrics")
+        plain_get(port, "/metrics")
 
     # The probes: plain, no token, on their own port, both address families.
     for host in hosts:
-        assert _plain_get(probe_port, "/healthz", host)[0] == 200, host
-        assert _plain_get(probe_port, "/readyz", host)[0] == 200, host
-        assert _plain_get(probe_port, "/metrics", host)[0] == 404, host
+        assert plain_get(probe_port, "/healthz", host)[0] == 200, host
+        assert plain_get(probe_port, "/readyz", host)[0] == 200, host
+        assert plain_get(probe_port, "/metrics", host)[0] == 404, host
 
     if module == "dispatcher":
         # The dashboard keeps a listener of its own: on the metrics listener the reader may
         # not get / (403), and /api/state, which default RBAC lets every authenticated user
         # get (system:discovery: /api/*), is not there (404).
-        assert (_plain_get(dashboard, "/")[0], _plain_get(dashboard, "/api/state")[0]) == (
+        assert (plain_get(dashboard, "/")[0], plain_get(dashboard, "/api/state")[0]) == (
             200, 200)
         assert _get(port, "/", ca=ca, token=reader)[0] == 403
         assert _get(port, "/api/state", ca=ca, token=reader)[0] == 404

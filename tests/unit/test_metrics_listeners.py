@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from clusters.testing import ipv6_loopback
 from dispatcher.config import ConfigError, load_config
 from trainjob import listeners
 from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
@@ -185,16 +186,7 @@ def test_without_a_directory_a_self_signed_certificate_is_made_in_memory(tmp_pat
         ServingCertificate(tmp_path / "missing").context()
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
 def test_every_interface_means_ipv6_and_ipv4_alike():
     server = ObservabilityServer(0, CollectorRegistry(), lambda: (True, "ok"), host="::").start()
     try:
