@@ -151,6 +151,8 @@ def test_the_dispatchers_job_completes_and_a_queued_job_is_left_to_kueue(deploye
     for cluster in NAMES:
         with deployed.api(cluster) as api:
             fixtures.ensure_namespace(api, namespace)
+            if cluster != "manager":  # the worker's administrator opens it to the dispatcher
+                fixtures.open_namespace_to_dispatcher(api, namespace)
     with deployed.api("manager") as api:
         queues_api = client.CustomObjectsApi(api)
         queues_api.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", {
