@@ -18,8 +18,7 @@ state directory, as a team deploys it, from the shipped manifests:
    token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
 5. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
    holds the Lease and reports every worker Active (beside Kueue, whose MultiKueue
-   controller owns that condition: the leader's ``dispatcher_cluster_active`` metric is 1
-   for every worker).
+   controller owns that condition, only the rollout and the Lease are waited for).
 
 Safe to repeat: apply is declarative, and a registration already in place is kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
 first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
@@ -278,44 +277,6 @@ def workers_problem(api: client.ApiClient, workers: list[str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def workers_reached_problem(api: client.ApiClient, shipped: Shipped,
-                            workers: list[str]) -> str | None:
-    """Why the leading dispatcher does not reach every worker yet, as it says itself (each
-    cluster's ``active`` in its dashboard's ``/api/state``, what ``dispatcher_cluster_active``
-    reports): beside Kueue, the MultiKueueClusters' Active conditions are Kueue's, about
-    Kueue's connection. Its metrics want a token bound to the metrics-reader ClusterRole,
-    which the API server's Pod proxy does not pass on; the dashboard answers on the Pod's
-    loopback, read from inside the Pod."""
-    lease = client.CoordinationV1Api(api).read_namespaced_lease(
-        shipped.dispatcher_lease, shipped.dispatcher_namespace)
-    holder = lease.spec.holder_identity or ""
-    core = client.CoreV1Api(api)
-    leader = next((p for p in core.list_namespaced_pod(shipped.dispatcher_namespace).items
-                   if holder.startswith(p.metadata.name)), None)
-    if leader is None:
-        return f"no dispatcher Pod holds the Lease (held by {holder or 'nobody'})"
-    container = leader.spec.containers[0]
-    port = next((a.split("=", 1)[1] for a in container.args or []
-                 if a.startswith("--dashboard-port=")), "8082")
-    # A client of its own: the WebSocket call swaps its client's transport while it runs.
-    with client.ApiClient(api.configuration) as own:
-        text = stream(client.CoreV1Api(own).connect_get_namespaced_pod_exec,
-                      leader.metadata.name, shipped.dispatcher_namespace,
-                      container=container.name,
-                      command=["python", "-c", "import urllib.request as u; print(u.urlopen("
-                               f"'http://127.0.0.1:{port}/api/state', timeout=10).read()"
-                               ".decode())"],
-                      stdin=False, stdout=True, stderr=True, tty=False)
-    try:
-        active = {cluster["name"] for cluster in json.loads(text)["clusters"]
-                  if cluster["active"]}
-    except (ValueError, KeyError, TypeError):
-        return f"dispatcher {leader.metadata.name}: no state from its dashboard: {text[:300]}"
-    missing = [w for w in workers if w not in active]
-    return (f"dispatcher {leader.metadata.name} does not report dispatcher_cluster_active 1 "
-            f"for {', '.join(missing)}" if missing else None)
-
-
 def deploy(kind: KindClusters, timeout: float = 300,
            progress: binaries.Progress = binaries.stderr_progress,
            manager_overlay: str = MANAGER_BASE) -> DeployReport:
@@ -368,15 +329,15 @@ def deploy(kind: KindClusters, timeout: float = 300,
             progress(f"manager: worker {worker} registered")
     with api_client(kind.kubeconfig("manager")) as api:
         started = time.monotonic()
-        # Beside Kueue, Kueue writes the Active conditions: the dispatcher's metric says.
-        reached = workers_reached_problem if with_kueue else (
-            lambda api, shipped, workers: workers_problem(api, workers))
+        # Beside Kueue, Kueue's MultiKueue controller writes the Active conditions (about its
+        # own connection), so they say nothing of the dispatcher's.
         waits.wait_for("manager: the dispatcher", lambda: (
             waits.deployment_problem(api, shipped.dispatcher_namespace,
                                      shipped.dispatcher_deployment)
-            or lease_problem(api, shipped) or reached(api, shipped, workers)), deadline)
-        report.add("manager", "dispatcher rolled out, leading, every worker "
-                   + ("reached" if with_kueue else "Active"), started)
+            or lease_problem(api, shipped)
+            or (None if with_kueue else workers_problem(api, workers))), deadline)
+        report.add("manager", "dispatcher rolled out, leading"
+                   + ("" if with_kueue else ", every worker Active"), started)
     report.seconds = time.monotonic() - begun
     return report
 
