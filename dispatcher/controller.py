@@ -31,11 +31,13 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.kueue.nominator import WorkloadNominator
 from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
 from dispatcher.placement.placer import Placer
+from dispatcher.placement.priority import PriorityClasses
 from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES
 from dispatcher.standalone import garbage_collection
 from dispatcher.standalone.beside_kueue import KueueOnManager
 from dispatcher.standalone.job_timing import JobTimings
 from dispatcher.standalone.reconciler import DispatchReconciler
+from dispatcher.standalone.waiting_order import PlacementOrder
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
@@ -101,10 +103,18 @@ class DispatcherController:
         self.registry.registrations.clusters.add_handler(self._on_multikueuecluster)
         self.placer = Placer(self.registry, config.placement_policy)
         self.timings = JobTimings(self.metrics)
+        # Standalone mode orders waiting jobs by the manager's PriorityClasses (Kueue mode
+        # leaves order to Kueue). A class created or deleted may reorder the line.
+        self.priority_classes = Informer("manager/priorityclasses", client.SchedulingV1Api(
+            manager).list_priority_class) if config.mode != "kueue" else None
+        if self.priority_classes is not None:
+            self.priority_classes.add_handler(lambda *_: self._requeue_pending())
+        self.order = PlacementOrder(self.placer, self.registry,
+                                    PriorityClasses(self.priority_classes), self._requeue_keys)
         self.reconciler = DispatchReconciler(manager, self.trainjobs, self.registry,
                                              self.placer, self.timings, config, self.recorder,
                                              self.metrics, self.kueue,
-                                             queued_for=self.queue.waited)
+                                             queued_for=self.queue.waited, order=self.order)
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
                                            self.recorder, self.metrics, self.kueue_mode_idle,
@@ -213,7 +223,11 @@ class DispatcherController:
             self._requeue_pending()
 
     def _requeue_waiting(self) -> None:
-        for key in self.reconciler.waiting_for_room():
+        # First in line first: the queue hands keys out in the order they came.
+        self._requeue_keys(self.reconciler.waiting_for_room())
+
+    def _requeue_keys(self, keys) -> None:
+        for key in keys:
             self.queue.add(key)
 
     # --- running --------------------------------------------------------------------
@@ -242,6 +256,11 @@ class DispatcherController:
             # What a standby saw of the workers is told now (an Event for one unusable).
             self.registry.publish_all()
             return
+        # The line first, before any reconcile can place a job: see ``restore``.
+        jobs = [job for job in self.trainjobs.list() if self._ours(job)]
+        restored = self.order.restore(jobs)
+        if restored:
+            log.info("%d waiting jobs back in line, highest priority first", restored)
         self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
                                       "dispatch", self._on_error,
                                       metrics=self.metrics.controllers.reconciles(
@@ -252,7 +271,8 @@ class DispatcherController:
                                     id="garbage-collection", max_instances=1, coalesce=True,
                                     replace_existing=True)
         self.registry.publish_all()
-        for job in self.trainjobs.list():
+        self._requeue_keys(self.reconciler.waiting_for_room())
+        for job in jobs:
             self._on_manager_trainjob("SYNC", None, job)
 
     def _stopped_leading(self) -> None:
@@ -271,11 +291,15 @@ class DispatcherController:
         self.registry.start(sync_timeout)
         if self.nominator is not None:
             self.nominator.start(sync_timeout)
+        if self.priority_classes is not None:
+            self.priority_classes.start()
         # Placement decisions need the workers' caches, so the first decisions are not made
         # against empty pictures: wait until each connected worker's caches have synced or
         # failed. A worker that does not answer must not hold up dispatching to the rest.
+        # (The PriorityClasses too: the first waiting jobs take their places by them.)
         informers = [informer for worker in self.registry.snapshot()
-                     for informer in worker.informers.values()]
+                     for informer in worker.informers.values()] + (
+            [self.priority_classes] if self.priority_classes is not None else [])
         self._wait_until(lambda: all(i.synced.is_set() or i.last_error for i in informers),
                          sync_timeout)
         # And a verdict on each from then on: a job decided while a worker's first probe
@@ -348,6 +372,8 @@ class DispatcherController:
         if self.elector is not None:
             self.elector.stop(release=not self.lost_leadership.is_set())
         self.trainjobs.stop()
+        if self.priority_classes is not None:
+            self.priority_classes.stop()
         if self.nominator is not None:
             self.nominator.stop()
         self.registry.stop()

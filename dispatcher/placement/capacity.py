@@ -325,6 +325,26 @@ class WorkerCapacity:
             return (self._rehome_held(room, allocatable, sign)
                     or self._order_problem(wanted, frozenset(names)) or plan)
 
+    def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
+                  tolerations: list[dict] | None = None) -> bool:
+        """Whether ``pods`` would fit on the usable Nodes that admit them were nothing
+        else running: when not, no room that frees here can serve them (the waiting line
+        lets others use it). Largest first onto the fullest Node that takes each: a
+        packing heuristic, which may say no where a cleverer packing fits, and then the
+        job merely does not hold this worker for itself."""
+        largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
+        with self._lock:
+            room = {name: dict(self._nodes[name].allocatable)
+                    for name in self._admitting(node_selector, tolerations)}
+        for pod in largest_first:
+            wanted = {**pod, PODS: pod.get(PODS, _ONE)}
+            fitting = [name for name, free in room.items() if fits(free, wanted)]
+            if not fitting:
+                return False
+            fullest = min(fitting, key=lambda n: (sorted(room[n].items()), n))
+            shift(room[fullest], wanted, -1)
+        return True
+
     def _order_problem(self, wanted: list[Resources], names: frozenset[str]) -> str | None:
         """Why the job should wait for the pods of jobs placed in the last
         ``ARRIVAL_WINDOW_SECONDS`` to bind: in some order of arrival, its pods and theirs

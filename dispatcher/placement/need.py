@@ -20,3 +20,6 @@ class Need:
     # Kueue mode: the (namespace, LocalQueue) the worker's Kueue admits the job through;
     # its ClusterQueue's quota is room too. None in standalone mode.
     queue: tuple[str, str] | None = None
+    # The priorityClassName each of its pod templates names ("" for none), each once: the
+    # waiting line orders by the highest of their values (``priority``).
+    priority_classes: tuple[str, ...] = ()

@@ -75,12 +75,16 @@ class Placer:
 
     # --- choosing ----------------------------------------------------------------------
 
-    def place(self, raw: dict) -> tuple[WorkerCluster, Need] | str:
+    def place(self, raw: dict, skip: dict[str, str] | None = None
+              ) -> tuple[WorkerCluster, Need] | str:
         """Choose a worker and reserve the job's room there; or say why nothing fits.
-        ``raw``: the TrainJob as the API returns it."""
+        ``raw``: the TrainJob as the API returns it; the workers in ``skip`` are not
+        candidates (the reason given is reported: the waiting line holds them)."""
         key = (raw["metadata"].get("namespace") or "", raw["metadata"]["name"])
         content = _content(raw)  # the same for every worker: digested once
-        return self._place(key, lambda worker: self.need_on(raw, worker, content),
+        skip = skip or {}
+        return self._place(key, lambda worker: (skip[worker.name], None)
+                           if worker.name in skip else self.need_on(raw, worker, content),
                            cluster_selector.selector_of(raw["metadata"].get("annotations")))
 
     def place_need(self, key: JobKey, need: Need, skip: dict[str, str],
@@ -323,7 +327,9 @@ def _need(job: TrainJob, runtime: dict) -> Need | str:
     totals = info.totals
     each_pod = [pod_set.requests for pod_set in info.pod_sets for _ in range(pod_set.count)]
     return Need(totals.requests, totals.pods, pod_spec.get("nodeSelector"),
-                pod_spec.get("tolerations"), each_pod)
+                pod_spec.get("tolerations"), each_pod,
+                priority_classes=tuple(sorted({pod_set.pod_spec.get("priorityClassName") or ""
+                                               for pod_set in info.pod_sets})))
 
 
 def _quota_room(key: JobKey, worker: WorkerCluster, need: Need, free: dict[str, Decimal],

@@ -20,7 +20,6 @@ moves one step towards the desired state. The order of writes makes it crash-saf
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -36,6 +35,7 @@ from dispatcher.standalone import decisions, remote_copies
 from dispatcher.standalone.beside_kueue import KueueOnManager
 from dispatcher.standalone.job_timing import JobTimings
 from dispatcher.standalone.status_sync import StatusSync
+from dispatcher.standalone.waiting_order import PlacementOrder
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
@@ -68,7 +68,8 @@ class DispatchReconciler:
                  registry: WorkerRegistry, placer: Placer, timings: JobTimings,
                  config: DispatcherConfig, recorder: EventRecorder, metrics: DispatcherMetrics,
                  kueue: KueueOnManager | None = None,
-                 queued_for: Callable[[], float | None] = lambda: None):
+                 queued_for: Callable[[], float | None] = lambda: None,
+                 order: PlacementOrder | None = None):
         self.api = manager
         self.custom = client.CustomObjectsApi(manager)
         # How long the key being reconciled waited in the work queue (this thread's).
@@ -84,11 +85,11 @@ class DispatchReconciler:
         self.recorder = recorder
         self.metrics = metrics
         self.status = StatusSync(self.custom, trainjobs, metrics, timings)
-        # Jobs whose last placement found no room (or quota still being read): the ones a
-        # change of room may move. Kept by the reconciles themselves, so a freed Node
-        # looks at these few again, not at every job the manager holds.
-        self._waiting: set[tuple[str, str]] = set()
-        self._waiting_lock = threading.Lock()
+        # Jobs whose last placement found no room (or a selector no worker matches): the
+        # ones a change of room may move, in the order they get it (priority, then age).
+        # Kept by the reconciles themselves, so a freed Node looks at these few again, not
+        # at every job the manager holds.
+        self.order = order or PlacementOrder(placer, registry)
         self.settings = decisions.Settings(origin=config.origin,
                                            worker_lost_timeout=config.worker_lost_timeout_seconds,
                                            retention=config.retention_seconds)
@@ -106,7 +107,7 @@ class DispatchReconciler:
                 self.placer.release(worker, key)
             steps.lap("decide")
             if not isinstance(action, decisions.Place):
-                self._waiting_for_room(key, False)
+                self.order.left(key)
             performed = action.name
             log.debug("TrainJob %s/%s: %s", namespace, name, action.name)
             self._perform(action, key, raw, worker)
@@ -116,16 +117,9 @@ class DispatchReconciler:
             steps.finish(performed)
 
     def waiting_for_room(self) -> list[tuple[str, str]]:
-        """The jobs a change of room may place (their last placement found none)."""
-        with self._waiting_lock:
-            return list(self._waiting)
-
-    def _waiting_for_room(self, key: tuple[str, str], waiting: bool) -> None:
-        with self._waiting_lock:
-            if waiting:
-                self._waiting.add(key)
-            else:
-                self._waiting.discard(key)
+        """The jobs a change of room may place (their last placement found none), first
+        in line first."""
+        return self.order.line.keys()
 
     def _follow_up(self, key: tuple[str, str], done: decisions.Action) -> None:
         """After a write: decide again on the caches, which hold what was written, and
@@ -243,12 +237,19 @@ class DispatchReconciler:
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
         self.timings.eligible(key)
-        decision = self.placer.place(raw)
+        # While jobs wait, the workers whose room one ahead of this job could use are not
+        # this job's to take (``placement.waiting_line``).
+        turn = self.order.turn(raw)
+        decision = self.placer.place(raw, turn.skip() if turn else None)
         step_timing.lap("place")
-        self._waiting_for_room(key, isinstance(decision, str))
         if isinstance(decision, str):
+            settled = self.order.waits(raw, turn)
+            step_timing.lap("line")
             self._pending(raw, decision)
+            if not settled:
+                raise Requeue(0, "a job that held it back in the waiting line has left it")
             return
+        self.order.left(key)
         worker, need = decision
         patch = {"metadata": {
             "resourceVersion": meta["resourceVersion"],
