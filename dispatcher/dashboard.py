@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.job_state import job_summary, workloads_by_job
 from dispatcher.placement.capacity import capacity_by_resource
+from dispatcher.placement.waiting_line import Waiting
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob import managed_by
@@ -129,18 +130,33 @@ def _explanation(state: str, conditions: list[dict[str, str]]) -> str:
                  if (x["type"], x["status"]) == wanted), "")
 
 
+def waiting_view(line: Iterable[Waiting]) -> list[dict[str, Any]]:
+    """The jobs waiting for room in the order they get it (standalone mode): position from
+    1, priority and the PriorityClass it comes from, the workers each could use."""
+    return [{"position": w.position, "namespace": w.key[0], "name": w.key[1],
+             "priority": w.priority, "priorityClass": w.priority_class,
+             "candidates": list(w.candidates)} for w in line]
+
+
 def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
                 ready: tuple[bool, str], origin: str,
                 sync_lag: SyncLag | None = None,
-                workloads: list[dict] | None = None) -> dict[str, Any]:
+                workloads: list[dict] | None = None,
+                waiting: Iterable[Waiting] = ()) -> dict[str, Any]:
     """The whole picture the page shows, from cached objects only (``workloads``: Kueue's,
-    in kueue mode)."""
+    in kueue mode; ``waiting``: standalone mode's waiting line)."""
     by_job = workloads_by_job(workloads or [])
+    line = waiting_view(waiting)
+    in_line = {(w["namespace"], w["name"]): w for w in line}
     jobs = sorted((job_view(job, sync_lag, by_job.get((job["metadata"].get("namespace", ""),
                                                        job["metadata"]["name"])))
                    for job in trainjobs
                    if managed_by.dispatched(job)),
                   key=lambda j: (j["namespace"], j["name"]))
+    for job in jobs:
+        place = in_line.get((job["namespace"], job["name"]))
+        job["waitingPosition"] = place["position"] if place else None
+        job["priority"] = place["priority"] if place else None
     placed: dict[str, int] = {}
     states: dict[str, int] = {}
     for job in jobs:
@@ -155,6 +171,7 @@ def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
         "clusters": [cluster_view(worker, placed.get(worker.name, 0)) for worker in workers],
         "trainJobs": jobs,
         "counts": dict(sorted(states.items())),
+        "waitingLine": line,
     }
 
 
@@ -164,7 +181,8 @@ def routes(controller: DispatcherController) -> dict[str, Route]:
         nominator = controller.nominator
         body = build_state(controller.trainjobs.list(), controller.registry.snapshot(),
                            controller.ready(), controller.config.origin, controller.sync_lag,
-                           nominator.workloads.list() if nominator else None)
+                           nominator.workloads.list() if nominator else None,
+                           controller.order.order() if not nominator else ())
         return 200, "application/json", json.dumps(body).encode()
 
     table: dict[str, Route] = {STATE_PATH: state}

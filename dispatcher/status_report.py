@@ -7,7 +7,8 @@ object: only a running dispatcher knows it, from its watches of every worker's N
 Pods and the jobs it placed. With ``--dispatcher-url`` it is read from that dispatcher's
 dashboard (``/api/state``, the JSON the page draws, so both say the same); without it, or
 when that dispatcher cannot be reached, the table says so and why, and the rest is shown
-all the same."""
+all the same. The order in which waiting jobs get room (their place in line and priority)
+is that dispatcher's too, and is listed from the same answer."""
 
 from __future__ import annotations
 
@@ -58,7 +59,12 @@ def worker_capacity(dispatcher_url: str | None) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as err:
         return {"available": False, "source": url,
                 "reason": f"{url} did not answer with a dispatcher's state: {err!r}"}
-    return {"available": True, "source": url, "reason": "", "capacity": rows}
+    # The order waiting jobs get room in (standalone mode; older dispatchers send none).
+    line = [{key: entry.get(key) for key in ("position", "namespace", "name", "priority",
+                                             "priorityClass", "candidates")}
+            for entry in state.get("waitingLine") or [] if isinstance(entry, dict)]
+    return {"available": True, "source": url, "reason": "", "capacity": rows,
+            "waitingLine": line}
 
 
 def collect(api: client.ApiClient, dispatcher_url: str | None = None) -> dict[str, Any]:
@@ -121,7 +127,17 @@ def render(report: dict[str, Any], output: str) -> str:
     parts = [_table(clusters) if report["clusters"] else "no MultiKueueCluster",
              _workers_table(report.get("workers") or {}),
              _table(jobs) if report["trainJobs"] else "no multicluster TrainJob"]
+    if line := (report.get("workers") or {}).get("waitingLine"):
+        parts.append(_waiting_table(line))
     return "\n\n".join(parts)
+
+
+def _waiting_table(line: list[dict[str, Any]]) -> str:
+    """The jobs waiting for room, in the order they get it (highest priority, then oldest)."""
+    return _table([("POSITION", "NAMESPACE", "TRAINJOB", "PRIORITY", "PRIORITYCLASS",
+                    "COULD USE")] + [
+        (str(x["position"]), x["namespace"], x["name"], str(x["priority"]),
+         x["priorityClass"] or "-", ",".join(x["candidates"] or []) or "-") for x in line])
 
 
 def _workers_table(workers: dict[str, Any]) -> str:

@@ -142,6 +142,10 @@ function renderJobs(state) {
       el("td", { class: "state" },
         el("span", { class: `badge state-${job.state.toLowerCase()}` }, job.state),
         job.reason ? el("span", { class: "reason" }, ` ${job.reason}`) : null,
+        job.waitingPosition ? el("span", {
+          class: "waiting-position",
+          title: "place in the waiting line: highest priority first, then oldest",
+        }, ` #${job.waitingPosition} in line, priority ${job.priority}`) : null,
         job.message ? el("div", { class: "message" }, job.message) : null),
       el("td", { class: "worker" }, job.worker || "–"),
       el("td", { class: "conditions-cell" }, conditionChips(job.conditions)),

@@ -16,6 +16,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.controller import DispatcherController
 from dispatcher.dashboard import build_state, display_amount
 from dispatcher.job_state import job_state
+from dispatcher.placement.waiting_line import Waiting
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob.observability import ObservabilityServer
@@ -107,6 +108,21 @@ def test_clusters_carry_state_jobs_placed_and_capacity():
     memory = next(r for r in one["capacity"] if r["resource"] == "memory")
     assert memory["display"]["allocatable"] == "64Gi"
     assert (one["nodes"], one["usableNodes"]) == (1, 1)
+
+
+def test_the_waiting_line_is_shown_in_order_with_each_jobs_position_and_priority():
+    line = [Waiting(1, ("team-a", "waiting"), 1000, "high", ("worker-1",)),
+            Waiting(2, ("team-c", "gone-meanwhile"), 0, "", ())]
+    state = build_state(JOBS, [], (True, "leader"), "multikueue", waiting=line)
+    assert state["waitingLine"] == [
+        {"position": 1, "namespace": "team-a", "name": "waiting", "priority": 1000,
+         "priorityClass": "high", "candidates": ["worker-1"]},
+        {"position": 2, "namespace": "team-c", "name": "gone-meanwhile", "priority": 0,
+         "priorityClass": "", "candidates": []}]
+    jobs = {j["name"]: j for j in state["trainJobs"]}
+    assert (jobs["waiting"]["waitingPosition"], jobs["waiting"]["priority"]) == (1, 1000)
+    assert (jobs["running"]["waitingPosition"], jobs["running"]["priority"]) == (None, None)
+    assert _state()["waitingLine"] == []
 
 
 def test_state_is_plain_json():

@@ -275,3 +275,19 @@ def test_the_check_before_a_placement_does_not_grow_with_the_line():
     per_join = (time.perf_counter() - started) / 1000
     # Generous bounds (a shared machine); measured: a few microseconds each.
     assert per_check < 0.001 and per_join < 0.002, (per_check, per_join)
+
+
+def test_dispatcher_status_lists_the_line_read_from_a_dispatchers_state():
+    from dispatcher import status_report
+    line = [{"position": 1, "namespace": "ns", "name": "high", "priority": 1000,
+             "priorityClass": "high", "candidates": ["w1"]},
+            {"position": 2, "namespace": "ns", "name": "low", "priority": 0,
+             "priorityClass": "", "candidates": []}]
+    text = status_report.render({"clusters": [], "trainJobs": [], "workers": {
+        "available": True, "source": "http://x/api/state", "capacity": [],
+        "waitingLine": line}}, "table")
+    rows = [row.split() for row in text.split("\n\n")[-1].splitlines()]
+    assert rows == [["POSITION", "NAMESPACE", "TRAINJOB", "PRIORITY", "PRIORITYCLASS",
+                     "COULD", "USE"],
+                    ["1", "ns", "high", "1000", "high", "w1"],
+                    ["2", "ns", "low", "0", "-", "-"]]
