@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 
 from dispatcher.placement import cluster_selector
+from dispatcher.placement.chooser import shortfalls
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
 from dispatcher.placement.priority import PriorityClasses
@@ -38,13 +39,8 @@ class Turn:
     priority_class: str
     needs: dict[str, Need]
     ahead: dict[str, Rank] = field(default_factory=dict)
-
-    def skip(self) -> dict[str, str]:
-        """The held workers with why, as placement reports a worker it does not use."""
-        return {worker: "held for {}/{} (priority {}), ahead in the waiting line; this "
-                        "job's priority: {}".format(*job_of(rank), priority_of(rank),
-                                                    self.priority)
-                for worker, rank in self.ahead.items()}
+    # Why each held worker is not this job's, as placement reports a worker it skips.
+    skip: dict[str, str] = field(default_factory=dict)
 
 
 class PlacementOrder:
@@ -67,7 +63,24 @@ class PlacementOrder:
         key = _key(raw)
         turn = self._standing(raw, key)
         turn.ahead = self.line.ahead_on(key, turn.rank)
+        for name, rank in turn.ahead.items():
+            turn.skip[name] = self._held_reason(name, turn, rank)
         return turn
+
+    def _held_reason(self, worker_name: str, turn: Turn, ahead: Rank) -> str:
+        """What the job is told about a worker held for ``ahead``: that, when the job would
+        fit there; else what it lacks, as placement would say (the worker is skipped all
+        the same: room freed between this check and the choice is not the job's)."""
+        need, worker = turn.needs.get(worker_name), self.registry.get(worker_name)
+        if need is not None and worker is not None:
+            short = shortfalls(need.requests, need.pods,
+                               worker.capacity.free(need.node_selector, need.tolerations))
+            if short:
+                excluded = worker.capacity.excluded_by_rules(need.node_selector,
+                                                             need.tolerations)
+                return "needs " + " and ".join(short) + (f" ({excluded})" if excluded else "")
+        return "held for {}/{} (priority {}), ahead in the waiting line; this job's " \
+               "priority: {}".format(*job_of(ahead), priority_of(ahead), turn.priority)
 
     def waits(self, raw: dict, turn: Turn | None) -> bool:
         """The job found no room: it joins the line (or keeps its place, updated). False

@@ -195,7 +195,7 @@ def fill(w: WorkerCluster, name: str, cpu: str) -> None:
 def placing(order: PlacementOrder, placer: Placer, raw: dict):
     """What the reconciler does: ask the line, place, and tell the line the outcome."""
     turn = order.turn(raw)
-    decision = placer.place(raw, turn.skip() if turn else None)
+    decision = placer.place(raw, turn.skip if turn else None)
     key_ = (raw["metadata"]["namespace"], raw["metadata"]["name"])
     if isinstance(decision, str):
         order.waits(raw, turn)
@@ -229,7 +229,12 @@ def test_a_low_job_goes_where_the_high_one_cannot_and_waits_where_it_could():
     fill(w2, "filler-2b", "6")
     message = placing(order, placer, job("low-b", "small-low", T0))
     assert "w1: held for ns/high (priority 1000), ahead in the waiting line; this job's " \
-           "priority: 1" in message, message
+           "priority: 1" in message and "w2: needs 2 cpu, 0 free" in message, message
+    # Where it would not fit anyway, what it lacks is said, not that it is held.
+    fill(w1, "filler-1c", "8")
+    message = placing(order, placer, job("low-b", "small-low", T0))
+    assert "w1: needs 2 cpu, 0 free" in message and "held" not in message, message
+    w1.capacity.release(("ns", "filler-1c"))
     assert [w.key for w in order.order()] == [key("high"), key("low-b")]
 
     # The high job gets w1's room once enough frees; leaving the line, it hands the job
