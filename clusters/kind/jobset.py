@@ -51,14 +51,21 @@ def release() -> list[dict]:
     if len(managers) != 1:
         raise ControlPlaneError(f"{source}: no container running jobset:{VERSION} in "
                                 f"Deployment {DEPLOYMENT}: JobSet's release layout changed")
-    managers[0]["image"] = IMAGE
-    managers[0]["imagePullPolicy"] = "IfNotPresent"
+    run_loaded_image_on_control_plane(pod, managers[0], IMAGE)
+    return documents
+
+
+def run_loaded_image_on_control_plane(pod: dict, container: dict, image: str) -> None:
+    """Adapt a release's controller Pod spec to this harness: ``container`` runs ``image``
+    as loaded into the nodes (never pulled), as a non-root user (the images built here set
+    none), on the control-plane node (kept off the worker nodes whose room tests count)."""
+    container["image"] = image
+    container["imagePullPolicy"] = "IfNotPresent"
     pod.setdefault("securityContext", {}).update(runAsUser=NONROOT, runAsGroup=NONROOT)
     pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), CONTROL_PLANE_LABEL: ""}
     pod["tolerations"] = [*(pod.get("tolerations") or []),
                           {"key": CONTROL_PLANE_LABEL, "operator": "Exists",
                            "effect": "NoSchedule"}]
-    return documents
 
 
 def install(kubeconfig: Path) -> None:

@@ -61,7 +61,6 @@ WEBHOOK_SERVICE = local_kueue.WEBHOOK_SERVICE
 VISIBILITY_APIS = ("v1beta1.visibility.kueue.x-k8s.io", "v1beta2.visibility.kueue.x-k8s.io")
 VISIBILITY_API = VISIBILITY_APIS[-1]
 FIELD_MANAGER = "trainjob-clusters"
-NONROOT = jobset.NONROOT
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,13 +108,7 @@ def release(dispatcher: str = local_kueue.DISPATCHER_ALL_AT_ONCE,
     if len(managers) != 1:
         raise ControlPlaneError(f"Kueue's config/default: no container {CONTAINER} in "
                                 f"Deployment {DEPLOYMENT}: Kueue's release layout changed")
-    managers[0]["image"] = IMAGE
-    managers[0]["imagePullPolicy"] = "IfNotPresent"
-    pod.setdefault("securityContext", {}).update(runAsUser=NONROOT, runAsGroup=NONROOT)
-    pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), jobset.CONTROL_PLANE_LABEL: ""}
-    pod["tolerations"] = [*(pod.get("tolerations") or []),
-                          {"key": jobset.CONTROL_PLANE_LABEL, "operator": "Exists",
-                           "effect": "NoSchedule"}]
+    jobset.run_loaded_image_on_control_plane(pod, managers[0], IMAGE)
     return documents
 
 
