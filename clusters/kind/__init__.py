@@ -27,8 +27,8 @@ Established and, on workers, JobSet's controller is Available and its webhooks a
 
 ``up --kueue NAME`` (repeatable) installs Kueue from its release manifests on those clusters
 (``clusters.kind.kueue``; a manager running it also gets JobSet's CRD, which Kueue's TrainJob
-integration watches) and returns once Kueue's Deployment is rolled out, its webhooks admit a
-Kueue object and its visibility API is Available.
+integration watches) and returns once Kueue's Deployment is rolled out and its webhooks
+admit a Kueue object.
 
 stop/start are ``docker stop``/``docker start`` of a cluster's node containers; etcd's data
 and the loaded images live in each node's ``/var`` volume, so objects survive. What a later
@@ -502,8 +502,7 @@ class KindClusters:
                     progress(f"{name}: waiting for JobSet's controller and its webhook")
                     jobset.wait_ready(api, name, _deadline_left(deadline))
                 if record.kueue_dispatcher is not None:
-                    progress(f"{name}: waiting for Kueue's controller, its webhooks and its "
-                             "visibility API")
+                    progress(f"{name}: waiting for Kueue's controller and its webhooks")
                     kueue.wait_ready(api, name, _deadline_left(deadline))
             return next(i for i in self._info(state, self.engine) if i.name == name)
 

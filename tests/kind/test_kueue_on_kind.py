@@ -7,8 +7,8 @@ here), `deploy --manager-overlay manager-beside-kueue` puts the dispatcher next 
 * a TrainJob queued in a Kueue LocalQueue is left to Kueue: Kueue makes its Workload, the
   dispatcher writes its `LeftToKueue` Event and never copies it to the worker;
 * `kubectl delete -k manifests/manager-beside-kueue` removes the overlay's objects and
-  nothing else: Kueue's namespace, Deployment, CRDs, Secrets, ConfigMap, queues, webhooks,
-  visibility APIService and every user TrainJob stay.
+  nothing else: Kueue's namespace, Deployment, CRDs, Secrets, ConfigMap, queues, webhooks
+  and every user TrainJob stay.
 
 Its own kind clusters (a manager and one worker, one kind node each, with a prefix of their
 own), brought up for this module: it sorts after test_kind_clusters.py, which ends the
@@ -205,14 +205,18 @@ def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, mana
     result = kustomize.kubectl(deployed.kind.kubeconfig("manager"), "delete", "-k",
                                str(kustomize.base_path(BESIDE_KUEUE)), "--ignore-not-found",
                                "--wait=true", "--timeout=180s", timeout=240)
-    assert result.returncode == 0, result.stderr
+    if result.returncode != 0:
+        # What holds the namespace: its conditions name what is left or what failed.
+        namespace = client.CoreV1Api(manager).read_namespace("trainjob-system")
+        left = [(x.type, x.status, x.message) for x in namespace.status.conditions or []]
+        pytest.fail(f"kubectl delete -k: {result.stderr}; trainjob-system: {left}")
     after = kueue_inventory(manager)
     assert after & installed == set(), f"left behind: {after & installed}"
     assert at_removal - installed <= after, (
         f"removed though not the overlay's: {(at_removal - installed) - after}")
     assert after - at_removal == set(), f"new: {after - at_removal}"
     # Against what was there before the product: Kueue's namespace, Deployment, CRDs,
-    # Secrets, ConfigMap, queues, webhooks and APIServices, and the team's objects, stay.
+    # Secrets, ConfigMap, queues, webhooks and API groups, and the team's objects, stay.
     assert deployed.before - installed <= after, (
         f"removed though there before the product: {(deployed.before - installed) - after}")
     kept = {f"Deployment/{kind_kueue.NAMESPACE}/{kind_kueue.DEPLOYMENT}",
@@ -221,7 +225,7 @@ def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, mana
             f"Secret/{kind_kueue.NAMESPACE}/{kind_kueue.WEBHOOK_SECRET}",
             "CustomResourceDefinition//workloads.kueue.x-k8s.io",
             "MutatingWebhookConfiguration//kueue-mutating-webhook-configuration",
-            f"APIService//{kind_kueue.VISIBILITY_API}",
+            f"APIService//v1beta2.{c.KUEUE_GROUP}",
             f"ClusterQueue//{CLUSTER_QUEUE}", f"LocalQueue/{USER_NAMESPACE}/{LOCAL_QUEUE}",
             f"TrainJob/{USER_NAMESPACE}/kept", f"Secret/{USER_NAMESPACE}/kept"}
     assert kept <= deployed.before & after, kept - (deployed.before & after)
