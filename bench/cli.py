@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         "batch Jobs: D, this dispatcher standalone, dispatches TrainJobs only and is "
         "refused (choose --contenders among A,B,C). This dispatcher's own constrained "
         "scenario (--suite all/dispatcher, standalone) keeps TrainJobs")
+    compare.add_argument("--workers-axis", type=_ints, metavar="COUNTS",
+                         help="run the comparison once per worker count, comma-separated "
+                         "(e.g. 2,4,8), each on fresh clusters with the same jobs, instead "
+                         "of once at --burst-workers; the report adds a table per count, "
+                         "the ratios D/A and C/A per count and workers-axis.png")
     compare.add_argument("--compare-jobs", type=int,
                          help=f"jobs in each contender's burst (full {FULL.compare_jobs})")
     compare.add_argument("--compare-rates", type=_ints,
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync_rate", "fill_to", "idle_seconds", "repeats", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
-        "dispatcher_args", "compare_scenarios", "constrained_kinds")})
+        "dispatcher_args", "compare_scenarios", "constrained_kinds", "workers_axis")})
     _check_mix(settings)
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -92,14 +93,16 @@ def refused_contenders(settings: BenchSettings) -> dict[str, str]:
     return refused
 
 
-def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None:
+def run_comparison(settings: BenchSettings, output: Path, results: dict,
+                   name: str = "comparison") -> None:
     """Every contender in ``settings.contenders`` through burst, steady and constrained
     (those of them ``settings.compare_scenarios`` names); figures into
-    ``results["comparison"]`` as they come."""
+    ``results["comparison"]`` as they come. ``name`` keeps apart the logs and profiles of
+    several comparisons in one output directory."""
     refused = refused_contenders(settings)
     if refused:
         raise ValueError("the constrained mix cannot run: " + "; ".join(refused.values()))
-    log_dir = output / "logs" / "comparison"
+    log_dir = output / "logs" / name
     log_dir.mkdir(parents=True, exist_ok=True)
     env = BenchClusters(Path(tempfile.mkdtemp(prefix="bench-kueue-clusters-")),
                         settings.burst_workers, log_dir, kueue=True,
@@ -144,7 +147,8 @@ def run_comparison(settings: BenchSettings, output: Path, results: dict) -> None
                 namespace = f"cmp-{contender.key.lower()}-burst"
                 namespaces.append(namespace)
                 # py-spy reads Python stacks only: the contenders that run this dispatcher.
-                profile = (output / f"profile-compare-{contender.key}.svg"
+                suffix = name.removeprefix("comparison")
+                profile = (output / f"profile-compare{suffix}-{contender.key}.svg"
                            if settings.profile and contender.mode is not None else None)
                 mine["burst"] = scenarios.burst(ctx, namespace, settings.compare_jobs,
                                                 workers, api_cost=True,
@@ -297,3 +301,17 @@ def _clear(ctx: scenarios.BenchContext, namespaces: list[str]) -> None:
     for namespace in namespaces:
         ctx.timelines.forget(namespace)
 
+
+def run_workers_axis(settings: BenchSettings, output: Path, results: dict) -> None:
+    """The comparison once per count of ``settings.workers_axis``, each on clusters of its
+    own with the same jobs; each count's figures into ``results["workers_axis"][count]``
+    (shaped as a single comparison's ``results``) as they come."""
+    axis: dict = results.setdefault("workers_axis", {})
+    for workers in settings.workers_axis:
+        started = time.monotonic()
+        mine = axis.setdefault(str(workers), {})
+        run_comparison(replace(settings, burst_workers=workers), output, mine,
+                       name=f"comparison-{workers}-workers")
+        mine["seconds"] = round(time.monotonic() - started, 1)
+        for key, value in mine.pop("environment", {}).items():
+            results.setdefault("environment", {}).setdefault(key, value)

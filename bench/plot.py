@@ -10,6 +10,8 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
 
+from bench.report import copies  # noqa: E402
+
 
 def _cdf(axis, samples_ms: list[float], label: str) -> None:
     values = sorted(samples_ms)
@@ -98,6 +100,63 @@ def comparison_plot(results: dict, path: Path) -> Path:
     return path
 
 
+def workers_axis_plot(results: dict, path: Path) -> Path:
+    """Per contender against the worker count: API writes per job on the manager and on the
+    workers, and the copies created and deleted on the workers per job (a burst's, per
+    submitted job)."""
+    axis = sorted((int(n), f["comparison"]) for n, f in results["workers_axis"].items()
+                  if (f.get("comparison") or {}).get("contenders"))
+    keys = list(dict.fromkeys(k for _, c in axis for k in c["contenders"]))
+    figure, panels = plt.subplots(1, 4, figsize=(20, 4.5))
+    shown = ((lambda b: b["api"]["per_job"]["manager_writes_all"],
+              "Manager apiserver: writes per job"),
+             (lambda b: b["api"]["per_job"]["worker_writes_all"],
+              "Worker apiservers (all): writes per job"),
+             (lambda b: sum(copies(b).values()),
+              "Workers: TrainJob+Workload create+delete requests/job"))
+    for panel, (value, title) in zip(panels[:3], shown):
+        for key in keys:
+            points = [(n, value(c["contenders"][key]["burst"]))
+                      for n, c in axis
+                      if "burst" in c["contenders"].get(key, {})]
+            points = [(n, v) for n, v in points if v is not None]
+            if points:
+                title_of = next(c["contenders"][key]["title"] for _, c in axis
+                                if key in c["contenders"])
+                panel.plot(*zip(*points), marker="o", label=f"{key}: {title_of}")
+        panel.set(title=title, xlabel="workers", ylabel="per submitted job", ylim=(0, None))
+        panel.set_xticks([n for n, _ in axis])
+        if panel.get_legend_handles_labels()[0]:
+            panel.legend(fontsize=7)
+        panel.grid(alpha=0.3)
+    ratio = panels[3]
+
+    def writes(burst: dict) -> float:
+        per_job = burst["api"]["per_job"]
+        return per_job["manager_writes_all"] + per_job["worker_writes_all"]
+
+    for key in ("D", "C"):
+        points = [(n, writes(c["contenders"][key]["burst"])
+                   / writes(c["contenders"]["A"]["burst"]))
+                  for n, c in axis
+                  if "burst" in c["contenders"].get(key, {})
+                  and "burst" in c["contenders"].get("A", {})
+                  and writes(c["contenders"]["A"]["burst"])]
+        if points:
+            ratio.plot(*zip(*points), marker="o", label=f"{key}/A")
+    ratio.axhline(1, color="grey", linestyle=":")
+    ratio.set(title="Writes per job, all apiservers: ratio to A", xlabel="workers",
+              ylabel="ratio", ylim=(0, None))
+    ratio.set_xticks([n for n, _ in axis])
+    if ratio.get_legend_handles_labels()[0]:
+        ratio.legend(fontsize=7)
+    ratio.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
 def write_plots(results: dict, output: Path) -> list[Path]:
     """Every plot the run's figures allow."""
     plots = []
@@ -107,4 +166,7 @@ def write_plots(results: dict, output: Path) -> list[Path]:
         plots.append(scaling_plot(results, output / "scaling.png"))
     if results.get("comparison", {}).get("contenders"):
         plots.append(comparison_plot(results, output / "comparison.png"))
+    if any((f.get("comparison") or {}).get("contenders")
+           for f in (results.get("workers_axis") or {}).values()):
+        plots.append(workers_axis_plot(results, output / "workers-axis.png"))
     return plots

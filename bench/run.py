@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from bench import constrained, host_speed, scenarios
-from bench.compare import run_comparison
+from bench.compare import run_comparison, run_workers_axis
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
 from bench.report import targets
@@ -55,7 +55,10 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
             _dispatcher_suite(settings, output, state_dir, results)
     if settings.suite in ("all", "compare"):
         started = time.monotonic()
-        run_comparison(settings, output, results)
+        if settings.workers_axis:
+            run_workers_axis(settings, output, results)
+        else:
+            run_comparison(settings, output, results)
         results["scenario_seconds"]["comparison"] = round(time.monotonic() - started, 1)
     reference["end"] = host_speed.reference_ms()
     results["targets"] = targets(results)

@@ -293,6 +293,11 @@ def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
             "worker_trainjob_creates": round(sum(apicost.total(
                 deltas[w], resource=TRAINJOBS, verbs=frozenset({"POST"}))
                 for w in workers) / count, 3),
+            # Copies withdrawn or removed within the burst (AllAtOnce's losing copies, a
+            # finished copy's deletion), before the step's own deletion.
+            "worker_trainjob_deletes": round(sum(apicost.total(
+                deltas[w], resource=TRAINJOBS, verbs=frozenset({"DELETE"}))
+                for w in workers) / count, 3),
             "dispatch_writes": round((manager_tj_writes + worker_tj_writes) / count, 3),
             "manager_event_writes": round(event_writes / count, 3),
             "manager_reads": round(reads("manager") / count, 3),
@@ -308,6 +313,12 @@ def _api_cost(before: dict[str, Counter], after: dict[str, Counter], count: int,
                 apicost.total(deltas[w], resource=resource, verbs=apicost.WRITE_VERBS)
                 for w in workers for resource in RUNNING_RESOURCES) / count, 3),
         },
+        # Each apiserver's writes of every resource (the manager's without the benchmark's
+        # own creates): where a dispatcher's copies land, and which apiserver bounds it.
+        "writes_per_job_by_apiserver": {
+            name: round((apicost.total(deltas[name], verbs=apicost.WRITE_VERBS)
+                         - (count if name == "manager" else 0)) / count, 3)
+            for name in ["manager", *workers]},
         "note": "manager TrainJob writes exclude the benchmark's own creates; reads are GET "
                 "and LIST of every resource (watches excluded) over the whole burst",
         "requests": {name: apicost.as_table(d) for name, d in deltas.items()},

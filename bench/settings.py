@@ -37,6 +37,9 @@ class BenchSettings:
     # backlog of deletions queues ahead of its next step's jobs).
     drain_timeout: float = 30.0
     contenders: tuple[str, ...] = ("A", "B", "C", "D")
+    # Worker counts the comparison runs at in turn, each on clusters of its own (empty: once,
+    # at burst_workers): how each contender's cost per job grows with the workers.
+    workers_axis: tuple[int, ...] = ()
     # What the comparison runs for each contender: its burst, its steady steps, its
     # constrained-placement run (the create ceiling goes with the burst).
     compare_scenarios: tuple[str, ...] = ("burst", "steady", "constrained")
