@@ -75,13 +75,14 @@ class Placer:
 
     # --- choosing ----------------------------------------------------------------------
 
-    def place(self, raw: dict, skip: dict[str, str] | None = None
-              ) -> tuple[WorkerCluster, Need] | str:
+    def place(self, raw: dict, skip: dict[str, str] | None = None,
+              content: bytes | None = None) -> tuple[WorkerCluster, Need] | str:
         """Choose a worker and reserve the job's room there; or say why nothing fits.
         ``raw``: the TrainJob as the API returns it; the workers in ``skip`` are not
-        candidates (the reason given is reported: the waiting line holds them)."""
+        candidates (the reason given is reported: the waiting line holds them);
+        ``content``: its ``content_digest``, when the caller has it already."""
         key = (raw["metadata"].get("namespace") or "", raw["metadata"]["name"])
-        content = _content(raw)  # the same for every worker: digested once
+        content = content or content_digest(raw)  # the same for every worker: digested once
         skip = skip or {}
         return self._place(key, lambda worker: (skip[worker.name], None)
                            if worker.name in skip else self.need_on(raw, worker, content),
@@ -221,7 +222,7 @@ class Placer:
             return str(refused), None
         if runtime is None:
             return f"{key} not found", None
-        need_key = (content or _content(raw), self._digest(worker, runtime))
+        need_key = (content or content_digest(raw), self._digest(worker, runtime))
         with self._cache_lock:
             known = self._needs.get(need_key)
         if known is None:
@@ -303,7 +304,7 @@ class Placer:
 _quantity = functools.lru_cache(maxsize=4096)(parse_quantity)
 
 
-def _content(raw: dict) -> bytes:
+def content_digest(raw: dict) -> bytes:
     """What a job's need depends on: its spec, labels and annotations (not the placement
     annotation, which placing adds), as the API returned them. Not its name or namespace:
     they name pods and hosts but change no request, count, node selector or toleration.

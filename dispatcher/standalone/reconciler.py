@@ -240,7 +240,8 @@ class DispatchReconciler:
         # While jobs wait, the workers whose room one ahead of this job could use are not
         # this job's to take (``placement.waiting_line``).
         turn = self.order.turn(raw)
-        decision = self.placer.place(raw, turn.skip if turn else None)
+        decision = self.placer.place(raw, turn.skip, turn.content) if turn else \
+            self.placer.place(raw)
         step_timing.lap("place")
         if isinstance(decision, str):
             settled = self.order.waits(raw, turn)

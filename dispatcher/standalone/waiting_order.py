@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dispatcher.placement import cluster_selector
 from dispatcher.placement.chooser import shortfalls
 from dispatcher.placement.need import Need
-from dispatcher.placement.placer import Placer
+from dispatcher.placement.placer import Placer, content_digest
 from dispatcher.placement.priority import PriorityClasses
 from dispatcher.placement.waiting_line import (JobKey, Rank, Waiting, WaitingLine, job_of,
                                                priority_of, rank_of)
@@ -38,6 +38,8 @@ class Turn:
     priority: int
     priority_class: str
     needs: dict[str, Need]
+    # The job's content digest (``placer.content_digest``), for placement to reuse.
+    content: bytes
     ahead: dict[str, Rank] = field(default_factory=dict)
     # Why each held worker is not this job's, as placement reports a worker it skips.
     skip: dict[str, str] = field(default_factory=dict)
@@ -125,8 +127,9 @@ class PlacementOrder:
 
     def _standing(self, raw: dict, key: JobKey) -> Turn:
         needs = {}
+        content = content_digest(raw)  # the same for every worker: digested once
         for worker in self.registry.snapshot():
-            _, need = self.placer.need_on(raw, worker)
+            _, need = self.placer.need_on(raw, worker, content)
             if need is not None:
                 needs[worker.name] = need
         # Each worker holds its own copy of the runtime: normally the same, and when they
@@ -134,7 +137,7 @@ class PlacementOrder:
         names = {name for need in needs.values() for name in need.priority_classes}
         priority, priority_class = self.priorities.job_priority(sorted(names))
         created = raw["metadata"].get("creationTimestamp")
-        return Turn(rank_of(priority, created, key), priority, priority_class, needs)
+        return Turn(rank_of(priority, created, key), priority, priority_class, needs, content)
 
     def _candidates(self, raw: dict, needs: dict[str, Need]) -> frozenset[str]:
         """The workers whose room the job could use were it freed: eligible, selected by
