@@ -14,13 +14,12 @@ import hashlib
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from cachetools import TLRUCache
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from trainjob.kubeclient import describe_error
 from trainjob.trainer_status import bearer_token
@@ -56,7 +55,7 @@ def token_key(token: str, path: str) -> str:
 class DecisionCache:
     """Decisions by key for a while: allowed ones for ``allowed_ttl`` seconds, refusals
     (401, 403) for ``refused_ttl``; failures to ask are never kept. At most ``max_entries``,
-    the oldest dropped first."""
+    the least recently used dropped first (cachetools' TLRUCache, one lifetime per entry)."""
 
     def __init__(self, allowed_ttl: float = ALLOWED_TTL_SECONDS,
                  refused_ttl: float = REFUSED_TTL_SECONDS,
@@ -65,41 +64,33 @@ class DecisionCache:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self.allowed_ttl, self.refused_ttl = allowed_ttl, refused_ttl
-        self.max_entries = max_entries
-        self._clock = clock
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
+        self._entries: TLRUCache = TLRUCache(
+            maxsize=max_entries, timer=clock,
+            ttu=lambda _key, decision, now: now + self._ttl(decision))
+
+    def _ttl(self, decision: Decision) -> float:
+        if decision.status == HTTPStatus.OK:
+            return self.allowed_ttl
+        if decision.status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
+            return self.refused_ttl
+        return 0.0
 
     def get(self, key: str) -> Decision | None:
         """The decision kept for ``key``, unless there is none or it has expired."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            expires, decision = entry
-            if self._clock() >= expires:
-                del self._entries[key]
-                return None
-            return decision
+            return self._entries.get(key)
 
     def put(self, key: str, decision: Decision) -> None:
         """Keep ``decision`` for its time to live (not at all for a failure to ask)."""
-        if decision.status == HTTPStatus.OK:
-            ttl = self.allowed_ttl
-        elif decision.status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
-            ttl = self.refused_ttl
-        else:
-            return
-        if ttl <= 0:
+        if self._ttl(decision) <= 0:
             return
         with self._lock:
-            self._entries.pop(key, None)
-            self._entries[key] = (self._clock() + ttl, decision)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._entries[key] = decision
 
     def __len__(self) -> int:
         with self._lock:
+            self._entries.expire()
             return len(self._entries)
 
 
