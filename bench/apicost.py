@@ -4,20 +4,32 @@ from __future__ import annotations
 
 from collections import Counter
 
-from clusters.testing import apiserver_samples, request_counts as served
+from clusters.testing import apiserver_samples
 
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
 
 Key = tuple[str, str, str]  # (resource with group, subresource, verb)
 
+# The verb a dry-run request is counted under, apart from the writes: the apiserver admits
+# it (webhooks included) but stores nothing. Kueue's job reconciler dry-run-creates the
+# Workload it would build for a job on every reconcile, to compare it with the stored one.
+DRY_RUN = " (dry run)"
+
 
 def request_counts(control_plane) -> Counter:
     """Requests served so far by a cluster's apiserver, by (group/resource, subresource,
-    verb); ``control_plane`` is a ``clusters.controlplane.ControlPlane``."""
+    verb), a dry run's verb marked with ``DRY_RUN``; ``control_plane`` is a
+    ``clusters.controlplane.ControlPlane``."""
     counts: Counter = Counter()
-    for (group, resource, subresource, verb), n in served(control_plane).items():
-        counts[(f"{resource}.{group}" if group else resource, subresource, verb)] += n
+    for sample in apiserver_samples(control_plane, "apiserver_request_total{"):
+        if sample.name != "apiserver_request_total":
+            continue
+        labels = sample.labels
+        group, resource = labels.get("group", ""), labels.get("resource", "")
+        verb = labels["verb"] + (DRY_RUN if labels.get("dry_run") else "")
+        counts[(f"{resource}.{group}" if group else resource, labels.get("subresource", ""),
+                verb)] += int(sample.value)
     return counts
 
 

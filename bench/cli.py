@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--drain-timeout", type=float,
                          help="seconds a step's jobs may take to go after they are deleted, "
                          "as a user would, before what is left is deleted directly and "
-                         "every Kueue restarted, so the next step starts with no backlog "
+                         "every Kueue restarted, so the next step starts with no backlog; "
+                         "0: every step cleared so, without waiting "
                          f"(default {FULL.drain_timeout:g})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "

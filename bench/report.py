@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import host_speed
+from bench.apicost import DRY_RUN
 from bench.repeats import host_speeds
 from trainjob.gc_pauses import PAUSE_BUCKETS
 
@@ -157,7 +158,8 @@ def copies(burst: dict) -> dict[str, float]:
     """Per submitted job, the create (POST) and DELETE requests a burst's workers' apiservers
     served for TrainJob copies and for Workloads (Kueue's copies of the manager's Workload,
     or the ones a worker's Kueue made for a copy). Requests, answered or refused: a create
-    Kueue repeats after AlreadyExists counts each time."""
+    Kueue repeats after AlreadyExists counts each time. Dry-run creates are not among them
+    (``dry_runs``)."""
     figures = {}
     for kind, resource in WORKER_COPIES.items():
         for verb, what in (("POST", "created"), ("DELETE", "deleted")):
@@ -167,6 +169,18 @@ def copies(burst: dict) -> dict[str, float]:
                          and not r["subresource"])
             figures[f"{kind} {what}"] = round(served / burst["jobs"], 3)
     return figures
+
+
+def dry_runs(burst: dict) -> dict[str, float]:
+    """Per submitted job, the dry-run requests (any resource) the manager's apiserver and the
+    workers' together served over a burst: Kueue's job reconciler dry-run-creates the
+    Workload it would build on every reconcile of a job it manages. Admitted, webhooks
+    included, but not stored, so not among the writes."""
+    counts = {"manager": 0, "workers": 0}
+    for name, rows in _requests(burst).items():
+        counts["manager" if name == "manager" else "workers"] += sum(
+            r["count"] for r in rows if r["verb"].endswith(DRY_RUN))
+    return {name: round(n / burst["jobs"], 3) for name, n in counts.items()}
 
 
 def _write_bound_row(label: str, burst: dict | None, ceiling: dict | None,
@@ -386,6 +400,8 @@ def _comparison_table(results: dict) -> str:
                 str(v) for v in writes_by_apiserver(m["burst"]).values()))
         row("on the workers, per job: TrainJob create / delete requests; Workload create / "
             "delete requests", lambda m: _copies_cell(m["burst"]))
+        row("dry-run requests per job (Kueue's Workload dry-run creates, not stored): manager "
+            "/ workers", lambda m: " / ".join(str(v) for v in dry_runs(m["burst"]).values()))
         row("burst CPU ms per job: " + " / ".join(CPU_PER_JOB), lambda m: " / ".join(
             str(_cpu_ms_per_job(m["burst"], group)) for group in CPU_PER_JOB))
         row("API reads per job (GET+LIST): manager / workers",
@@ -634,11 +650,22 @@ def _axis_cell(comparison: dict, key: str, cell) -> str:
         return "n/a"
 
 
+def _steady_cell(comparison: dict, key: str, rate: int) -> str:
+    """A contender's steady step at ``rate``: latency p50 / p99 ms (dispatched/jobs)."""
+    step = next((s for s in comparison["contenders"].get(key, {}).get("steady") or []
+                 if s["rate"] == rate), None)
+    if step is None:
+        return "n/a"
+    return (f"{step['latency']['p50_ms']} / {step['latency']['p99_ms']} "
+            f"({step['dispatched']}/{step['jobs']})")
+
+
 def _axis_table(results: dict, axis: list[tuple[int, dict]]) -> str:
     """Each contender's burst figures against the worker count."""
     keys = list(dict.fromkeys(k for _, comparison in axis for k in comparison["contenders"]))
     lines = [f"Across worker counts ({results['mode']}): each contender's burst of "
-             f"{results['settings']['compare_jobs']} jobs, per submitted job", "",
+             f"{results['settings']['compare_jobs']} jobs, per submitted job, and its steady "
+             "steps", "",
              "| Contender: figure | " + " | ".join(f"{n} workers" for n, _ in axis) + " |",
              "|---|" + "---|" * len(axis)]
     figures = [
@@ -654,6 +681,8 @@ def _axis_table(results: dict, axis: list[tuple[int, dict]]) -> str:
              max(v for k, v in writes_by_apiserver(b).items() if k != "manager")))),
         ("on the workers, per job: TrainJob create / delete requests; Workload create / "
          "delete requests", lambda b, c: _copies_cell(b)),
+        ("dry-run requests per job (Kueue's Workload dry-run creates): manager / workers",
+         lambda b, c: " / ".join(str(v) for v in dry_runs(b).values())),
         ("CPU ms per job, all processes (" + " / ".join(CPU_PER_JOB) + ")",
          lambda b, c: f"{_cpu_ms_per_job(b)} ("
                    + " / ".join(str(_cpu_ms_per_job(b, g)) for g in CPU_PER_JOB) + ")"),
@@ -661,11 +690,18 @@ def _axis_table(results: dict, axis: list[tuple[int, dict]]) -> str:
          lambda b, c: "{jobs_per_second} ({apiserver})".format(
              **write_bound(b, c.get("ceiling")))),
     ]
+    rates = sorted({s["rate"] for _, comparison in axis
+                    for m in comparison["contenders"].values() for s in m.get("steady") or []})
     for key in keys:
         title = next(c["contenders"][key]["title"] for _, c in axis if key in c["contenders"])
         for label, cell in figures:
             lines.append(f"| {key} ({title}): {label} | " + " | ".join(
                 _axis_cell(comparison, key, cell) for _, comparison in axis) + " |")
+        for rate in rates:
+            lines.append(f"| {key} ({title}): steady {rate} jobs/s, latency p50 / p99 ms "
+                         "(dispatched/jobs) | " + " | ".join(
+                             _steady_cell(comparison, key, rate) for _, comparison in axis)
+                         + " |")
     return "\n".join(lines)
 
 

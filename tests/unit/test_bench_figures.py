@@ -330,3 +330,24 @@ def test_copies_count_the_workers_creates_and_deletes_of_trainjobs_and_workloads
     # Without the recorded figure, per apiserver from the same tables, the user's creates
     # left out on the manager.
     assert writes_by_apiserver(burst) == {"manager": 1.0, "worker-1": 3.25, "worker-2": 2.0}
+
+
+def test_dry_run_creates_are_neither_copies_nor_writes_but_counted_apart():
+    """Kueue's Workload dry-run creates are admitted but not stored: they count as dry runs
+    per job, not as Workloads created on the workers nor as any apiserver's writes."""
+    from bench.apicost import DRY_RUN
+    from bench.report import copies, dry_runs, writes_by_apiserver
+
+    workloads = "workloads.kueue.x-k8s.io"
+    burst = {"jobs": 2, "workers": 1, "api": {"per_job": {}, "requests": {
+        "manager": [{"resource": workloads, "subresource": "", "verb": "POST" + DRY_RUN,
+                     "count": 6},
+                    {"resource": "trainjobs.trainer.kubeflow.org", "subresource": "",
+                     "verb": "POST", "count": 2}],
+        "worker-1": [{"resource": workloads, "subresource": "", "verb": "POST", "count": 2},
+                     {"resource": workloads, "subresource": "", "verb": "POST" + DRY_RUN,
+                      "count": 10}]}}}
+    assert copies(burst)["Workload created"] == 1.0
+    assert dry_runs(burst) == {"manager": 3.0, "workers": 5.0}
+    # The manager's only writes are the user's creates, which are left out.
+    assert writes_by_apiserver(burst) == {"manager": 0.0, "worker-1": 1.0}
