@@ -60,20 +60,7 @@ def _comparison_targets(results: dict) -> list[dict]:
                  "measured": f"D {d} jobs/s, A {a} jobs/s"
                              + (f" ({d / a:.1f}x)" if a and d is not None else ""),
                  "met": (d >= 2 * a) if a and d is not None else None})
-    span_a = _figure(results, "A", "constrained", "makespan_seconds")
-    span_c = _figure(results, "C", "constrained", "makespan_seconds")
-    stuck_c = _figure(results, "C", "constrained", "pods_unschedulable")
-    ran_a = _figure(results, "A", "constrained") is not None
-    # A run that did not finish within the timeout has no makespan: longer than the
-    # timeout, which is then the bound C is judged against.
-    timeout = results["settings"]["constrained_timeout"]
-    unfinished = f"not finished in {timeout:g} s"
-    rows.append({"target": "C's constrained makespan <= 0.8x A's, with 0 pods unschedulable",
-                 "measured": f"C {f'{span_c} s' if span_c else unfinished} ({stuck_c} pods "
-                             f"unschedulable), A {f'{span_a} s' if span_a else unfinished if ran_a else 'not run'}",
-                 "met": (span_c is not None and stuck_c == 0
-                         and span_c <= 0.8 * (span_a if span_a is not None else timeout))
-                 if ran_a and stuck_c is not None else None})
+    rows += _constrained_targets(results)
     # Throughput against the write bound and p99 at 50 jobs/s are D's at its own client
     # limits: this dispatcher's scenarios of the same run (the comparison holds D to
     # Kueue's 5 qps per worker). Without them, the comparison's D against the comparison's
@@ -102,6 +89,25 @@ def _comparison_targets(results: dict) -> list[dict]:
                  if p99_d is not None and p99_c is not None else None})
     return rows
 
+
+def _constrained_targets(results: dict) -> list[dict]:
+    """The constrained target, when the comparison ran constrained placement."""
+    if "constrained" not in results["settings"].get("compare_scenarios", ("constrained",)):
+        return []
+    span_a = _figure(results, "A", "constrained", "makespan_seconds")
+    span_c = _figure(results, "C", "constrained", "makespan_seconds")
+    stuck_c = _figure(results, "C", "constrained", "pods_unschedulable")
+    ran_a = _figure(results, "A", "constrained") is not None
+    # A run that did not finish within the timeout has no makespan: longer than the
+    # timeout, which is then the bound C is judged against.
+    timeout = results["settings"]["constrained_timeout"]
+    unfinished = f"not finished in {timeout:g} s"
+    return [{"target": "C's constrained makespan <= 0.8x A's, with 0 pods unschedulable",
+             "measured": f"C {f'{span_c} s' if span_c else unfinished} ({stuck_c} pods "
+                         f"unschedulable), A {f'{span_a} s' if span_a else unfinished if ran_a else 'not run'}",
+             "met": (span_c is not None and stuck_c == 0
+                     and span_c <= 0.8 * (span_a if span_a is not None else timeout))
+             if ran_a and stuck_c is not None else None}]
 
 # The share of the apiservers' write bound a burst is to reach.
 WRITE_BOUND_SHARE = 0.5
@@ -719,11 +725,12 @@ def _ratio(comparison: dict, key: str, value) -> str:
 
 
 def _ratio_table(axis: list[tuple[int, dict]]) -> str:
-    """D/A and C/A per worker count: throughput, latency, writes, copies and CPU per job."""
+    """D/A and C/A per worker count: the burst's throughput, latency, writes, copies and CPU
+    per job, and the steady steps' latency."""
     pairs = [(n, key, comparison) for n, comparison in axis for key in ("D", "C")
              if key in comparison["contenders"] and "A" in comparison["contenders"]]
     lines = ["Ratios to A (Kueue AllAtOnce) per worker count, burst figures per submitted "
-             "job", "",
+             "job, and the steady steps' latency", "",
              "| Figure | " + " | ".join(f"{key}/A, {n} workers" for n, key, _ in pairs) + " |",
              "|---|" + "---|" * len(pairs)]
     per_job = lambda name: lambda b: b["api"]["per_job"][name]  # noqa: E731
@@ -749,7 +756,25 @@ def _ratio_table(axis: list[tuple[int, dict]]) -> str:
     for label, value in figures:
         lines.append(f"| {label} | " + " | ".join(
             _ratio(comparison, key, value) for _, key, comparison in pairs) + " |")
+    rates = sorted({s["rate"] for _, _, comparison in pairs
+                    for m in comparison["contenders"].values() for s in m.get("steady") or []})
+    for rate in rates:
+        for name in ("p50", "p99"):
+            lines.append(f"| steady {rate} jobs/s: latency {name} | " + " | ".join(
+                _steady_ratio(comparison, key, rate, f"{name}_ms")
+                for _, key, comparison in pairs) + " |")
     return "\n".join(lines)
+
+
+def _steady_ratio(comparison: dict, key: str, rate: int, figure: str) -> str:
+    """A steady step's latency ``figure`` of contender ``key`` over A's at ``rate``."""
+    def latency(who: str):
+        step = next((s for s in comparison["contenders"].get(who, {}).get("steady") or []
+                     if s["rate"] == rate), None)
+        return step["latency"].get(figure) if step else None
+
+    mine, theirs = latency(key), latency("A")
+    return f"{mine / theirs:.2f}x" if mine is not None and theirs else "n/a"
 
 
 def _copies_cell(burst: dict) -> str:
