@@ -133,7 +133,18 @@ class _CapacityCollector:
             "Kueue mode: quota left in each worker ClusterQueue by flavor and resource, less "
             "nominations not reserved there yet (absent where the quota sets no limit)",
             labels=["cluster", "cluster_queue", "flavor", "resource"])
+        synced = GaugeMetricFamily(
+            "dispatcher_worker_cache_sync_seconds",
+            "Seconds from connecting to a worker to the first complete list of every cache "
+            "of it (Nodes, Pods, TrainJobs, runtimes, namespaces)", labels=["cluster"])
+        cached = GaugeMetricFamily(
+            "dispatcher_worker_cached_objects",
+            "Objects of each resource cached for a worker", labels=["cluster", "resource"])
         for worker in self._workers():
+            if worker.cache_sync_seconds is not None:
+                synced.add_metric([worker.name], worker.cache_sync_seconds)
+            for resource, informer in worker.informers.items():
+                cached.add_metric([worker.name, resource], len(informer))
             for resource, amounts in worker.capacity.by_resource().items():
                 for state, amount in amounts.items():
                     capacity.add_metric([worker.name, resource, state], float(amount))
@@ -145,3 +156,5 @@ class _CapacityCollector:
                                           row.resource], float(row.free))
         yield capacity
         yield quota
+        yield synced
+        yield cached

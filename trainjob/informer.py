@@ -18,6 +18,10 @@
 * A watch that stays silent (no event, no bookmark) past ``silence_timeout`` is dropped
   and restarted: a half-open connection cannot freeze the cache.
 
+* With a ``transform``, each object is replaced by what it returns as it arrives (listed or
+  watched), before it is cached or handed to a handler: an owner that reads a few fields of
+  many objects (a large cluster's Pods) caches only those.
+
 Handlers run on the informer's thread and must be quick (typically: enqueue a key).
 """
 
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 Handler = Callable[[str, dict | None, dict | None], None]
+Transform = Callable[[dict], dict]
 ListFn = Callable[..., Any]
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
@@ -90,9 +95,11 @@ class Informer:
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
         keep_field_managers: tuple[str, ...] = (),
+        transform: Transform | None = None,
     ):
         self.name = name
         self._keep = keep_field_managers
+        self._transform = transform
         self._list_fn = list_fn
         self._page_size = page_size
         if watch_timeout < 1:
@@ -135,12 +142,15 @@ class Informer:
         with self._lock:
             return list(self._store)
 
+    def __len__(self) -> int:
+        return len(self._store)
+
     def observe(self, obj: dict) -> None:
         """Put an object this process just wrote into the cache, unless the watch already
         delivered something as new. Without it, a reconcile that runs before the watch
         catches up would act on the old state and write the same change twice."""
         key = object_key(obj)
-        obj = without_managed_fields(obj, self._keep)
+        obj = self._arrived(obj)
         with self._lock:
             cached = self._store.get(key)
             if cached is None or _newer(obj, cached):
@@ -217,7 +227,7 @@ class Informer:
             response = self._list_fn(**kwargs)
             body = orjson.loads(response.data)
             for item in body.get("items") or []:
-                items[object_key(item)] = without_managed_fields(item, self._keep)
+                items[object_key(item)] = self._arrived(item)
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -344,7 +354,7 @@ class Informer:
             self.resource_version = resource_version
             return
         key = object_key(obj)
-        without_managed_fields(obj, self._keep)
+        obj = self._arrived(obj)
         with self._lock:
             previous = self._store.get(key)
             if kind == DELETED:
@@ -356,6 +366,12 @@ class Informer:
             self._dispatch(kind, obj, None)  # the object's last state, as the server sent it
         else:
             self._dispatch(kind, previous, obj)
+
+    def _arrived(self, obj: dict) -> dict:
+        """The object as it is cached and handed on."""
+        if self._transform is not None:
+            return self._transform(obj)
+        return without_managed_fields(obj, self._keep)
 
     def _dispatch(self, kind: str, old: dict | None, new: dict | None) -> None:
         for handler in self._handlers:

@@ -43,11 +43,13 @@ class Steps:
         self._wall, self._cpu = wall, cpu
 
     def so_far(self) -> str:
-        """The queue wait and the steps lapped so far, in wall ms, for a log line:
-        ``queued 0.21 ms; decide 0.05, place 0.41, patch 4.12 ms``."""
+        """The queue wait and the steps lapped so far, in wall ms, then the same steps in
+        CPU ms, for a log line: ``queued 0.21 ms; decide 0.05, place 0.41, patch 4.12 ms;
+        cpu decide 0.05, place 0.39, patch 0.30 ms``."""
         laps = ", ".join(f"{step} {wall * 1000:.2f}" for step, wall, _ in self._laps)
+        cpu = ", ".join(f"{step} {used * 1000:.2f}" for step, _, used in self._laps)
         queued = f"queued {self._queued * 1000:.2f} ms; " if self._queued is not None else ""
-        return f"{queued}{laps} ms"
+        return f"{queued}{laps} ms; cpu {cpu} ms" if laps else f"{queued} ms"
 
     def finish(self, action: str, last_step: str = "rest") -> None:
         """Observe every lap (and what followed the last one as ``last_step``) under

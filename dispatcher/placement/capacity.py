@@ -18,6 +18,7 @@ those in flight could strand one another in some order of arrival waits for them
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -56,6 +57,9 @@ _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 # how long a job waits for pods that never come (a copy held back on its worker, a
 # scheduler that is down). Their room stays held for packing all the same.
 ARRIVAL_WINDOW_SECONDS = 30.0
+# How many changes of Nodes' room are logged for the sums of free room before the sums are
+# dropped (and made again when next asked) instead.
+ROOM_LOG_LIMIT = 50_000
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -139,43 +143,88 @@ class WorkerCapacity:
         # dashboard poll between two changes reuses it (read only by callers).
         self._changes = 0
         self._totals: tuple[int, dict[str, Any]] | None = None
+        # Each Node's room as ``_node_room`` works it out, (name, held) -> amounts, kept
+        # until a pod, a plan or the Node itself changes there: a placement reads the room
+        # of every Node, most of them untouched since the last one.
+        self._rooms: dict[tuple[str, bool], Resources] = {}
+        # The usable Nodes each rule set admits, until a Node comes, goes or changes its
+        # labels, taints or readiness (a heartbeat changes none of them).
+        self._admitted: dict[tuple, list[str]] = {}
+        # What ``free`` sums, per rule set (and None: every usable Node), kept current Node
+        # by Node: each change of a Node's room is logged, and a sum takes in the logged
+        # Nodes when next asked. Summing a thousand Nodes' room at every placement would
+        # be most of the placement.
+        self._room_log: list[str] = []
+        self._free_sums: dict[tuple | None, _FreeSum] = {}
 
     # --- informer handlers ------------------------------------------------------------
 
-    def on_node(self, kind: str, old: dict | None, new: dict | None) -> None:
-        """Node informer handler."""
+    def on_node(self, kind: str, old: dict | None, new: dict | None) -> bool:
+        """Node informer handler; whether what placement reads of the Node changed."""
         gone = kind == DELETED or new is None
         obj = old if gone else new
         if obj is None:
-            return
+            return False
         name = (obj.get("metadata") or {}).get("name") or ""
+        node = None if gone else _node_from(new)
         with self._lock:
+            if node == self._nodes.get(name):
+                return False  # a heartbeat: nothing placement reads has changed
             self._changes += 1
-            if gone:
+            self._admitted.clear()
+            self._free_sums.clear()
+            self._forget_room(name)
+            if node is None:
                 self._nodes.pop(name, None)
             else:
-                self._nodes[name] = _node_from(new)
+                self._nodes[name] = node
+            return True
 
-    def on_pod(self, kind: str, old: dict | None, new: dict | None) -> None:
-        """Pod informer handler."""
+    def on_pod(self, kind: str, old: dict | None, new: dict | None) -> bool:
+        """Pod informer handler; whether what the Pod counts for changed (bound, finished,
+        gone, resized)."""
         obj = new if new is not None else old
         if obj is None:
-            return
+            return False
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace") or "", meta.get("name") or "")
-        use = None if kind == DELETED or new is None else _pod_use(new)
+        use = None
+        if kind != DELETED and new is not None:
+            # A pod's spec rarely changes after it is bound (its status does): its
+            # requests, the costly part, are worked out again only when it does.
+            known = self._pods.get(key)
+            same = known is not None and old is not None and old.get("spec") == new.get("spec")
+            use = _pod_use(new, known.requests if same else None)
         with self._lock:
+            previous = self._pods.get(key)
+            if previous == use:
+                return False
             self._changes += 1
-            previous = self._pods.pop(key, None)
             if previous is not None:
+                del self._pods[key]
                 self._count(previous, -1)
             if use is not None:
                 self._pods[key] = use
                 self._count(use, +1)
+            return True
+
+    def _forget_room(self, node: str, bound: bool = True) -> None:
+        """The room kept for ``node`` is out of date: its pods (``bound``) or only the
+        room planned there changed."""
+        self._rooms.pop((node, True), None)
+        if bound:
+            self._rooms.pop((node, False), None)
+        if self._free_sums:
+            if len(self._room_log) >= ROOM_LOG_LIMIT:
+                self._free_sums.clear()  # summed again when next asked
+                self._room_log.clear()
+            else:
+                self._room_log.append(node)
 
     def _count(self, use: _PodUse, sign: int) -> None:
         if not use.finished:
             _add(self._used, use.node, use.requests, sign)
+            self._forget_room(use.node)
         if use.job is not None:
             _add(self._job_used, use.job, use.requests, sign)
             _add(self._job_node_used, (use.job, use.node), use.requests, sign)
@@ -250,6 +299,7 @@ class WorkerCapacity:
                 _accumulate(self._unplanned_total, previous, -1)
         for node, amounts in self._planned_counted.pop(job, {}).items():
             _accumulate(self._node_planned[node], amounts, -1)
+            self._forget_room(node, bound=False)
         reserved = self._reserved.get(job)
         if reserved is None:
             return
@@ -268,6 +318,7 @@ class WorkerCapacity:
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
             _accumulate(self._node_planned.setdefault(node, {}), amounts)
+            self._forget_room(node, bound=False)
 
     def _counted_reservations(self) -> Resources:
         return {resource: amount for resource, amount in self._counted_total.items() if amount}
@@ -279,7 +330,8 @@ class WorkerCapacity:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
         with self._lock:
-            return self._free(self._admitting(node_selector, tolerations))
+            return self._free(self._admitting(node_selector, tolerations),
+                              _rules(node_selector, tolerations))
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
              tolerations: list[dict] | None = None) -> dict[str, Resources] | str:
@@ -309,16 +361,18 @@ class WorkerCapacity:
             if problem:
                 return problem
             plan = Plan()
+            packer = _Packer(room, allocatable, sign)
             for pod in wanted:
-                name = _take(room, allocatable, pod, sign)
+                name = packer.take(pod)
                 if name is None:
                     return _no_node_for(pod, room)
                 plan.add(name, pod)
             # This job's first, where the scheduler would put them, then the held ones.
             room = held_room
-            seen = {name: self._node_room(name, held=False) for name in names}
+            packer = _Packer({name: self._node_room(name, held=False) for name in names},
+                             allocatable, sign)
             for pod in wanted:
-                name = _take(seen, allocatable, pod, sign)
+                name = packer.take(pod)
                 if name is None:
                     return _no_node_for(pod, room)
                 shift(room[name], pod, -1)
@@ -393,11 +447,13 @@ class WorkerCapacity:
         once, and so could every Node of ``holding`` (those with held room). Called under
         the lock."""
         pending = _sum([*wanted, held])
-        absorbs = {name: fits(self._node_room(name, held=False), pending)
-                   for name in names.union(holding)
-                   if name in self._nodes and self._nodes[name].usable}
-        return any(absorbs.get(name) for name in names) and all(
-            absorbs.get(name, False) for name in holding)
+
+        def absorbs(name: str) -> bool:
+            node = self._nodes.get(name)
+            return node is not None and node.usable and fits(self._room(name, False), pending)
+
+        # The few Nodes holding room first; then the first admitted Node that absorbs ends it.
+        return all(absorbs(name) for name in holding) and any(absorbs(name) for name in names)
 
     def _held_pods(self, jobs: list[JobKey]) -> list[arrival.PendingPod]:
         """The pods the reservations of ``jobs`` still stand for, each free to go to any
@@ -443,8 +499,13 @@ class WorkerCapacity:
                    tolerations: list[dict] | None) -> list[str]:
         """The usable Nodes a pod with this nodeSelector and these tolerations may land
         on. Called under the lock."""
-        return [name for name, node in self._nodes.items()
+        rules = _rules(node_selector, tolerations)
+        names = self._admitted.get(rules)
+        if names is None:
+            names = self._admitted[rules] = [
+                name for name, node in self._nodes.items()
                 if node.usable and admits(node.labels, node.taints, node_selector, tolerations)]
+        return names
 
     def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
                      sign: int) -> str | None:
@@ -468,9 +529,10 @@ class WorkerCapacity:
         place than its pods. A pod of a placed job bound off its plan keeps the job's held
         room where it was until the job's last pod binds: which held pod it stood for is
         not known. Called under the lock."""
-        short = {name for name, free in room.items()
-                 if any(amount < 0 for r, amount in free.items()
-                        if r in self._nodes[name].allocatable)}
+        # Only Nodes with held room have lumps to move: the rest need not be looked at.
+        short = {name for name, held in self._node_planned.items()
+                 if name in room and any(held.values())
+                 and any(amount < 0 for amount in room[name].values())}
         if not short:
             return []
         lumps: list[tuple[Resources, JobKey]] = []
@@ -485,11 +547,18 @@ class WorkerCapacity:
     def _node_room(self, name: str, held: bool = True) -> Resources:
         """A Node's allocatable less its bound pods and (``held``) the room planned there
         for reserved jobs whose pods have not taken it yet (below zero when more is
-        planned there than the Node has left). Called under the lock."""
-        room = dict(self._nodes[name].allocatable)
-        shift(room, self._used.get(name, _NOTHING), -1)
-        if held:
-            shift(room, self._node_planned.get(name, _NOTHING), -1)
+        planned there than the Node has left), a copy of its own. Called under the lock."""
+        return dict(self._room(name, held))
+
+    def _room(self, name: str, held: bool) -> Resources:
+        """``_node_room`` as kept (read only). Called under the lock."""
+        room = self._rooms.get((name, held))
+        if room is None:
+            room = dict(self._nodes[name].allocatable)
+            shift(room, self._used.get(name, _NOTHING), -1)
+            if held:
+                shift(room, self._node_planned.get(name, _NOTHING), -1)
+            self._rooms[(name, held)] = room
         return room
 
     def excluded_by_rules(self, node_selector: dict[str, str] | None = None,
@@ -508,23 +577,34 @@ class WorkerCapacity:
             return None
         return "Nodes excluded: " + ", ".join(f"{n} {rule}" for rule, n in sorted(rules.items()))
 
-    def _free(self, node_names: list[str]) -> Resources:
-        total: Resources = {}
-        for name in node_names:
-            used = self._used.get(name, _NOTHING)
-            planned = self._node_planned.get(name, _NOTHING)
-            for resource, allocated in self._nodes[name].allocatable.items():
-                # Bound pods are clamped per node (an overcommitted node must not eat into
-                # another's room); planned room is not: what does not fit on its Node will
-                # land on another one.
-                unbound = allocated - used.get(resource, _ZERO)
-                total[resource] = (total.get(resource, _ZERO) + max(unbound, _ZERO)
-                                   - planned.get(resource, _ZERO))
+    def _free(self, node_names: list[str], rules: tuple | None) -> Resources:
+        """Free room on ``node_names`` (the Nodes ``rules`` admit; None: every usable one)
+        less all counted reservations, never negative. Called under the lock."""
+        sums = self._free_sums.get(rules)
+        if sums is None:
+            sums = self._free_sums[rules] = _FreeSum(set(node_names), len(self._room_log))
+            for name in node_names:
+                sums.add(name, self._contribution(name))
+        else:
+            for name in set(self._room_log[sums.seen:]):
+                if name in sums.members:
+                    sums.add(name, self._contribution(name))
+            sums.seen = len(self._room_log)
+        total = dict(sums.total)
         # Reservations without a plan are tied to no Node: they come off every selection.
         for resource, amount in self._unplanned_total.items():
             if resource in total and amount:
                 total[resource] -= amount
         return {resource: max(amount, _ZERO) for resource, amount in total.items()}
+
+    def _contribution(self, name: str) -> Resources:
+        """What ``name`` adds to ``free``: its room after bound pods, clamped per Node (an
+        overcommitted Node must not eat into another's room), less the room planned there,
+        which is not clamped (what does not fit on its Node lands on another). Called under
+        the lock."""
+        planned = self._node_planned.get(name, _NOTHING)
+        return {resource: max(unbound, _ZERO) - planned.get(resource, _ZERO)
+                for resource, unbound in self._room(name, False).items()}
 
     def totals(self) -> dict[str, Any]:
         """Totals over usable nodes: node and reservation counts, and per ``CAPACITY_STATES``
@@ -546,7 +626,7 @@ class WorkerCapacity:
                 "allocatable": allocatable,
                 "used": {r: a for r, a in used.items() if a},
                 "reserved": self._counted_reservations(),
-                "free": self._free(usable),
+                "free": self._free(usable, None),
             }
             self._totals = (self._changes, totals)
             return totals
@@ -586,6 +666,78 @@ def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted:
         fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
     shift(room[best], wanted, -1)
     return best
+
+
+class _FreeSum:
+    """The sum of the contributions to free room of a set of Nodes, and each one's part,
+    with how much of the room log it has taken in."""
+
+    def __init__(self, members: set[str], seen: int):
+        self.members = members
+        self.seen = seen
+        self.total: Resources = {}
+        self.parts: dict[str, Resources] = {}
+
+    def add(self, name: str, part: Resources) -> None:
+        """Count ``part`` for ``name``, instead of what was counted for it before."""
+        previous = self.parts.get(name)
+        if previous is not None:
+            _accumulate(self.total, previous, -1)
+        self.parts[name] = part
+        _accumulate(self.total, part)
+
+
+def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> tuple:
+    """A hashable key for a pod's nodeSelector and tolerations."""
+    return tuple(sorted((node_selector or {}).items())), repr(tolerations or [])
+
+
+class _Packer:
+    """``_take`` for the pods of one job in turn over the same ``room`` (which it changes):
+    the Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
+    mostly alike, and between two alike pods only the Node the first went to has changed,
+    so a wide job on a large worker scores each Node once, not once per pod.
+
+    Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
+    (ties go by name, as in ``_take``)."""
+
+    def __init__(self, room: dict[str, Resources], allocatable: dict[str, Resources],
+                 sign: int):
+        self.room = room
+        self._allocatable = allocatable
+        self._sign = sign
+        self._shape: Resources | None = None
+        self._heap: list[tuple[float, str]] = []
+
+    def take(self, wanted: Resources) -> str | None:
+        """The Node the pod goes to (its room taken), or None when none fits it."""
+        if wanted != self._shape:
+            self._shape = wanted
+            self._heap = [(self._rank(name, wanted), name)
+                          for name, free in self.room.items() if fits(free, wanted)]
+            heapq.heapify(self._heap)
+        if not self._heap:
+            return None
+        _, best = heapq.heappop(self._heap)
+        shift(self.room[best], wanted, -1)
+        if fits(self.room[best], wanted):
+            heapq.heappush(self._heap, (self._rank(best, wanted), best))
+        return best
+
+    def _rank(self, name: str, wanted: Resources) -> float:
+        return -self._sign * _free_share_float(self.room[name], self._allocatable[name], wanted)
+
+
+def _free_share_float(free: Resources, allocatable: Resources, wanted: Resources) -> float:
+    """``_free_share`` in floating point, for ranking many Nodes."""
+    total, count = 0.0, 0
+    for resource, default in _SCORED:
+        allocated = allocatable.get(resource)
+        if allocated:
+            total += float(free.get(resource, _ZERO) - (wanted.get(resource) or default)) \
+                / float(allocated)
+            count += 1
+    return total / count if count else 0.0
 
 
 def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:
@@ -676,7 +828,8 @@ def pod_requests(pod: dict[str, Any]) -> Resources:
     return requests
 
 
-def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
+def _pod_use(pod: dict[str, Any], requests: Resources | None = None) -> _PodUse | None:
+    """What a pod counts for; ``requests``: its requests when already worked out."""
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return None
@@ -691,7 +844,7 @@ def _pod_use(pod: dict[str, Any]) -> _PodUse | None:
     # replacement needs the room again. A succeeded one covers its part for good.
     if phase == "Failed" or (phase == "Succeeded" and job is None):
         return None
-    return _PodUse(node=node, job=job, requests=pod_requests(pod),
+    return _PodUse(node=node, job=job, requests=requests or pod_requests(pod),
                    finished=phase == "Succeeded")
 
 

@@ -55,6 +55,9 @@ class WorkerCluster:
     identity: str = ""  # the cluster's kube-system namespace UID, once its caches know it
     draining: bool = False  # left the registry; kept only to remove the copies placed there
     sent_deletes: SentDeletes = field(default_factory=SentDeletes)
+    # Seconds from connecting to the first complete list of every one of its caches (None
+    # until then): what a start or a failover waits for before placing there.
+    cache_sync_seconds: float | None = None
 
     @property
     def precedence(self) -> tuple[str, int, str]:

@@ -6,19 +6,29 @@ its Kueue's queues (``WorkerQuota``)."""
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import time
 from collections.abc import Callable
 
 from kubernetes import client
 
 from dispatcher.config import DispatcherConfig
 from dispatcher.placement.worker_quota import WorkerQuota
+from dispatcher.workers import projections
 from dispatcher.workers.cluster import WorkerCluster, WorkerEvent
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
 
+log = logging.getLogger(__name__)
+# The caches of one worker list on threads of their own: one of them says they all did.
+_SYNCED_LOCK = threading.Lock()
+
 # cluster name -> request observer for its client (the metrics of its API requests)
 Observer = Callable[[str], Callable[[str, str], None]]
+# What is kept of each object of the resources a large worker has many of.
+PROJECTIONS = {"nodes": projections.node, "pods": projections.pod}
 
 
 def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
@@ -45,10 +55,14 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
         "pods": functools.partial(core.list_pod_for_all_namespaces,
                                   field_selector="status.phase!=Succeeded,status.phase!=Failed"),
     }
+    connected = time.monotonic()
     for resource, list_fn in sources.items():
-        informer = Informer(f"{worker.name}/{resource}", list_fn)
+        informer = Informer(f"{worker.name}/{resource}", list_fn,
+                            transform=PROJECTIONS.get(resource))
         informer.add_handler(functools.partial(_route, worker, resource, on_event))
+        informer.add_synced_handler(functools.partial(_synced, worker, connected))
         worker.informers[resource] = informer
+    for informer in worker.informers.values():
         informer.start()
     if config.mode == "kueue":
         # Kept apart from the informers above: a worker without Kueue, or whose queues
@@ -57,11 +71,26 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
             on_event, worker.name))
 
 
+def _synced(worker: WorkerCluster, connected: float) -> None:
+    """The first time every cache of the worker has listed: say how long that took and
+    how much it holds (a restart, a failover and a new worker all wait for this)."""
+    with _SYNCED_LOCK:
+        if worker.cache_sync_seconds is not None or not all(
+                informer.synced.is_set() for informer in worker.informers.values()):
+            return
+        worker.cache_sync_seconds = time.monotonic() - connected
+    log.info("worker %s: caches synced in %.1f s (%d Nodes, %d Pods)", worker.name,
+             worker.cache_sync_seconds, len(worker.informers["nodes"]),
+             len(worker.informers["pods"]))
+
+
 def _route(worker: WorkerCluster, resource: str, on_event: WorkerEvent, kind: str,
            old: dict | None, new: dict | None) -> None:
-    """Nodes and pods change the worker's room first; then the dispatcher hears of it."""
-    if resource == "nodes":
-        worker.capacity.on_node(kind, old, new)
-    elif resource == "pods":
-        worker.capacity.on_pod(kind, old, new)
+    """Nodes and pods change the worker's room first; then the dispatcher hears of those
+    that changed it (a Node's heartbeat, a Pod's status conditions do not: on a large
+    worker they are most of the events)."""
+    if resource == "nodes" and not worker.capacity.on_node(kind, old, new):
+        return
+    if resource == "pods" and not worker.capacity.on_pod(kind, old, new):
+        return
     on_event(worker.name, resource, kind, old, new)

@@ -75,6 +75,8 @@ def test_a_reconcile_so_far_reads_as_its_queue_wait_and_steps_in_ms():
     text = step_timing.so_far()
     assert text.startswith("queued 0.21 ms; decide "), text
     assert ", patch " in text and text.endswith(" ms"), text
+    # Then the same steps' CPU time.
+    assert "; cpu decide " in text, text
     steps.finish("Place")
     # Without a queue wait (a queue without metrics), the steps alone.
     step_timing.start(histogram, queued=None)

@@ -1,0 +1,181 @@
+"""What keeps placement fast on large workers gives the answers the plain computation
+gives: the room kept per Node and summed per rule set, the Nodes scored once per pod shape,
+and the Nodes and Pods cached as projections (pure)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from decimal import Decimal as D
+
+from dispatcher.placement import capacity as capacity_module
+from dispatcher.placement.capacity import PODS, WorkerCapacity, _take, admits, pod_requests
+from dispatcher.workers import projections
+from trainjob.constants import JOBSET_NAME_LABEL
+
+from test_capacity import GPU, node, pod
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+RULES = [(None, None), ({"pool": "gpu"}, TOLERATE_GPU), ({"zone": "a"}, None)]
+
+
+def fleet(count: int) -> list[dict]:
+    """Nodes of three sizes in two zones; every fifth a tainted GPU Node."""
+    nodes = []
+    for index in range(count):
+        if index % 5 == 0:
+            nodes.append(node(f"n{index}", cpu=96, memory="1Ti", gpu=8,
+                              labels={"pool": "gpu", "zone": "ab"[index % 2]},
+                              taints=[{"key": GPU, "value": "present",
+                                       "effect": "NoSchedule"}]))
+        else:
+            nodes.append(node(f"n{index}", cpu=(32, 64)[index % 2], memory="256Gi",
+                              labels={"pool": "cpu", "zone": "ab"[index % 2]}))
+    return nodes
+
+
+def plain_free(capacity: WorkerCapacity, selector, tolerations) -> dict:
+    """``free`` worked out from the bound pods and plans alone, nothing kept."""
+    total: dict = {}
+    for name, each in capacity._nodes.items():
+        if not each.usable or not admits(each.labels, each.taints, selector, tolerations):
+            continue
+        used = capacity._used.get(name, {})
+        planned = capacity._node_planned.get(name, {})
+        for resource, allocated in each.allocatable.items():
+            total[resource] = (total.get(resource, D(0))
+                               + max(allocated - used.get(resource, D(0)), D(0))
+                               - planned.get(resource, D(0)))
+    for resource, amount in capacity._unplanned_total.items():
+        if resource in total:
+            total[resource] -= amount
+    return {resource: max(amount, D(0)) for resource, amount in total.items()}
+
+
+def test_free_room_kept_per_node_matches_the_plain_sum_through_random_changes():
+    rng = random.Random(7)
+    capacity = WorkerCapacity("w")
+    nodes = fleet(40)
+    for each in nodes:
+        capacity.on_node(ADDED, None, each)
+    pods: dict[str, dict] = {}
+    for step in range(600):
+        action = rng.random()
+        if action < 0.45 or not pods:
+            target = rng.choice(nodes)["metadata"]["name"]
+            name = f"p{step}"
+            pods[name] = pod(name, node_name=target, cpu=str(rng.choice((1, 2, 4))),
+                             memory="1Gi", job=f"job-{rng.randrange(20)}")
+            capacity.on_pod(ADDED, None, pods[name])
+        elif action < 0.7:
+            name = rng.choice(sorted(pods))
+            capacity.on_pod(DELETED, pods.pop(name), None)
+        elif action < 0.8:
+            name = rng.choice(sorted(pods))
+            done = copy.deepcopy(pods[name])
+            done["status"]["phase"] = "Succeeded"
+            capacity.on_pod(MODIFIED, pods[name], done)
+            pods[name] = done
+        elif action < 0.9:
+            job = ("team-a", f"job-{rng.randrange(20)}")
+            selector, tolerations = rng.choice(RULES)
+            each = {"cpu": D(2), "memory": D(2**30)}
+            plan = capacity.pack([each, each], selector, tolerations)
+            if not isinstance(plan, str):
+                capacity.reserve(job, {"cpu": D(4), "memory": D(2**31)}, 2, plan,
+                                 (selector, tolerations))
+        else:
+            capacity.release(("team-a", f"job-{rng.randrange(20)}"))
+        if step % 10 == 0:
+            # Cordon or uncordon a Node now and then: the rule sets' members change.
+            changed = copy.deepcopy(rng.choice(nodes))
+            changed["spec"]["unschedulable"] = rng.random() < 0.5
+            capacity.on_node(MODIFIED, None, changed)
+        for selector, tolerations in RULES:
+            kept = capacity.free(selector, tolerations)
+            assert kept == plain_free(capacity, selector, tolerations), (
+                f"step {step}: free room kept for {selector} differs from the plain sum")
+
+
+def test_nodes_scored_once_per_pod_shape_go_where_scoring_every_node_sends_them():
+    rng = random.Random(11)
+    nodes = {f"n{i}": {"cpu": D(rng.choice((8, 16, 32))), "memory": D(2**30 * 64),
+                       PODS: D(110)} for i in range(60)}
+    for sign in (1, -1):
+        pods = sorted(([{"cpu": D(rng.choice((1, 2, 3))), "memory": D(2**30), PODS: D(1)}
+                        for _ in range(80)]), key=lambda r: sorted(r.items()), reverse=True)
+        one_by_one = {name: dict(room) for name, room in nodes.items()}
+        packer = capacity_module._Packer({name: dict(room) for name, room in nodes.items()},
+                                         nodes, sign)
+        for each in pods:
+            expected = _take(one_by_one, nodes, each, sign)
+            assert packer.take(each) == expected, f"pod {each} (sign {sign})"
+        assert packer.room == one_by_one
+
+
+def test_a_node_heartbeat_and_a_pods_status_change_leave_the_room_alone():
+    capacity = WorkerCapacity("w")
+    first = node("a", cpu=8)
+    assert capacity.on_node(ADDED, None, first) is True
+    beat = copy.deepcopy(first)
+    beat["metadata"]["resourceVersion"] = "2"
+    assert capacity.on_node(MODIFIED, first, beat) is False, "a heartbeat changed the room"
+    running = pod("p", node_name="a", cpu="2", job="j")
+    assert capacity.on_pod(ADDED, None, running) is True
+    ready = copy.deepcopy(running)
+    ready["metadata"]["resourceVersion"] = "9"
+    assert capacity.on_pod(MODIFIED, running, ready) is False
+    unbound = pod("q", cpu="2")
+    assert capacity.on_pod(DELETED, unbound, None) is False, "an unbound pod held no room"
+    assert capacity.on_pod(DELETED, ready, None) is True
+
+
+def real_pod() -> dict:
+    """A Pod as an apiserver returns it: volumes, status, conditions, owner."""
+    return {
+        "metadata": {"name": "p", "namespace": "team", "resourceVersion": "7", "uid": "u",
+                     "labels": {JOBSET_NAME_LABEL: "js", "app": "x"},
+                     "annotations": {"a": "b" * 200},
+                     "ownerReferences": [{"kind": "Job", "name": "j", "uid": "u"}]},
+        "spec": {"nodeName": "n1", "overhead": {"cpu": "250m"},
+                 "containers": [{"name": "main", "image": "i", "command": ["c"] * 5,
+                                 "resources": {"limits": {GPU: "1", "cpu": "2"}},
+                                 "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+                 "initContainers": [
+                     {"name": "side", "restartPolicy": "Always",
+                      "resources": {"requests": {"cpu": "1"}}},
+                     {"name": "init", "resources": {"requests": {"memory": "8Gi"}}}],
+                 "volumes": [{"name": "v", "projected": {"sources": []}}],
+                 "tolerations": [{"key": "k", "operator": "Exists"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def test_a_projected_pod_counts_for_what_the_whole_pod_counts_for():
+    whole = real_pod()
+    kept = projections.pod(copy.deepcopy(whole))
+    assert pod_requests(kept) == pod_requests(whole)
+    assert kept["spec"]["nodeName"] == "n1" and kept["status"] == {"phase": "Running"}
+    assert kept["metadata"]["labels"] == {JOBSET_NAME_LABEL: "js"}
+    assert "volumes" not in kept["spec"] and "annotations" not in kept["metadata"]
+    full, lean = WorkerCapacity("full"), WorkerCapacity("lean")
+    for capacity, each in ((full, whole), (lean, kept)):
+        capacity.on_node(ADDED, None, node("n1", cpu=16, memory="64Gi", gpu=4))
+        capacity.on_pod(ADDED, None, each)
+    assert full.summary() == lean.summary()
+
+
+def test_a_projected_node_is_placed_on_as_the_whole_node_is():
+    whole = fleet(1)[0]
+    whole["status"]["conditions"].append({"type": "MemoryPressure", "status": "False"})
+    whole["status"]["nodeInfo"] = {"kubeletVersion": "v1.34.0"}
+    kept = projections.node(copy.deepcopy(whole))
+    assert kept["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert "nodeInfo" not in kept["status"]
+    full, lean = WorkerCapacity("full"), WorkerCapacity("lean")
+    full.on_node(ADDED, None, whole)
+    lean.on_node(ADDED, None, kept)
+    for selector, tolerations in RULES:
+        assert full.free(selector, tolerations) == lean.free(selector, tolerations)
