@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,51 @@ from pathlib import Path
 import pytest
 
 
+def stretched(seconds: float) -> float:
+    """``seconds`` stretched by how busy the machine is when a run starts: by its load average
+    per CPU (the higher of the last 1 and 5 minutes) where that is above 1, at most 4x. On a
+    shared machine everything a run waits for takes longer, without anything hanging."""
+    per_cpu = max(os.getloadavg()[:2]) / (os.cpu_count() or 1)
+    return seconds * min(4.0, max(1.0, per_cpu))
+
+
+# How long a program told to stop (SIGTERM) may take to stop its clusters and write results.
+STOP_SECONDS = 180
+
+
+@pytest.fixture(scope="session")
+def load_aware():
+    """``stretched`` for the tests: a wait's seconds on this machine as busy as it is now."""
+    return stretched
+
+
 @pytest.fixture(scope="session")
 def run_bench():
     """``run_bench(args, output, timeout)``: the program run to the end with ``args``; its
-    printed table and results.json."""
+    printed table and results.json. ``timeout`` is for an idle machine and is stretched by
+    the load (``stretched``)."""
     def run(args: list[str], output: Path, timeout: float) -> tuple[Path, str, dict]:
-        done = subprocess.run([sys.executable, "-m", "bench", *args, "--output", str(output),
-                               "--log-level", "warning"], capture_output=True, text=True,
-                              timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+        limit = stretched(timeout)
+        process = subprocess.Popen([sys.executable, "-m", "bench", *args, "--output",
+                                    str(output), "--log-level", "warning"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   cwd=Path(__file__).resolve().parents[2])
+        try:
+            stdout, stderr = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            # SIGTERM, not the SIGKILL of subprocess.run: the program then stops its
+            # clusters, which would otherwise go on loading the machine for later tests.
+            process.terminate()
+            try:
+                _, stderr = process.communicate(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+            raise AssertionError(
+                f"expected python -m bench {' '.join(args)} to end within {limit:.0f} s "
+                f"({timeout:g} s stretched by the load average {os.getloadavg()}); it was "
+                f"still running and was stopped. Its last output:\n{stderr[-5000:]}") from None
+        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         assert done.returncode == 0, (f"python -m bench exited {done.returncode}\n"
                                       f"stdout:\n{done.stdout[-3000:]}\nstderr:\n"
                                       f"{done.stderr[-5000:]}")

@@ -20,7 +20,7 @@ def axis_run(tmp_path_factory, run_bench):
 
 
 def test_each_worker_count_runs_every_contender_on_its_own_clusters(axis_run):
-    from bench.report import copies
+    from bench.report import copies, dry_runs
 
     _, _, results = axis_run
     assert "incomplete" not in results, results["incomplete"]
@@ -44,6 +44,12 @@ def test_each_worker_count_runs_every_contender_on_its_own_clusters(axis_run):
         # AllAtOnce copies each job's Workload to every worker.
         made = copies(contenders["A"]["burst"])
         assert made["Workload created"] >= int(count), (count, made)
+        # The worker holding a copy runs Kueue's job reconciler on it, which dry-run-creates
+        # its Workload: counted apart, not as Workloads created. D's copies are not Kueue's.
+        assert dry_runs(contenders["A"]["burst"])["workers"] > 0, (
+            count, contenders["A"]["burst"]["api"]["requests"])
+        assert dry_runs(contenders["D"]["burst"])["workers"] == 0, (
+            count, contenders["D"]["burst"]["api"]["requests"])
 
 
 def test_the_report_gives_each_count_the_ratios_and_the_plot(axis_run):
