@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from bench import scale_report
 from bench.compare import refused_contenders
 from bench.contenders import CONTENDERS
 from bench.environment import ControllerStartError
@@ -52,6 +53,11 @@ Scenarios, in this order:
             are deleted before the next (--drain-timeout); --compare-scenarios picks among
             burst, steady and constrained; --constrained-kinds trainjob,batch-job makes the
             comparison's constrained jobs a mix of TrainJobs and batch/v1 Jobs (A, B, C)
+  scale     (--suite scale only) 2 workers of 1,000 kwok Nodes (a tenth GPU Nodes) and
+            20,000 Pods each, bound and Running, after smaller sizes: the dispatcher's
+            RSS per Node and per Pod, start to caches synced, a standby taking over,
+            one placement decision (small, wide, GPU jobs), dispatch latency and CPU
+            while each worker's Pods churn; budgets met or missed
 The sync and each steady step run 3 times (--repeats), each after the machine settled (no
 Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
 a percentile is over all the repeats' samples, shown with each repeat's min, median and
@@ -95,6 +101,20 @@ def _choices(allowed: tuple[str, ...]):
                 f"{text!r}")
         return values
     return parse
+
+
+def _sizes(text: str) -> tuple[tuple[int, int], ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        sizes = tuple(tuple(int(x) for x in part.split(":")) for part in text.split(",")
+                      if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NODES:PODS,..., got {text!r}")
+    if any(len(s) != 2 or min(s) < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"expected NODES:PODS,... of positive integers, "
+                                         f"got {text!r}")
+    return sizes
 
 
 def _contenders(text: str) -> tuple[str, ...]:
@@ -158,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare = parser.add_argument_group(
         "comparison with Kueue MultiKueue (A AllAtOnce, B Incremental, C Kueue with this "
         "dispatcher as its external dispatcher, D this dispatcher standalone)")
-    compare.add_argument("--suite", choices=("all", "dispatcher", "compare"),
+    compare.add_argument("--suite", choices=("all", "dispatcher", "compare", "scale"),
                          help="what runs: this dispatcher's scenarios, the comparison, or "
-                         "both (default)")
+                         "both (default); or the scale suite alone (workers the size of "
+                         "real GPU clusters; not part of all)")
     compare.add_argument("--contenders", type=_contenders,
                          help="which of A,B,C,D the comparison runs (default all four)")
     compare.add_argument("--compare-scenarios", type=_choices(COMPARE_SCENARIOS),
@@ -198,6 +219,39 @@ def build_parser() -> argparse.ArgumentParser:
                          "every Kueue restarted, so the next step starts with no backlog; "
                          "0: every step cleared so, without waiting "
                          f"(default {FULL.drain_timeout:g})")
+    sized = parser.add_argument_group(
+        "scale suite (--suite scale): workers of kwok Nodes of mixed sizes (a tenth GPU "
+        "Nodes) and Pods bound to them; the dispatcher's memory, start, placement decisions, "
+        "a standby taking over, and dispatch latency while the Pods churn")
+    sized.add_argument("--scale-workers", type=int,
+                       help=f"workers (full and quick {FULL.scale_workers})")
+    sized.add_argument("--scale-nodes", type=int,
+                       help=f"Nodes per worker at the full size (full and quick "
+                       f"{FULL.scale_nodes})")
+    sized.add_argument("--scale-pods", type=int,
+                       help="Pods per worker at the full size, three daemon Pods a Node "
+                       f"among them (full and quick {FULL.scale_pods})")
+    sized.add_argument("--scale-axis", type=_sizes, metavar="NODES:PODS,...",
+                       help="smaller sizes measured first, per worker (full "
+                       + ",".join(f"{n}:{p}" for n, p in FULL.scale_axis)
+                       + "; quick none; 'none' for none)")
+    sized.add_argument("--scale-placement-jobs", type=int,
+                       help="jobs of each shape (small, wide, GPU) whose placement is timed "
+                       f"(full {FULL.scale_placement_jobs}, quick 30)")
+    sized.add_argument("--scale-churn-rate", type=float,
+                       help="Pods deleted and replaced per second on each worker (full and "
+                       f"quick {FULL.scale_churn_rate:g})")
+    sized.add_argument("--scale-rates", type=_ints,
+                       help="arrival rates (jobs/s) timed during the churn (full and quick "
+                       f"{','.join(map(str, FULL.scale_rates))})")
+    sized.add_argument("--scale-rate-seconds", type=float,
+                       help=f"seconds each of those rates lasts (full {FULL.scale_rate_seconds:g}"
+                       ", quick 10)")
+    sized.add_argument("--scale-window-seconds", type=float,
+                       help="length of the idle and the churn CPU windows (full "
+                       f"{FULL.scale_window_seconds:g}, quick 8)")
+    sized.add_argument("--scale-create-threads", type=int,
+                       help=f"client threads creating the fleet (full {FULL.scale_create_threads})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -258,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         "sync_rate", "fill_to", "idle_seconds", "repeats", "scaling_workers", "scaling_jobs",
         "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
-        "dispatcher_args", "compare_scenarios", "constrained_kinds", "workers_axis")})
+        "dispatcher_args", "compare_scenarios", "constrained_kinds", "workers_axis",
+        "scale_workers", "scale_nodes", "scale_pods", "scale_axis", "scale_placement_jobs",
+        "scale_churn_rate", "scale_rates", "scale_rate_seconds", "scale_window_seconds",
+        "scale_create_threads")})
     _check_mix(settings)
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
@@ -282,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         _write_partial(output, results, f"{type(err).__name__}: {err}")
         raise
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = render_table(results)
+    if settings.suite == "scale":
+        table, plots = scale_report.render(results), scale_report.write_plots(results, output)
+    else:
+        table, plots = render_table(results), write_plots(results, output)
     (output / "table.md").write_text(table + "\n")
-    plots = write_plots(results, output)
     print(table)
     print(f"\nresults: {output / 'results.json'}; plots: "
           + ", ".join(str(p) for p in plots))

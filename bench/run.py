@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import constrained, host_speed, scenarios
+from bench import constrained, host_speed, scale, scenarios
 from bench.compare import run_comparison, run_workers_axis
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
@@ -48,6 +48,14 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
     # Before the clusters this run starts are up and after they are down: the host's speed.
     reference = {"start": host_speed.reference_ms()}
     results.setdefault("environment", {})["reference_work_ms"] = reference
+    if settings.suite == "scale":
+        started = time.monotonic()
+        scale.run_scale(settings, output, state_dir, results)
+        results["scenario_seconds"]["scale"] = round(time.monotonic() - started, 1)
+        reference["end"] = host_speed.reference_ms()
+        results["finished"] = _now()
+        results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return results
     if settings.suite in ("all", "dispatcher"):
         (output / "logs").mkdir(exist_ok=True)
         # How fast the host is, second by second, while the dispatcher's scenarios run.

@@ -54,6 +54,18 @@ class BenchSettings:
     profile: bool = False             # py-spy the dispatcher during the burst and the fill
     # Extra flags for every dispatcher the run starts (e.g. ("--workers", "16")).
     dispatcher_args: tuple[str, ...] = ()
+    # The scale suite (bench.scale): workers the size of real GPU clusters.
+    scale_workers: int = 2
+    scale_nodes: int = 1000           # kwok Nodes per worker at the full size
+    scale_pods: int = 20000           # Pods per worker at the full size (3 daemons a Node)
+    # Smaller sizes measured first, (Nodes, Pods) per worker: the growth axis.
+    scale_axis: tuple[tuple[int, int], ...] = ((10, 200), (100, 2000))
+    scale_placement_jobs: int = 100   # jobs of each shape (small, wide, GPU) timed
+    scale_churn_rate: float = 50.0    # Pods replaced per second on each worker
+    scale_rates: tuple[int, ...] = (10, 50)  # arrival rates measured during the churn
+    scale_rate_seconds: float = 20.0
+    scale_window_seconds: float = 20.0       # the idle and the churn CPU windows
+    scale_create_threads: int = 32    # client threads creating the fleet
 
     @property
     def harness_workers(self) -> int:
@@ -70,7 +82,9 @@ FULL = BenchSettings()
 QUICK = BenchSettings(burst_jobs=500, rates=(10, 50), rate_seconds=10.0, sync_jobs=500,
                       fill_to=2000, idle_seconds=3.0, scaling_workers=(1, 2, 4),
                       scaling_jobs=100, constrained_jobs=24, compare_jobs=40, constrained_timeout=120.0,
-                      compare_rates=(10,), compare_rate_seconds=3.0)
+                      compare_rates=(10,), compare_rate_seconds=3.0,
+                      scale_axis=(), scale_placement_jobs=30, scale_rate_seconds=10.0,
+                      scale_window_seconds=8.0)
 
 
 def preset(quick: bool, **overrides) -> BenchSettings:
