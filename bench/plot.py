@@ -103,7 +103,7 @@ def comparison_plot(results: dict, path: Path) -> Path:
 def workers_axis_plot(results: dict, path: Path) -> Path:
     """Per contender against the worker count: API writes per job on the manager and on the
     workers, and the copies created and deleted on the workers per job (a burst's, per
-    submitted job)."""
+    submitted job); D's and C's writes and CPU per job as a ratio to A's."""
     axis = sorted((int(n), f["comparison"]) for n, f in results["workers_axis"].items()
                   if (f.get("comparison") or {}).get("contenders"))
     keys = list(dict.fromkeys(k for _, c in axis for k in c["contenders"]))
@@ -113,7 +113,7 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
              (lambda b: b["api"]["per_job"]["worker_writes_all"],
               "Worker apiservers (all): writes per job"),
              (lambda b: sum(copies(b).values()),
-              "Workers: TrainJob+Workload create+delete requests/job"))
+              "Workers: TrainJob+Workload creates+deletes/job"))
     for panel, (value, title) in zip(panels[:3], shown):
         for key in keys:
             points = [(n, value(c["contenders"][key]["burst"]))
@@ -135,18 +135,23 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
         per_job = burst["api"]["per_job"]
         return per_job["manager_writes_all"] + per_job["worker_writes_all"]
 
-    for key in ("D", "C"):
-        points = [(n, writes(c["contenders"][key]["burst"])
-                   / writes(c["contenders"]["A"]["burst"]))
-                  for n, c in axis
-                  if "burst" in c["contenders"].get(key, {})
-                  and "burst" in c["contenders"].get("A", {})
-                  and writes(c["contenders"]["A"]["burst"])]
-        if points:
-            ratio.plot(*zip(*points), marker="o", label=f"{key}/A")
+    def cpu(burst: dict) -> float:
+        return sum(v for k, v in burst["cpu"]["cpu_seconds"].items() if k != "benchmark")
+
+    for key, colour in (("D", "tab:red"), ("C", "tab:green")):
+        for value, style, what in ((writes, "-", "writes"), (cpu, "--", "CPU")):
+            points = [(n, value(c["contenders"][key]["burst"])
+                       / value(c["contenders"]["A"]["burst"]))
+                      for n, c in axis
+                      if "burst" in c["contenders"].get(key, {})
+                      and "burst" in c["contenders"].get("A", {})
+                      and value(c["contenders"]["A"]["burst"])]
+            if points:
+                ratio.plot(*zip(*points), marker="o", linestyle=style, color=colour,
+                           label=f"{key}/A, {what} per job")
     ratio.axhline(1, color="grey", linestyle=":")
-    ratio.set(title="Writes per job, all apiservers: ratio to A", xlabel="workers",
-              ylabel="ratio", ylim=(0, None))
+    ratio.set(title="Ratio to A per job: writes (solid), CPU (dashed)",
+              xlabel="workers", ylabel="ratio", ylim=(0, None))
     ratio.set_xticks([n for n, _ in axis])
     if ratio.get_legend_handles_labels()[0]:
         ratio.legend(fontsize=7)
