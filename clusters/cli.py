@@ -148,10 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to wait for everything to be rolled out (default: "
                         "%(default)s)")
     deploy.add_argument("--manager-overlay", default="manager",
-                        choices=("manager", "manager-beside-kueue"),
+                        choices=("manager", "manager-beside-kueue", "manager-kueue"),
                         help="the manager's overlay under manifests/: manager (no Kueue; "
-                        "default) or manager-beside-kueue (the dispatcher standalone beside "
-                        "the Kueue `up --kueue manager` installed)")
+                        "default), manager-beside-kueue (the dispatcher standalone beside "
+                        "the Kueue `up --kueue manager` installed) or manager-kueue (Kueue "
+                        "mode: the external MultiKueue dispatcher of a Kueue with "
+                        "--kueue-dispatcher trainjob-dispatcher.io/capacity, every worker "
+                        "running Kueue too)")
 
     release = sub.add_parser(
         "release", help="write the installable manifests of a release, images set",

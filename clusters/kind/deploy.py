@@ -13,12 +13,23 @@ state directory, as a team deploys it, from the shipped manifests:
    --server-side -k manifests/manager``: the dispatcher (two replicas electing a leader with
    a Lease); ``--manager-overlay manager-beside-kueue`` applies that overlay instead, beside
    the Kueue ``up --kueue manager`` installed (Kueue brings the MultiKueue CRDs);
+   ``--manager-overlay manager-kueue`` runs the dispatcher in Kueue mode, as the external
+   MultiKueue dispatcher of the Kueue ``up --kueue manager --kueue worker-1 ...
+   --kueue-dispatcher trainjob-dispatcher.io/capacity`` installed on every cluster;
 4. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
    container on the kind network, authenticated as the worker-access ServiceAccount (its
-   token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it;
+   token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it.
+   In Kueue mode each worker also gets ``manifests/worker-reader`` and Kueue's own MultiKueue
+   identity (``kueue.multikueue_worker_identity``); the dispatcher's Secret holds the
+   read-only worker-reader identity, and Kueue's Secret of the same name in kueue-system,
+   which the MultiKueueCluster names for Kueue, holds Kueue's;
 5. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
-   holds the Lease and reports every worker Active (beside Kueue, whose MultiKueue
-   controller owns that condition, only the rollout and the Lease are waited for).
+   holds the Lease and every worker is Active (the dispatcher's condition; in Kueue mode
+   Kueue's, about its own connection; beside Kueue, whose MultiKueue controller owns that
+   condition, only the rollout and the Lease are waited for).
+
+The queues are the team's own, never deploy's: in Kueue mode, the MultiKueueConfig,
+AdmissionCheck, ClusterQueues and LocalQueues (Kueue's MultiKueue guide) come from the team.
 
 Safe to repeat: apply is declarative, and a registration already in place is kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
 first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
@@ -41,6 +52,7 @@ from kubernetes.stream import stream
 from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError
 from clusters.kind import KindClusters, waits
+from clusters.kind import kueue as kind_kueue
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
@@ -48,8 +60,13 @@ MANAGER_BASE = "manager"
 # The manager overlays `deploy --manager-overlay` takes: without Kueue, and beside a Kueue
 # that `up --kueue manager` installed.
 BESIDE_KUEUE = "manager-beside-kueue"
-MANAGER_OVERLAYS = (MANAGER_BASE, BESIDE_KUEUE)
+# Kueue mode: the dispatcher as Kueue's external MultiKueue dispatcher.
+KUEUE_MODE = "manager-kueue"
+MANAGER_OVERLAYS = (MANAGER_BASE, BESIDE_KUEUE, KUEUE_MODE)
 WORKER_BASE = "worker"
+# The read-only identity a Kueue-mode dispatcher reads a worker with.
+WORKER_READER_BASE = "worker-reader"
+WORKER_READER_USER = "trainjob-dispatcher-reader"
 FIELD_MANAGER = "trainjob-deploy"
 # Who the manager's dispatcher authenticates as on a worker (manifests/worker-access).
 WORKER_ACCESS_USER = "trainjob-dispatcher"
@@ -68,6 +85,8 @@ class Shipped:
     dispatcher_deployment: str
     dispatcher_lease: str
     worker_secrets: tuple[str, ...]
+    reader_namespace: str
+    reader_token_secret: str
 
     @classmethod
     def read(cls, manager_base: str = MANAGER_BASE) -> Shipped:
@@ -83,6 +102,8 @@ class Shipped:
 
         operator = one(worker, "Deployment", WORKER_BASE)
         token = one(worker, "Secret", WORKER_BASE, lambda o: o.get("type") == TOKEN_SECRET_TYPE)
+        reader = one(kustomize.render(WORKER_READER_BASE), "Secret", WORKER_READER_BASE,
+                     lambda o: o.get("type") == TOKEN_SECRET_TYPE)
         dispatcher = one(manager, "Deployment", manager_base)
 
         def rules(o: dict) -> list[dict]:
@@ -104,7 +125,9 @@ class Shipped:
             dispatcher_deployment=dispatcher["metadata"]["name"],
             dispatcher_lease=lease_name,
             worker_secrets=tuple(n for r in rules(secrets_role)
-                                 for n in r.get("resourceNames") or []))
+                                 for n in r.get("resourceNames") or []),
+            reader_namespace=reader["metadata"]["namespace"],
+            reader_token_secret=reader["metadata"]["name"])
 
 
 @dataclass
@@ -175,9 +198,11 @@ def webhook_problem(api: client.ApiClient) -> str | None:
     return None
 
 
-def worker_access_kubeconfig(kind: KindClusters, name: str, token: str) -> dict:
+def worker_access_kubeconfig(kind: KindClusters, name: str, token: str,
+                             user: str = WORKER_ACCESS_USER) -> dict:
     """The worker's in-network kubeconfig (its control-plane container by name, as kind's
-    ``--internal`` writes it) with the worker-access token instead of kind's admin user."""
+    ``--internal`` writes it) with ``token`` (the worker-access one by default) instead of
+    kind's admin user."""
     internal = yaml.safe_load(kind.internal_kubeconfig(name).read_text())
     cluster = internal["clusters"][0]["cluster"]
     return {
@@ -185,28 +210,36 @@ def worker_access_kubeconfig(kind: KindClusters, name: str, token: str) -> dict:
         "clusters": [{"name": name, "cluster": {
             "server": cluster["server"],
             "certificate-authority-data": cluster["certificate-authority-data"]}}],
-        "users": [{"name": WORKER_ACCESS_USER, "user": {"token": token}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": WORKER_ACCESS_USER}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
         "current-context": name,
     }
 
 
-def _token(api: client.ApiClient, shipped: Shipped, deadline: float) -> str:
-    """The worker-access ServiceAccount's token, once the token controller has filled in
-    its Secret."""
+def _token(api: client.ApiClient, namespace: str, name: str, deadline: float) -> str:
+    """A ServiceAccount's token, once the token controller has filled in its Secret
+    ``namespace/name``."""
     core = client.CoreV1Api(api)
     found: dict[str, str] = {}
 
     def problem() -> str | None:
-        secret = core.read_namespaced_secret(shipped.token_secret, shipped.access_namespace)
+        secret = core.read_namespaced_secret(name, namespace)
         if not (secret.data or {}).get("token"):
-            return (f"Secret {shipped.access_namespace}/{shipped.token_secret} has no token "
-                    "yet")
+            return f"Secret {namespace}/{name} has no token yet"
         found["token"] = base64.b64decode(secret.data["token"]).decode()
         return None
 
-    waits.wait_for("worker-access token", problem, deadline)
+    waits.wait_for(f"the token of Secret {namespace}/{name}", problem, deadline)
     return found["token"]
+
+
+@dataclass(frozen=True)
+class WorkerTokens:
+    """The tokens a worker's registrations carry: worker-access's (standalone), and in
+    Kueue mode worker-reader's (the dispatcher's) and Kueue's own."""
+    access: str
+    reader: str | None = None
+    kueue: str | None = None
 
 
 def _deadline_left(deadline: float) -> float:
@@ -223,8 +256,9 @@ def _load(kind: KindClusters, name: str, names: list[str], workers_only: bool,
 
 
 def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: DeployReport,
-                  deadline: float) -> str:
-    """Steps 1-3 and the rollout wait on one worker; return the worker-access token."""
+                  deadline: float, kueue_mode: bool = False) -> WorkerTokens:
+    """Steps 1-3 and the rollout wait on one worker (``kueue_mode``: with worker-reader and
+    Kueue's identity); return the tokens its registrations carry."""
     started = time.monotonic()
     _load(kind, name, [images.OPERATOR_IMAGE, images.WORKLOAD_IMAGE], True, deadline)
     report.add(name, "images loaded", started)
@@ -241,7 +275,19 @@ def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: Deplo
                                      shipped.operator_deployment)
             or webhook_problem(api)), deadline)
         report.add(name, "training operator rolled out, webhook answering", started)
-        return _token(api, shipped, deadline)
+        access = _token(api, shipped.access_namespace, shipped.token_secret, deadline)
+        if not kueue_mode:
+            return WorkerTokens(access)
+        started = time.monotonic()
+        apply_base(kind.kubeconfig(name), WORKER_READER_BASE)
+        kustomize.apply(kind.kubeconfig(name), kind_kueue.multikueue_worker_identity())
+        report.add(name, f"manifests/{WORKER_READER_BASE} and Kueue's MultiKueue identity "
+                   "applied", started)
+        return WorkerTokens(
+            access,
+            reader=_token(api, shipped.reader_namespace, shipped.reader_token_secret, deadline),
+            kueue=_token(api, kind_kueue.NAMESPACE, kind_kueue.MULTIKUEUE_TOKEN_SECRET,
+                         deadline))
 
 
 def lease_problem(api: client.ApiClient, shipped: Shipped) -> str | None:
@@ -294,6 +340,7 @@ def deploy(kind: KindClusters, timeout: float = 300,
         raise ControlPlaneError(f"cluster(s) {', '.join(stopped)} are stopped: `python -m "
                                 f"clusters start --provider kind {stopped[0]}` first")
     with_kueue = state.clusters[0].kueue_dispatcher is not None
+    kueue_mode = manager_overlay == KUEUE_MODE
     if manager_overlay not in MANAGER_OVERLAYS:
         raise ValueError(f"--manager-overlay {manager_overlay}: not one of "
                          f"{', '.join(MANAGER_OVERLAYS)}")
@@ -304,6 +351,12 @@ def deploy(kind: KindClusters, timeout: float = 300,
                if with_kueue else "runs no Kueue: it is for a manager running Kueue (`up "
                "--kueue manager`); use manifests/" + MANAGER_BASE))
     workers = names[1:]
+    without = [r.name for r in state.clusters[1:] if r.kueue_dispatcher is None]
+    if kueue_mode and without:
+        raise ValueError(
+            f"--manager-overlay {KUEUE_MODE}: worker(s) {', '.join(without)} run no Kueue; "
+            "in Kueue mode Kueue copies the jobs to workers that run Kueue: `up --kueue "
+            f"{without[0]}` (every worker)")
     shipped = Shipped.read(manager_overlay)
     unlisted = [w for w in workers if f"{w}-kubeconfig" not in shipped.worker_secrets]
     if unlisted:
@@ -321,23 +374,26 @@ def deploy(kind: KindClusters, timeout: float = 300,
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
         manager = pool.submit(_deploy_manager, kind, shipped, report, deadline,
                               manager_overlay)
-        tokens = {w: pool.submit(deploy_worker, kind, w, shipped, report, deadline)
+        tokens = {w: pool.submit(deploy_worker, kind, w, shipped, report, deadline, kueue_mode)
                   for w in workers}
         manager.result()
         for worker, token in tokens.items():
-            _register(kind, worker, token.result(), shipped)
+            _register(kind, worker, token.result(), shipped, kueue_mode)
             progress(f"manager: worker {worker} registered")
     with api_client(kind.kubeconfig("manager")) as api:
         started = time.monotonic()
         # Beside Kueue, Kueue's MultiKueue controller writes the Active conditions (about its
-        # own connection), so they say nothing of the dispatcher's.
+        # own connection), so they say nothing of the dispatcher's; in Kueue mode they say
+        # Kueue reaches every worker with the identity deploy made for it.
         waits.wait_for("manager: the dispatcher", lambda: (
             waits.deployment_problem(api, shipped.dispatcher_namespace,
                                      shipped.dispatcher_deployment)
             or lease_problem(api, shipped)
-            or (None if with_kueue else workers_problem(api, workers))), deadline)
+            or (None if with_kueue and not kueue_mode else workers_problem(api, workers))),
+            deadline)
         report.add("manager", "dispatcher rolled out, leading"
-                   + ("" if with_kueue else ", every worker Active"), started)
+                   + ("" if with_kueue and not kueue_mode else ", every worker Active"),
+                   started)
     report.seconds = time.monotonic() - begun
     return report
 
@@ -356,13 +412,31 @@ def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
     report.add("manager", f"manifests/{overlay} applied", started)
 
 
-def _register(kind: KindClusters, worker: str, token: str, shipped: Shipped) -> None:
-    path = kind.state_dir / f"{worker}.dispatcher.kubeconfig"
+def _write_kubeconfig(path: Path, kubeconfig: dict) -> Path:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(worker_access_kubeconfig(kind, worker, token),
-                                  sort_keys=False))
+    tmp.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
     tmp.chmod(0o600)
     tmp.replace(path)
+    return path
+
+
+def _register(kind: KindClusters, worker: str, tokens: WorkerTokens, shipped: Shipped,
+              kueue_mode: bool = False) -> None:
+    """Step 4 for ``worker``: its Secret(s) and MultiKueueCluster on the manager."""
+    dispatchers = kind.state_dir / f"{worker}.dispatcher.kubeconfig"
     with api_client(kind.kubeconfig("manager")) as api:
-        fixtures.register_worker(api, worker, path, namespace=shipped.dispatcher_namespace)
+        if not kueue_mode:
+            _write_kubeconfig(dispatchers, worker_access_kubeconfig(kind, worker,
+                                                                    tokens.access))
+            fixtures.register_worker(api, worker, dispatchers,
+                                     namespace=shipped.dispatcher_namespace)
+            return
+        _write_kubeconfig(dispatchers, worker_access_kubeconfig(
+            kind, worker, tokens.reader, WORKER_READER_USER))
+        fixtures.store_kubeconfig(api, f"{worker}-kubeconfig", dispatchers,
+                                  shipped.dispatcher_namespace)
+        kueues = _write_kubeconfig(kind.state_dir / f"{worker}.kueue.kubeconfig",
+                                   worker_access_kubeconfig(kind, worker, tokens.kueue,
+                                                            kind_kueue.MULTIKUEUE_ACCOUNT))
+        fixtures.register_worker(api, worker, kueues, namespace=kind_kueue.NAMESPACE)
 

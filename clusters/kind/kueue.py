@@ -177,3 +177,50 @@ def wait_ready(api: client.ApiClient, cluster: str, timeout: float) -> None:
     run)."""
     waits.wait_for(f"{cluster}: Kueue's controller", lambda: ready_problem(api),
                    time.monotonic() + timeout)
+
+
+# Kueue's own identity on a MultiKueue worker, as Kueue's MultiKueue guide sets one up: the
+# manager's Kueue connects with it (its Secret in kueue-system on the manager) to create the
+# Workloads and jobs it copies there, read them back and delete them. Rules from the kinds
+# Kueue's MultiKueue adapters write on a worker at VERSION (its batch Job, JobSet and
+# TrainJob adapters create, get, list, watch and delete the job and read its status; the
+# Workload is created, updated and its status patched; the worker's queues are read).
+MULTIKUEUE_ACCOUNT = "multikueue"
+MULTIKUEUE_ROLE = "multikueue-worker"
+MULTIKUEUE_TOKEN_SECRET = "multikueue-token"
+_JOB_VERBS = ["create", "delete", "get", "list", "watch"]
+
+
+def multikueue_worker_identity() -> list[dict]:
+    """The ServiceAccount (with a long-lived token Secret), ClusterRole and binding a
+    manager's Kueue reaches this worker as."""
+    rules = [
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+         "verbs": [*_JOB_VERBS, "update", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"],
+         "verbs": ["get", "update", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "localqueues"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+    for group, resource in local_kueue.SUPPORTED_INTEGRATIONS.values():
+        rules.append({"apiGroups": [group], "resources": [resource], "verbs": _JOB_VERBS})
+        rules.append({"apiGroups": [group], "resources": [f"{resource}/status"],
+                      "verbs": ["get"]})
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": MULTIKUEUE_ACCOUNT, "namespace": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+         "metadata": {"name": MULTIKUEUE_TOKEN_SECRET, "namespace": NAMESPACE,
+                      "annotations": {"kubernetes.io/service-account.name":
+                                      MULTIKUEUE_ACCOUNT}}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": MULTIKUEUE_ROLE}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": MULTIKUEUE_ROLE},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": MULTIKUEUE_ROLE},
+         "subjects": [{"kind": "ServiceAccount", "name": MULTIKUEUE_ACCOUNT,
+                       "namespace": NAMESPACE}]},
+    ]
