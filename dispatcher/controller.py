@@ -38,7 +38,7 @@ from dispatcher.standalone.beside_kueue import KueueOnManager
 from dispatcher.standalone.job_timing import JobTimings
 from dispatcher.standalone.reconciler import DispatchReconciler
 from dispatcher.standalone.waiting_order import PlacementOrder
-from dispatcher.workers.cluster import WorkerCluster
+from dispatcher.workers.cluster import RELISTED, WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob import managed_by
@@ -179,7 +179,8 @@ class DispatcherController:
             self.queue.add(key)
             if released:
                 self._requeue_pending()
-        elif resource in _CAPACITY_RESOURCES or (resource == "pods" and _frees_room(kind, old, new)):
+        elif resource in _CAPACITY_RESOURCES or kind == RELISTED or (
+                resource == "pods" and _frees_room(kind, old, new)):
             self._requeue_pending()
 
     def _on_multikueuecluster(self, kind: str, old: dict | None, new: dict | None) -> None:

@@ -5,6 +5,10 @@
   bookmark) after any disconnect, with capped exponential backoff.
 * 410 Gone (history compacted) triggers a fresh list; the difference between the old cache
   and the new list is delivered as events, so handlers never miss a deletion.
+* A watch that fails (the connection drops, the apiserver restarts or answers an error) is
+  followed by a fresh list too, not resumed: until that list is complete, ``current`` is
+  clear, and an owner that must not act on a picture with a hole in it (placement, by room)
+  can tell. A watch the apiserver ends on time is resumed: nothing was missed.
 * Each watch asks the apiserver to end it after a random time of at most ``watch_timeout``
   (from half that), shorter than ``silence_timeout``. A watch on a resource nobody
   changes gets no bookmarks, so without that its read would time out: the connection
@@ -76,7 +80,7 @@ def object_key(obj: dict) -> Key:
 
 
 class _Gone(Exception):
-    """The watch's resourceVersion is too old: relist."""
+    """The watch's resourceVersion is too old, or the watch failed: relist."""
 
 
 class Informer:
@@ -118,6 +122,10 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._response = None
         self.synced = threading.Event()
+        # Set by every complete list, cleared when a watch fails or its history is gone:
+        # while clear, changes may have been missed, and the next list is under way.
+        self.current = threading.Event()
+        self._watch_backoff = backoff_initial
         self.resource_version: str | None = None
         self.relists = 0
         # The last list/watch failure, cleared by the next success: lets an owner tell a
@@ -208,7 +216,8 @@ class Informer:
                 backoff = self._backoff_initial
                 self._watch()
             except _Gone:
-                log.info("%s: watch history expired; relisting", self.name)
+                self.current.clear()
+                log.info("%s: watch history expired or watch lost; relisting", self.name)
                 continue
             except Exception as err:  # noqa: BLE001 - keep the cache alive whatever happens
                 if self._stop.is_set():
@@ -250,6 +259,7 @@ class Informer:
             if key not in items:
                 self._dispatch(DELETED, obj, None)
         self.synced.set()
+        self.current.set()
         for handler in self._synced_handlers:
             try:
                 handler()
@@ -257,8 +267,8 @@ class Informer:
                 log.exception("%s: synced handler failed", self.name)
 
     def _watch(self) -> None:
-        """Watch until stopped; returns normally only on stop, raises _Gone for a relist."""
-        backoff = self._backoff_initial
+        """Watch until stopped; returns normally only on stop, raises _Gone for a relist
+        (the watch's history is gone, or the watch failed)."""
         while not self._stop.is_set():
             opened = False
             try:
@@ -277,36 +287,44 @@ class Informer:
                     if not line:
                         continue
                     self._handle(orjson.loads(line))
-                    backoff = self._backoff_initial
+                    self._watch_backoff = self._backoff_initial
             except _Gone:
                 raise
             except ApiException as err:
                 if err.status == 410:
                     raise _Gone() from err
-                self._pause(err, backoff)
-                backoff = min(backoff * 2, self._backoff_max)
+                self._lost(err)
             except urllib3.exceptions.ReadTimeoutError as err:
                 if opened:
                     # Open but silent for the whole read timeout. With a watch timeout
                     # shorter than the read's, the apiserver should have ended it first:
                     # a sign of a half-open connection or a stalled server, worth a line.
                     # Otherwise a resource nobody changes (no bookmarks) looks the same.
-                    # Either way it is watched again from where it was; a server that
-                    # stopped answering fails that new watch.
+                    # Either way it is watched again from where it was (what happened
+                    # since is delivered then); a server that stopped answering fails
+                    # that new watch.
                     log.log(logging.INFO if self._watch_timeout < self._silence_timeout
                             else logging.DEBUG,
                             "%s: watch quiet for %.0fs; watching again", self.name,
                             self._silence_timeout)
                     continue
-                self._pause(err, backoff)
-                backoff = min(backoff * 2, self._backoff_max)
+                self._lost(err)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as err:
-                self._pause(err, backoff)
-                backoff = min(backoff * 2, self._backoff_max)
+                self._lost(err)
             finally:
                 response, self._response = self._response, None
                 if response is not None:
                     response.release_conn()
+
+    def _lost(self, err: Exception) -> None:
+        """The watch failed: the cache may have missed changes until a fresh list is
+        complete. Wait out the backoff (longer each time the watch fails before it
+        delivers anything, so a watch that keeps failing does not relist in a loop), then
+        have ``_run`` list again."""
+        self.current.clear()
+        self._pause(err, self._watch_backoff)
+        self._watch_backoff = min(self._watch_backoff * 2, self._backoff_max)
+        raise _Gone() from err
 
     def _pause(self, err: Exception, delay: float) -> None:
         if self._stop.is_set():

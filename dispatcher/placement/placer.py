@@ -254,6 +254,9 @@ class Placer:
         """Why ``worker`` cannot take the job whatever it needs, or None."""
         if not worker.active:
             return f"not connected ({worker.reason}: {worker.message})"
+        room_unknown = worker.room_unknown()
+        if room_unknown:
+            return room_unknown
         excluded_for, why = self.excluded.get(key, {}).get(worker.name, (0, ""))
         if why and excluded_for in (None, generation):
             return why

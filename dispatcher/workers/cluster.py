@@ -29,6 +29,11 @@ REASON_PENDING = "KubeconfigPending"
 
 # (worker name, resource, event kind, old object, new object): a worker's cache changed.
 WorkerEvent = Callable[[str, str, str, dict | None, dict | None], None]
+# The event kind (no objects) of a cache that has just listed again, after a lost watch or
+# its first time: what was decided against it while it listed may be decided again.
+RELISTED = "RELISTED"
+# The caches a worker's room is counted from.
+ROOM_CACHES = ("nodes", "pods")
 
 
 @dataclass
@@ -69,6 +74,16 @@ class WorkerCluster:
 
     def cache(self, resource: str) -> Informer:
         return self.informers[resource]
+
+    def room_unknown(self) -> str | None:
+        """Why the worker's room cannot be trusted now (a watch of its Nodes or Pods was
+        lost and they are being listed again), or None."""
+        listing = [resource for resource in ROOM_CACHES
+                   if resource in self.informers and not self.informers[resource].current.is_set()]
+        if not listing:
+            return None
+        return (f"its {' and '.join(listing)} are being listed again after a lost watch: "
+                "its room is not known until then")
 
     def set_state(self, active: bool, reason: str, message: str) -> bool:
         """Record the worker's state; True when that changed what its condition says."""

@@ -16,7 +16,7 @@ from kubernetes import client
 from dispatcher.config import DispatcherConfig
 from dispatcher.placement.worker_quota import WorkerQuota
 from dispatcher.workers import projections
-from dispatcher.workers.cluster import WorkerCluster, WorkerEvent
+from dispatcher.workers.cluster import ROOM_CACHES, RELISTED, WorkerCluster, WorkerEvent
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
@@ -61,6 +61,9 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
                             transform=PROJECTIONS.get(resource))
         informer.add_handler(functools.partial(_route, worker, resource, on_event))
         informer.add_synced_handler(functools.partial(_synced, worker, connected))
+        if resource in ROOM_CACHES:
+            informer.add_synced_handler(functools.partial(
+                on_event, worker.name, resource, RELISTED, None, None))
         worker.informers[resource] = informer
     for informer in worker.informers.values():
         informer.start()

@@ -13,8 +13,10 @@ class Cache:
         self.store = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]): o
                       for o in objs}
         self.synced = threading.Event()
+        self.current = threading.Event()
         if synced:
             self.synced.set()
+            self.current.set()
         self.last_error = error
         self.name = "cache"
 
