@@ -30,6 +30,7 @@ help:
 	@echo "make bench          benchmark the dispatcher (over an hour on 2 cores); figures in bench-results/"
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
+	@echo "make bench-scale    the dispatcher on 2 workers of 1,000 Nodes and 20,000 Pods each; figures in bench-results/scale/"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -105,12 +106,15 @@ demo: binaries
 
 demo-down: clusters-down
 
-.PHONY: bench bench-quick bench-smoke
+.PHONY: bench bench-quick bench-smoke bench-scale
 bench: binaries
 	$(PY) -m bench --output bench-results
 
 bench-quick: binaries
 	$(PY) -m bench --quick --output bench-results/quick
+
+bench-scale: binaries
+	$(PY) -m bench --suite scale --output bench-results/scale
 
 # The comparison with Kueue MultiKueue at a tiny scale, as a test (not part of `make test`).
 bench-smoke: binaries

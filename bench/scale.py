@@ -23,8 +23,10 @@ At each size of the growth axis (smallest first; the full size last) the run mea
 At the full size also: a standby taking over (a second dispatcher with the same
 configuration, the leader stopped, a job created: time to its copy), the dispatcher's CPU
 spent following Pod churn (a delete and a bound replacement at a steady rate per worker),
-and dispatch latency at steady arrival rates while the churn goes on. No training operator
-runs on these workers: the copies only exist.
+and dispatch latency at steady arrival rates while the churn goes on, each job deleted as
+soon as its copy is seen (jobs leave as fast as they arrive). No training operator runs
+on these workers: the copies only exist, and get no pods, so a copy left in place would
+keep its reservation and make every later placement dearer.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ RUNTIME = "bench-scale"
 SHAPES = ("small", "wide", "gpu")
 WIDE_CPU, GPU_JOB_CPU = 8, 16
 POLL = 1.0
+GIVE_UP_AFTER = 3  # jobs of one shape not dispatched before the rest of them are skipped
 _LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STARTING_LINE = "dispatcher starting"
 STARTED_LINE = " running; metrics on "
@@ -565,12 +568,18 @@ def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
     for shape in SHAPES:
         namespace = f"scale-place-{tag}-{shape}"
         env.create_namespace(namespace, ["manager", *workers])
-        missing = 0
+        missing = made = 0
         for index in range(count):
+            if missing >= GIVE_UP_AFTER:
+                # A shape that does not fit would wait a minute per job: reported instead.
+                log.warning("placement of %s jobs: %d not dispatched; the rest skipped",
+                            shape, missing)
+                break
             name = f"{shape}-{index:04d}"
             key = (namespace, name)
             writes.create(custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
                           c.TRAINJOBS, job_body(name, shape, sizes))
+            made += 1
             if timelines.wait_remotes({key}, 60):
                 missing += 1
             custom.delete_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
@@ -580,7 +589,8 @@ def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
         logged = dispatch_log.read(env.dispatcher.log_file, namespace)
         place = [steps["place"] for steps in logged.values() if "place" in steps]
         cpu = [steps["place_cpu"] for steps in logged.values() if "place_cpu" in steps]
-        figures[shape] = {**sizes[shape], "jobs": count, "missing": missing,
+        figures[shape] = {**sizes[shape], "jobs": made,
+                          "missing": missing,
                           "logged": len(logged), "place_wall": _ms(place),
                           "place_cpu": _ms(cpu) if cpu else None}
         log.info("placement of %s jobs (%d pods): p50 %s ms, p99 %s ms", shape,
@@ -705,6 +715,53 @@ def churn_cost(env: BenchClusters, window: float, churns: list[Churn]) -> dict:
                                              3) if replaced else None}
 
 
+class Reaper:
+    """Deletes each job of ``namespace`` on the manager as soon as its copy is seen on a
+    worker, as if jobs ended at the rate they arrive: without an operator a copy never
+    gets pods, so its reservation would stay and make every later placement dearer."""
+
+    def __init__(self, env: BenchClusters, timelines: Timelines, namespace: str,
+                 threads: int = 4):
+        self.timelines = timelines
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi(api_client(env.kubeconfig("manager")))
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="reaper")
+        self.stopping = threading.Event()
+        self.reaped: set = set()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="reaper")
+
+    def start(self) -> Reaper:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        timelines = self.timelines
+        while not self.stopping.is_set():
+            with timelines.changed:
+                timelines.changed.wait(0.2)
+                ready = [key for key in timelines.manager.added
+                         if key[0] == self.namespace and key not in self.reaped
+                         and timelines.remote(key) is not None]
+                self.reaped.update(ready)
+            for key in ready:
+                self.pool.submit(self._delete, key[1])
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, self.namespace, c.TRAINJOBS, name)
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("reaper: deleting %s/%s: %s", self.namespace, name, err.reason)
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.thread.join()
+        self.pool.shutdown(wait=True)
+        self.custom.api_client.close()
+        return len(self.reaped)
+
+
 def drop_jobs(env: BenchClusters, timelines: Timelines, namespace: str,
               workers: list[str]) -> None:
     """Delete a step's jobs as a user would (their manager namespace, the dispatcher
@@ -742,10 +799,14 @@ def budgets(results: dict) -> list[dict]:
                      "met": met})
 
     start = (full.get("memory") or {}).get("with_pods") or {}
-    peak = start.get("peak_rss_mb")
+    peaks = [x for x in (start.get("peak_rss_mb"),
+                         (results.get("dispatcher_at_end") or {}).get("peak_rss_mb"))
+             if x is not None]
+    peak = max(peaks) if peaks else None
     workers = results.get("workers")
-    row(f"dispatcher RSS with {workers} workers of this size (peak; settled "
-        f"{start.get('settled_rss_mb')} MB)", peak, "MB", 600,
+    row(f"dispatcher RSS with {workers} workers of this size (peak, the churn and the "
+        f"arrivals included; settled after its start {start.get('settled_rss_mb')} MB)",
+        peak, "MB", 600,
         None if peak is None else peak < 600)
     synced = start.get("start_to_synced_seconds")
     gauge = start.get("gauge_seconds")
@@ -822,10 +883,16 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                 results["steady_churn"] = []
                 for rate in settings.scale_rates:
                     namespace = f"scale-rate-{rate}"
-                    figures = scenarios.steady(ctx, rate, workers,
-                                               seconds=settings.scale_rate_seconds,
-                                               namespace=namespace, repeats=1, settle=False)
+                    reaper = Reaper(env, timelines, namespace).start()
+                    try:
+                        figures = scenarios.steady(ctx, rate, workers,
+                                                   seconds=settings.scale_rate_seconds,
+                                                   namespace=namespace, repeats=1,
+                                                   settle=False)
+                    finally:
+                        figures_reaped = reaper.stop()
                     figures.pop("runs", None)
+                    figures["deleted_once_copied"] = figures_reaped
                     results["steady_churn"].append(figures)
                     drop_jobs(env, timelines, namespace, workers)
                 results["churn"]["drivers"] = {f.worker: churn.stop()
@@ -835,6 +902,11 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
             if not last:
                 env.stop_dispatcher()
                 size["emptied"] = empty(env, workers)
+        # The dispatcher that ran the last steps (the standby that took over): its peak
+        # over its whole life, the churn and the arrivals included.
+        pid = env.dispatcher.proc.pid
+        results["dispatcher_at_end"] = {"rss_mb": round(rss_bytes(pid) / 2**20, 1),
+                                        "peak_rss_mb": round(peak_rss_bytes(pid) / 2**20, 1)}
         results["budgets"] = budgets(results)
     finally:
         for churn in churns:
