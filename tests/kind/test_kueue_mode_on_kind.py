@@ -27,6 +27,7 @@ of their own, brought up for this module and removed at its end.
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import time
 
@@ -155,11 +156,13 @@ def manager(deployed):
         yield api
 
 
-def kubeconfig_user(api, namespace: str, name: str) -> str:
-    """Who the kubeconfig in Secret ``namespace/name`` authenticates as."""
+def kubeconfig_subject(api, namespace: str, name: str) -> str:
+    """Who the kubeconfig in Secret ``namespace/name`` authenticates as: the subject of its
+    ServiceAccount token (a JWT)."""
     secret = client.CoreV1Api(api).read_namespaced_secret(name, namespace)
     config = yaml.safe_load(base64.b64decode(secret.data["kubeconfig"]))
-    return config["users"][0]["name"]
+    payload = config["users"][0]["user"]["token"].split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"]
 
 
 def active(api, worker: str) -> dict | None:
@@ -185,10 +188,10 @@ def test_the_dispatcher_runs_in_kueue_mode_with_two_identities_per_worker(deploy
     # there as its own identity, and Kueue's connection is Active.
     for worker in WORKERS:
         secret = f"{worker}-kubeconfig"
-        assert kubeconfig_user(manager, "trainjob-system", secret) == (
-            "trainjob-dispatcher-reader")
-        assert kubeconfig_user(manager, kind_kueue.NAMESPACE, secret) == (
-            kind_kueue.MULTIKUEUE_ACCOUNT)
+        assert kubeconfig_subject(manager, "trainjob-system", secret) == (
+            "system:serviceaccount:trainjob-system:trainjob-dispatcher-reader")
+        assert kubeconfig_subject(manager, kind_kueue.NAMESPACE, secret) == (
+            f"system:serviceaccount:{kind_kueue.NAMESPACE}:{kind_kueue.MULTIKUEUE_ACCOUNT}")
         condition = active(manager, worker)
         assert condition and condition["status"] == "True", (worker, condition)
 
