@@ -216,7 +216,7 @@ def _pod(namespace: str, name: str, node: FleetNode, cpu_m: int, memory_mi: int,
                                      "resources": resources}]}}
 
 
-def _create_pod_call(body: dict):
+def create_pod_call(body: dict):
     path = writes.object_path("", "v1", body["metadata"]["namespace"], "pods")
 
     def call(custom: client.CustomObjectsApi) -> object:
@@ -404,6 +404,65 @@ def memory(env: BenchClusters, workers: list[str], policy: str, fleets: list[Fle
     }
 
 
+def create_nodes(env: BenchClusters, fleets: list[Fleet], runner: LoadRunner) -> dict:
+    """The fleets' Nodes created and waited Ready (kwok); how long that took."""
+    started = time.monotonic()
+    run = runner.run([(env.kubeconfig(f.worker), _create_node_call(body))
+                      for f in fleets for body in f.node_bodies])
+    created = time.monotonic() - started
+    expected = {f.worker: len(f.nodes) for f in fleets}
+
+    def nodes_ready():
+        seen = {f.worker: _nodes_not_ready(env.apis[f.worker]) for f in fleets}
+        return (all(total == expected[w] and not waiting
+                    for w, (total, waiting) in seen.items()), seen)
+
+    ready = _wait("fleet Nodes Ready (kwok)", nodes_ready, 120 + len(run.ends) / 20)
+    return {"nodes": sum(expected.values()), "nodes_create_seconds": round(created, 1),
+            "nodes_creates_per_second": round(run.rate(), 1),
+            "nodes_ready_wait_seconds": round(ready, 1)}
+
+
+def create_pods(env: BenchClusters, fleets: list[Fleet], runner: LoadRunner) -> dict:
+    """The fleets' Pods created (bound) and waited Running (kwok); how long that took."""
+    for fleet in fleets:
+        for namespace in (SYSTEM_NAMESPACE, WORK_NAMESPACE):
+            fixtures.ensure_namespace(env.apis[fleet.worker], namespace)
+    calls = [(env.kubeconfig(f.worker), create_pod_call(body))
+             for f in fleets for body in f.pods]
+    started = time.monotonic()
+    pod_run = runner.run(calls)
+    created = time.monotonic() - started
+
+    def running():
+        seen = {f.worker: (_pod_count(env.apis[f.worker]),
+                           _any(env.apis[f.worker], "status.phase!=Running"))
+                for f in fleets}
+        return (all(total == len(f.pods) and not waiting
+                    for f, (total, waiting) in zip(fleets, seen.values())),
+                {w: {"pods": total, "some_not_running": waiting}
+                 for w, (total, waiting) in seen.items()})
+
+    running_wait = _wait("fleet Pods Running (kwok)", running, 300 + len(calls) / 20)
+    log.info("fleet Pods: %d created at %.0f/s, all Running %.1f s after the last create",
+             len(calls), pod_run.rate(), running_wait)
+    return {"pods": len(calls), "pods_create_seconds": round(created, 1),
+            "pods_creates_per_second": round(pod_run.rate(), 1),
+            "pods_create_retries": pod_run.retries,
+            "pods_running_wait_seconds": round(running_wait, 1),
+            "pods_seconds": round(created + running_wait, 1)}
+
+
+def populate(env: BenchClusters, fleets: list[Fleet], threads: int) -> dict:
+    """The fleets' Nodes, then their Pods, each waited for; how long each took."""
+    runner = LoadRunner(threads)
+    try:
+        return {**create_nodes(env, fleets, runner), **create_pods(env, fleets, runner),
+                "threads": threads}
+    finally:
+        runner.close()
+
+
 def fill_nodes_then_pods(env: BenchClusters, workers: list[str], policy: str,
                          fleets: list[Fleet], threads: int) -> dict:
     """The Nodes, the dispatcher started on them, then the Pods and the dispatcher started
@@ -411,57 +470,21 @@ def fill_nodes_then_pods(env: BenchClusters, workers: list[str], policy: str,
     runner = LoadRunner(threads)
     figures: dict = {}
     try:
-        started = time.monotonic()
-        run = runner.run([(env.kubeconfig(f.worker), _create_node_call(body))
-                          for f in fleets for body in f.node_bodies])
-        created = time.monotonic() - started
-        expected = {f.worker: len(f.nodes) for f in fleets}
-
-        def nodes_ready():
-            seen = {f.worker: _nodes_not_ready(env.apis[f.worker]) for f in fleets}
-            return (all(total == expected[w] and not waiting
-                        for w, (total, waiting) in seen.items()), seen)
-
-        ready = _wait("fleet Nodes Ready (kwok)", nodes_ready, 120 + len(run.ends) / 20)
-        fill_figures = {"nodes": sum(expected.values()),
-                        "nodes_create_seconds": round(created, 1),
-                        "nodes_creates_per_second": round(run.rate(), 1),
-                        "nodes_ready_wait_seconds": round(ready, 1)}
+        fill_figures = create_nodes(env, fleets, runner)
         figures["with_nodes"] = start_measured(env, workers, policy)
         env.stop_dispatcher()
-        for fleet in fleets:
-            for namespace in (SYSTEM_NAMESPACE, WORK_NAMESPACE):
-                fixtures.ensure_namespace(env.apis[fleet.worker], namespace)
-        calls = [(env.kubeconfig(f.worker), _create_pod_call(body))
-                 for f in fleets for body in f.pods]
-        started = time.monotonic()
-        pod_run = runner.run(calls)
-        created = time.monotonic() - started
-
-        def running():
-            seen = {f.worker: (_pod_count(env.apis[f.worker]),
-                               _any(env.apis[f.worker], "status.phase!=Running"))
-                    for f in fleets}
-            return (all(total == len(f.pods) and not waiting
-                        for f, (total, waiting) in zip(fleets, seen.values())),
-                    {w: {"pods": total, "some_not_running": waiting}
-                     for w, (total, waiting) in seen.items()})
-
-        running_wait = _wait("fleet Pods Running (kwok)", running, 300 + len(calls) / 20)
-        fill_figures.update({
-            "pods": len(calls), "pods_create_seconds": round(created, 1),
-            "pods_creates_per_second": round(pod_run.rate(), 1),
-            "pods_create_retries": pod_run.retries,
-            "pods_running_wait_seconds": round(running_wait, 1),
-            "pods_seconds": round(created + running_wait, 1), "threads": threads})
+        fill_figures.update(create_pods(env, fleets, runner), threads=threads)
         figures["fill"] = fill_figures
-        log.info("fleet of %d Nodes and %d Pods: Pods created at %.0f/s, all Running %.1f s "
-                 "after the last create", fill_figures["nodes"], len(calls), pod_run.rate(),
-                 running_wait)
         figures["with_pods"] = start_measured(env, workers, policy)
     finally:
         runner.close()
     return figures
+
+
+def gpu_hog(node: FleetNode, name: str) -> dict:
+    """A Pod bound to GPU Node ``node`` that takes every GPU it has free."""
+    return _pod(WORK_NAMESPACE, name, node, 1000, 1024, node.gpus - node.used_gpus,
+                {"app": "gpu-hog"}, [GPU_TOLERATION])
 
 
 # --- a standby taking over -------------------------------------------------------------------
@@ -535,7 +558,8 @@ def shapes(fleets: list[Fleet]) -> dict[str, dict]:
             "gpu": {"pods": gpu, "cpu": str(GPU_JOB_CPU), "memory": "64Gi", "gpus": 8}}
 
 
-def job_body(name: str, shape: str, sizes: dict) -> dict:
+def job_body(name: str, shape: str, sizes: dict, namespace: str | None = None) -> dict:
+    """A TrainJob of ``shape`` for the dispatcher, of the size ``sizes`` gives it."""
     size = sizes.get(shape) or {"pods": 1, "cpu": "2", "memory": "8Gi", "gpus": 0}
     resources: dict = {"requests": {"cpu": size["cpu"], "memory": size["memory"]}}
     spec: dict = {"managedBy": c.MANAGED_BY_MULTIKUEUE, "runtimeRef": {"name": RUNTIME},
@@ -546,8 +570,9 @@ def job_body(name: str, shape: str, sizes: dict) -> dict:
         spec["podSpecOverrides"] = [{"targetJobs": [{"name": c.NODE}],
                                      "nodeSelector": {POOL_LABEL: "gpu"},
                                      "tolerations": [GPU_TOLERATION]}]
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
     return {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
-            "metadata": {"name": name}, "spec": spec}
+            "metadata": metadata, "spec": spec}
 
 
 def _ms(values: list[float]) -> dict:

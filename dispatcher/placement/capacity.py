@@ -149,7 +149,7 @@ class WorkerCapacity:
         self._rooms: dict[tuple[str, bool], Resources] = {}
         # The usable Nodes each rule set admits, until a Node comes, goes or changes its
         # labels, taints or readiness (a heartbeat changes none of them).
-        self._admitted: dict[tuple, list[str]] = {}
+        self._admitted: dict[tuple, tuple[list[str], frozenset[str]]] = {}
         # What ``free`` sums, per rule set (and None: every usable Node), kept current Node
         # by Node: each change of a Node's room is logged, and a sum takes in the logged
         # Nodes when next asked. Summing a thousand Nodes' room at every placement would
@@ -353,10 +353,11 @@ class WorkerCapacity:
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
             names = self._admitting(node_selector, tolerations)
+            admitted = self._admitted_set(node_selector, tolerations)
             allocatable = {name: self._nodes[name].allocatable for name in names}
-            held_room = {name: self._node_room(name) for name in names}
+            held = {name: self._room(name, True) for name in names}
             # The held pods first, then this job's.
-            room = {name: dict(free) for name, free in held_room.items()}
+            room = _Rooms(held)
             problem = self._rehome_held(room, allocatable, sign)
             if problem:
                 return problem
@@ -367,17 +368,20 @@ class WorkerCapacity:
                 if name is None:
                     return _no_node_for(pod, room)
                 plan.add(name, pod)
-            # This job's first, where the scheduler would put them, then the held ones.
-            room = held_room
-            packer = _Packer({name: self._node_room(name, held=False) for name in names},
-                             allocatable, sign)
-            for pod in wanted:
-                name = packer.take(pod)
-                if name is None:
-                    return _no_node_for(pod, room)
-                shift(room[name], pod, -1)
-            return (self._rehome_held(room, allocatable, sign)
-                    or self._order_problem(wanted, frozenset(names)) or plan)
+            if any(any(amounts.values()) for node, amounts in self._node_planned.items()
+                   if node in admitted):
+                # This job's first, where the scheduler would put them, then the held
+                # ones. (With no room held on these Nodes, both orders are the one above.)
+                room = _Rooms(held)
+                packer = _Packer(_Rooms({name: self._room(name, False) for name in names}),
+                                 allocatable, sign)
+                for pod in wanted:
+                    name = packer.take(pod)
+                    if name is None:
+                        return _no_node_for(pod, room)
+                    shift(room.own(name), pod, -1)
+                problem = self._rehome_held(room, allocatable, sign)
+            return problem or self._order_problem(wanted, admitted) or plan
 
     def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
                   tolerations: list[dict] | None = None) -> bool:
@@ -490,24 +494,34 @@ class WorkerCapacity:
         """The usable Nodes the rules ``job``'s pods were packed by admit, by rules in
         ``cache``. Called under the lock."""
         selector, tolerations = self._rules.get(job, (None, None))
-        rules = (tuple(sorted((selector or {}).items())), repr(tolerations))
+        rules = _rules(selector, tolerations)
         if rules not in cache:
-            cache[rules] = frozenset(self._admitting(selector, tolerations))
+            cache[rules] = self._admitted_set(selector, tolerations)
         return cache[rules]
 
     def _admitting(self, node_selector: dict[str, str] | None,
                    tolerations: list[dict] | None) -> list[str]:
         """The usable Nodes a pod with this nodeSelector and these tolerations may land
         on. Called under the lock."""
-        rules = _rules(node_selector, tolerations)
-        names = self._admitted.get(rules)
-        if names is None:
-            names = self._admitted[rules] = [
-                name for name, node in self._nodes.items()
-                if node.usable and admits(node.labels, node.taints, node_selector, tolerations)]
-        return names
+        return self._admitted_both(node_selector, tolerations)[0]
 
-    def _rehome_held(self, room: dict[str, Resources], allocatable: dict[str, Resources],
+    def _admitted_set(self, node_selector: dict[str, str] | None,
+                      tolerations: list[dict] | None) -> frozenset[str]:
+        """``_admitting`` as a set. Called under the lock."""
+        return self._admitted_both(node_selector, tolerations)[1]
+
+    def _admitted_both(self, node_selector: dict[str, str] | None,
+                       tolerations: list[dict] | None) -> tuple[list[str], frozenset[str]]:
+        rules = _rules(node_selector, tolerations)
+        found = self._admitted.get(rules)
+        if found is None:
+            names = [name for name, node in self._nodes.items()
+                     if node.usable and admits(node.labels, node.taints, node_selector,
+                                               tolerations)]
+            found = self._admitted[rules] = (names, frozenset(names))
+        return found
+
+    def _rehome_held(self, room: _Rooms, allocatable: dict[str, Resources],
                      sign: int) -> str | None:
         """Pack the held pods of Nodes that are short onto whichever Nodes of ``room``
         their jobs' rules admit and have room (which they take); why one fits nowhere, or
@@ -515,13 +529,13 @@ class WorkerCapacity:
         admitted: dict[tuple, frozenset[str]] = {}
         for lump, job in self._displaced(room):
             allowed = self._admitted_by(job, admitted)
-            choices = {name: free for name, free in room.items() if name in allowed}
+            choices = {name: room.own(name) for name in room if name in allowed}
             if _take(choices, allocatable, lump, sign) is None:
                 return ("the pods of placed jobs would be left without room: "
                         + _no_node_for(lump, choices))
         return None
 
-    def _displaced(self, room: dict[str, Resources]) -> list[tuple[Resources, JobKey]]:
+    def _displaced(self, room: _Rooms) -> list[tuple[Resources, JobKey]]:
         """The held pods on Nodes whose room is short in some resource, with their jobs,
         largest first, all taken out of those Nodes' room, to be packed again over the
         Nodes (which ones the scheduler will put elsewhere depends on the order they come
@@ -540,7 +554,7 @@ class WorkerCapacity:
             for name, amounts in per_node.items():
                 if name in short:
                     lump = {**amounts, PODS: amounts.get(PODS, _ONE)}
-                    shift(room[name], lump)
+                    shift(room.own(name), lump)
                     lumps.append((lump, job))
         return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
 
@@ -692,6 +706,23 @@ def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None)
     return tuple(sorted((node_selector or {}).items())), repr(tolerations or [])
 
 
+class _Rooms(dict):
+    """Nodes' room for one packing: each Node's the room kept for it (shared, read only)
+    until the packing changes it (``own``), then a copy of its own. A packing changes the
+    room of the few Nodes a job's pods go to, and reads that of every Node."""
+
+    def __init__(self, rooms: dict[str, Resources]):
+        super().__init__(rooms)
+        self._owned: set[str] = set()
+
+    def own(self, name: str) -> Resources:
+        """``name``'s room, to be changed."""
+        if name not in self._owned:
+            self[name] = dict(self[name])
+            self._owned.add(name)
+        return self[name]
+
+
 class _Packer:
     """``_take`` for the pods of one job in turn over the same ``room`` (which it changes):
     the Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
@@ -701,8 +732,7 @@ class _Packer:
     Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
     (ties go by name, as in ``_take``)."""
 
-    def __init__(self, room: dict[str, Resources], allocatable: dict[str, Resources],
-                 sign: int):
+    def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int):
         self.room = room
         self._allocatable = allocatable
         self._sign = sign
@@ -719,7 +749,7 @@ class _Packer:
         if not self._heap:
             return None
         _, best = heapq.heappop(self._heap)
-        shift(self.room[best], wanted, -1)
+        shift(self.room.own(best), wanted, -1)
         if fits(self.room[best], wanted):
             heapq.heappush(self._heap, (self._rank(best, wanted), best))
         return best

@@ -106,7 +106,7 @@ def test_nodes_scored_once_per_pod_shape_go_where_scoring_every_node_sends_them(
         pods = sorted(([{"cpu": D(rng.choice((1, 2, 3))), "memory": D(2**30), PODS: D(1)}
                         for _ in range(80)]), key=lambda r: sorted(r.items()), reverse=True)
         one_by_one = {name: dict(room) for name, room in nodes.items()}
-        packer = capacity_module._Packer({name: dict(room) for name, room in nodes.items()},
+        packer = capacity_module._Packer(capacity_module._Rooms(copy.deepcopy(nodes)),
                                          nodes, sign)
         for each in pods:
             expected = _take(one_by_one, nodes, each, sign)
