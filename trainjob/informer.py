@@ -320,7 +320,9 @@ class Informer:
         """The watch failed: the cache may have missed changes until a fresh list is
         complete. Wait out the backoff (longer each time the watch fails before it
         delivers anything, so a watch that keeps failing does not relist in a loop), then
-        have ``_run`` list again."""
+        have ``_run`` list again. (Stopping breaks the watch too: then nothing.)"""
+        if self._stop.is_set():
+            return
         self.current.clear()
         self._pause(err, self._watch_backoff)
         self._watch_backoff = min(self._watch_backoff * 2, self._backoff_max)
