@@ -45,7 +45,7 @@ from trainjob import constants as c
 from trainjob.kubeclient import api_client, apply_custom_object
 
 from test_deployed_product import create, get, is_true, trainjob, workload_runtime
-from test_kueue_on_kind import kueue_inventory
+from test_kueue_on_kind import Removal, kueue_inventory
 
 NAMES = ("manager", "worker-1", "worker-2")
 WORKERS = NAMES[1:]
@@ -327,27 +327,11 @@ def test_a_queued_job_is_nominated_by_room_and_completes(deployed, manager, kind
 def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, manager):
     """Last: the overlay goes while Kueue, its queues, its worker Secrets and every user
     job (each finished through Kueue) are there."""
-    installed = {f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
-                 for o in kustomize.render(KUEUE_MODE)}
-    at_removal = inventory(manager)
-    assert installed <= at_removal, f"not deployed: {installed - at_removal}"
-    result = kustomize.kubectl(deployed.kind.kubeconfig("manager"), "delete", "-k",
-                               str(kustomize.base_path(KUEUE_MODE)), "--ignore-not-found",
-                               "--wait=true", "--timeout=180s", timeout=240)
-    if result.returncode != 0:
-        namespace = client.CoreV1Api(manager).read_namespace("trainjob-system")
-        left = [(x.type, x.status, x.message) for x in namespace.status.conditions or []]
-        pytest.fail(f"kubectl delete -k: {result.stderr}; trainjob-system: {left}")
-    after = inventory(manager)
-    assert after & installed == set(), f"left behind: {after & installed}"
-    # The overlay's namespace goes whole, with what deploy stored there (the dispatcher's
-    # worker Secrets) and what every namespace has.
-    own = {key.split("/", 2)[2] for key in installed if key.startswith("Namespace//")}
-    gone_with = {key for key in at_removal if key.split("/", 2)[1] in own}
-    assert {f"Secret/trainjob-system/{w}-kubeconfig" for w in WORKERS} <= gone_with
-    assert at_removal - installed - gone_with <= after, (
-        f"removed though not the overlay's: {(at_removal - installed - gone_with) - after}")
-    assert after - at_removal == set(), f"new: {after - at_removal}"
+    removal = Removal(deployed.kind, manager, KUEUE_MODE, inventory)
+    # The overlay's namespace went whole, with what deploy stored there (the dispatcher's
+    # worker Secrets).
+    assert {f"Secret/trainjob-system/{w}-kubeconfig" for w in WORKERS} <= removal.gone_with
+    installed, after = removal.installed, removal.after
     assert deployed.before - installed <= after, (
         f"removed though there before the product: {(deployed.before - installed) - after}")
     kept = {f"Deployment/{kind_kueue.NAMESPACE}/{kind_kueue.DEPLOYMENT}",

@@ -195,30 +195,41 @@ def test_the_dispatchers_job_completes_and_a_queued_job_is_left_to_kueue(deploye
     assert conditions(get(manager, namespace, "queued")).get(c.CONDITION_PLACED) is None
 
 
+class Removal:
+    """An overlay removed with ``kubectl delete -k``: what it installed, the inventory at
+    its removal and after it, and what went with the overlay's own namespaces."""
+
+    def __init__(self, kind: KindClusters, manager, overlay: str, take_inventory):
+        self.installed = {
+            f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
+            for o in kustomize.render(overlay)}
+        self.at_removal = take_inventory(manager)
+        assert self.installed <= self.at_removal, \
+            f"not deployed: {self.installed - self.at_removal}"
+        result = kustomize.kubectl(kind.kubeconfig("manager"), "delete", "-k",
+                                   str(kustomize.base_path(overlay)), "--ignore-not-found",
+                                   "--wait=true", "--timeout=180s", timeout=240)
+        if result.returncode != 0:
+            # What holds the namespace: its conditions name what is left or what failed.
+            namespace = client.CoreV1Api(manager).read_namespace("trainjob-system")
+            left = [(x.type, x.status, x.message) for x in namespace.status.conditions or []]
+            pytest.fail(f"kubectl delete -k: {result.stderr}; trainjob-system: {left}")
+        self.after = take_inventory(manager)
+        assert self.after & self.installed == set(), f"left behind: {self.after & self.installed}"
+        # The overlay's own namespaces go whole, with what others made there (the worker
+        # Secrets deploy stored, the ServiceAccount and CA ConfigMap of every namespace).
+        own = {key.split("/", 2)[2] for key in self.installed if key.startswith("Namespace//")}
+        self.gone_with = {key for key in self.at_removal if key.split("/", 2)[1] in own}
+        kept = self.at_removal - self.installed - self.gone_with
+        assert kept <= self.after, f"removed though not the overlay's: {kept - self.after}"
+        assert self.after - self.at_removal == set(), f"new: {self.after - self.at_removal}"
+
+
 def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, manager):
     """Last: the overlay goes while Kueue, its queues and every user TrainJob (the
     dispatcher's finished one, Kueue's queued one) are there."""
-    installed = {f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
-                 for o in kustomize.render(BESIDE_KUEUE)}
-    at_removal = kueue_inventory(manager)
-    assert installed <= at_removal, f"not deployed: {installed - at_removal}"
-    result = kustomize.kubectl(deployed.kind.kubeconfig("manager"), "delete", "-k",
-                               str(kustomize.base_path(BESIDE_KUEUE)), "--ignore-not-found",
-                               "--wait=true", "--timeout=180s", timeout=240)
-    if result.returncode != 0:
-        # What holds the namespace: its conditions name what is left or what failed.
-        namespace = client.CoreV1Api(manager).read_namespace("trainjob-system")
-        left = [(x.type, x.status, x.message) for x in namespace.status.conditions or []]
-        pytest.fail(f"kubectl delete -k: {result.stderr}; trainjob-system: {left}")
-    after = kueue_inventory(manager)
-    assert after & installed == set(), f"left behind: {after & installed}"
-    # The overlay's own namespaces go whole, with what others made there (the worker
-    # Secrets deploy stored, the ServiceAccount and CA ConfigMap of every namespace).
-    own = {key.split("/", 2)[2] for key in installed if key.startswith("Namespace//")}
-    gone_with = {key for key in at_removal if key.split("/", 2)[1] in own}
-    assert at_removal - installed - gone_with <= after, (
-        f"removed though not the overlay's: {(at_removal - installed - gone_with) - after}")
-    assert after - at_removal == set(), f"new: {after - at_removal}"
+    removal = Removal(deployed.kind, manager, BESIDE_KUEUE, kueue_inventory)
+    installed, after = removal.installed, removal.after
     # Against what was there before the product: Kueue's namespace, Deployment, CRDs,
     # Secrets, ConfigMap, queues, webhooks and API groups, and the team's objects, stay.
     assert deployed.before - installed <= after, (
