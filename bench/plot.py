@@ -102,8 +102,8 @@ def comparison_plot(results: dict, path: Path) -> Path:
 
 def workers_axis_plot(results: dict, path: Path) -> Path:
     """Per contender against the worker count: API writes per job on the manager and on the
-    workers, and the copies created and deleted on the workers per job (a burst's, per
-    submitted job); D's and C's writes and CPU per job as a ratio to A's."""
+    workers, and the Workloads created on the workers per job (a burst's, per submitted
+    job); D's and C's writes and CPU per job as a ratio to A's."""
     axis = sorted((int(n), f["comparison"]) for n, f in results["workers_axis"].items()
                   if (f.get("comparison") or {}).get("contenders"))
     keys = list(dict.fromkeys(k for _, c in axis for k in c["contenders"]))
@@ -112,8 +112,9 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
               "Manager apiserver: writes per job"),
              (lambda b: b["api"]["per_job"]["worker_writes_all"],
               "Worker apiservers (all): writes per job"),
-             (lambda b: sum(copies(b).values()),
-              "Workers: TrainJob+Workload creates+deletes/job"))
+             # The Workloads a dispatcher has made on the workers: AllAtOnce's grow with them.
+             (lambda b: copies(b)["Workload created"],
+              "Workers: Workload create requests per job"))
     for panel, (value, title) in zip(panels[:3], shown):
         for key in keys:
             points = [(n, value(c["contenders"][key]["burst"]))
