@@ -379,7 +379,7 @@ class WorkerCapacity:
                     name = packer.take(pod)
                     if name is None:
                         return _no_node_for(pod, room)
-                    shift(room.own(name), pod, -1)
+                    room.take(name, pod)
                 problem = self._rehome_held(room, allocatable, sign)
             return problem or self._order_problem(wanted, admitted) or plan
 
@@ -527,12 +527,15 @@ class WorkerCapacity:
         their jobs' rules admit and have room (which they take); why one fits nowhere, or
         None. Called under the lock."""
         admitted: dict[tuple, frozenset[str]] = {}
+        packers: dict[frozenset[str], _Packer] = {}
         for lump, job in self._displaced(room):
             allowed = self._admitted_by(job, admitted)
-            choices = {name: room.own(name) for name in room if name in allowed}
-            if _take(choices, allocatable, lump, sign) is None:
+            packer = packers.get(allowed)
+            if packer is None:
+                packer = packers[allowed] = _Packer(room, allocatable, sign, allowed)
+            if packer.take(lump) is None:
                 return ("the pods of placed jobs would be left without room: "
-                        + _no_node_for(lump, choices))
+                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed}))
         return None
 
     def _displaced(self, room: _Rooms) -> list[tuple[Resources, JobKey]]:
@@ -554,7 +557,7 @@ class WorkerCapacity:
             for name, amounts in per_node.items():
                 if name in short:
                     lump = {**amounts, PODS: amounts.get(PODS, _ONE)}
-                    shift(room.own(name), lump)
+                    room.give(name, lump)
                     lumps.append((lump, job))
         return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
 
@@ -708,12 +711,15 @@ def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None)
 
 class _Rooms(dict):
     """Nodes' room for one packing: each Node's the room kept for it (shared, read only)
-    until the packing changes it (``own``), then a copy of its own. A packing changes the
-    room of the few Nodes a job's pods go to, and reads that of every Node."""
+    until the packing changes it, then a copy of its own. A packing changes the room of
+    the few Nodes pods go to, and reads that of every Node. The packers over it hear of
+    every change (``take``, ``give``), so their heaps stay true."""
 
     def __init__(self, rooms: dict[str, Resources]):
         super().__init__(rooms)
         self._owned: set[str] = set()
+        self.versions: dict[str, int] = {}
+        self.packers: list[_Packer] = []
 
     def own(self, name: str) -> Resources:
         """``name``'s room, to be changed."""
@@ -722,37 +728,66 @@ class _Rooms(dict):
             self._owned.add(name)
         return self[name]
 
+    def take(self, name: str, amounts: Resources) -> None:
+        """A pod (or a lump of them) takes ``amounts`` on ``name``."""
+        self._change(name, amounts, -1)
+
+    def give(self, name: str, amounts: Resources) -> None:
+        """``amounts`` on ``name`` are free again."""
+        self._change(name, amounts, 1)
+
+    def _change(self, name: str, amounts: Resources, sign: int) -> None:
+        shift(self.own(name), amounts, sign)
+        self.versions[name] = self.versions.get(name, 0) + 1
+        for packer in self.packers:
+            packer.renew(name)
+
 
 class _Packer:
-    """``_take`` for the pods of one job in turn over the same ``room`` (which it changes):
+    """``_take`` for pods in turn over the same ``room`` (``names``' Nodes of it, or all):
     the Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
-    mostly alike, and between two alike pods only the Node the first went to has changed,
-    so a wide job on a large worker scores each Node once, not once per pod.
+    mostly alike, and between two alike pods only the Nodes that changed need scoring
+    again (``renew``: each entry carries the version of the Node's room it was scored on,
+    and an entry of an older one is dropped), so a wide job on a large worker scores each
+    Node once, not once per pod.
 
     Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
     (ties go by name, as in ``_take``)."""
 
-    def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int):
+    def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int,
+                 names: frozenset[str] | None = None):
         self.room = room
         self._allocatable = allocatable
         self._sign = sign
+        self._names = names
         self._shape: Resources | None = None
-        self._heap: list[tuple[float, str]] = []
+        self._heap: list[tuple[float, str, int]] = []
+        room.packers.append(self)
 
     def take(self, wanted: Resources) -> str | None:
         """The Node the pod goes to (its room taken), or None when none fits it."""
         if wanted != self._shape:
             self._shape = wanted
-            self._heap = [(self._rank(name, wanted), name)
-                          for name, free in self.room.items() if fits(free, wanted)]
+            versions = self.room.versions
+            self._heap = [(self._rank(name, wanted), name, versions.get(name, 0))
+                          for name, free in self.room.items()
+                          if (self._names is None or name in self._names)
+                          and fits(free, wanted)]
             heapq.heapify(self._heap)
-        if not self._heap:
-            return None
-        _, best = heapq.heappop(self._heap)
-        shift(self.room.own(best), wanted, -1)
-        if fits(self.room[best], wanted):
-            heapq.heappush(self._heap, (self._rank(best, wanted), best))
-        return best
+        while self._heap:
+            _, best, version = heapq.heappop(self._heap)
+            if version == self.room.versions.get(best, 0):
+                self.room.take(best, wanted)
+                return best
+        return None
+
+    def renew(self, name: str) -> None:
+        """``name``'s room changed: score it again for the current shape."""
+        if self._shape is None or (self._names is not None and name not in self._names):
+            return
+        if fits(self.room[name], self._shape):
+            heapq.heappush(self._heap, (self._rank(name, self._shape), name,
+                                        self.room.versions.get(name, 0)))
 
     def _rank(self, name: str, wanted: Resources) -> float:
         return -self._sign * _free_share_float(self.room[name], self._allocatable[name], wanted)

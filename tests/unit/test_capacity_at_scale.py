@@ -179,3 +179,24 @@ def test_a_projected_node_is_placed_on_as_the_whole_node_is():
     lean.on_node(ADDED, None, kept)
     for selector, tolerations in RULES:
         assert full.free(selector, tolerations) == lean.free(selector, tolerations)
+
+
+def test_packers_sharing_nodes_each_see_the_others_take_room():
+    """Held pods of jobs with different rules are packed over Nodes two rule sets share:
+    what one packer takes, the other scores afresh (under either scoring)."""
+    rng = random.Random(5)
+    nodes = {f"n{i}": {"cpu": D(rng.choice((8, 16))), "memory": D(2**30 * 32), PODS: D(110)}
+             for i in range(30)}
+    names = sorted(nodes)
+    sets = [frozenset(names[:20]), frozenset(names[10:])]
+    for sign in (1, -1):
+        plain = {name: dict(room) for name, room in nodes.items()}
+        rooms = capacity_module._Rooms(copy.deepcopy(nodes))
+        packers = [capacity_module._Packer(rooms, nodes, sign, allowed) for allowed in sets]
+        for step in range(60):
+            which = rng.randrange(2)
+            each = {"cpu": D(rng.choice((1, 2))), "memory": D(2**30), PODS: D(1)}
+            choices = {name: plain[name] for name in plain if name in sets[which]}
+            expected = _take(choices, nodes, each, sign)
+            assert packers[which].take(each) == expected, f"step {step} (sign {sign})"
+        assert dict(rooms) == plain
