@@ -45,7 +45,7 @@ from trainjob import constants as c
 from trainjob.kubeclient import api_client, apply_custom_object
 
 from test_deployed_product import create, get, is_true, trainjob, workload_runtime
-from test_kueue_on_kind import Removal, kueue_inventory
+from test_kueue_on_kind import Deployed, Removal, kueue_inventory
 
 NAMES = ("manager", "worker-1", "worker-2")
 WORKERS = NAMES[1:]
@@ -129,15 +129,6 @@ def team_queues(kind: KindClusters) -> None:
             else:
                 kueue_queues.cluster_queue(api, WORKER_QUOTA[name])
             kueue_queues.local_queue(api, USER_NAMESPACE)
-
-
-class Deployed:
-    def __init__(self, kind: KindClusters, before: set[str]):
-        self.kind = kind
-        self.before = before
-
-    def api(self, name: str):
-        return api_client(self.kind.kubeconfig(name))
 
 
 @pytest.fixture(scope="module")
