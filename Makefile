@@ -31,6 +31,7 @@ help:
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
 	@echo "make bench-scale    the dispatcher on 2 workers of 1,000 Nodes and 20,000 Pods each; figures in bench-results/scale/"
+	@echo "make test-scale     the tests on a worker of 1,000 Nodes and 20,000 Pods (a lost watch during churn), about half an hour"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -106,7 +107,7 @@ demo: binaries
 
 demo-down: clusters-down
 
-.PHONY: bench bench-quick bench-smoke bench-scale
+.PHONY: bench bench-quick bench-smoke bench-scale test-scale
 bench: binaries
 	$(PY) -m bench --output bench-results
 
@@ -119,6 +120,10 @@ bench-scale: binaries
 # The comparison with Kueue MultiKueue at a tiny scale, as a test (not part of `make test`).
 bench-smoke: binaries
 	$(PY) -m pytest -m bench_compare tests/bench
+
+# The tests at the size of real clusters (not part of `make test`).
+test-scale: binaries
+	$(PY) -m pytest -m scale tests
 
 clean: clusters-down
 	rm -rf $(VENV) *.egg-info

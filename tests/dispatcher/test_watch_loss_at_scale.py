@@ -8,7 +8,8 @@ history they would resume from goes with the apiserver's watch cache.
   before, is never given to a job: a GPU job that only that old picture had room for
   waits, and is placed once room really frees.
 
-On clusters of its own (a manager and one worker, started for this module).
+On clusters of its own (a manager and one worker, started for this module); `make
+test-scale` runs it (filling the worker is most of its half hour on two cores).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CHURN_PER_SECOND = 50
 WORKER = "worker-1"
 NAMESPACE = "watch-loss"
 GPU = "nvidia.com/gpu"
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.scale, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
