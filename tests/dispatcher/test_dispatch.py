@@ -583,8 +583,12 @@ def test_log_lines_about_a_job_name_it_and_its_cluster(dispatch_env, namespace):
     logged = dispatch_log.read(env.dispatcher.log_file, namespace)
     assert set(logged) == {(namespace, "logged")}, (placed, logged)
     steps = logged[(namespace, "logged")]
-    assert list(steps) == ["queue", "decide", "place", "patch", "create"], (placed, steps)
+    assert list(steps) == ["queue", "decide", "place", "patch", "create", "decide_cpu",
+                           "place_cpu", "patch_cpu", "create_cpu"], (placed, steps)
     assert steps["patch"] > 0 and steps["create"] > 0, (placed, steps)
+    # CPU is the reconciling thread's: never more than the step's wall time.
+    assert all(steps[f"{step}_cpu"] <= steps[step] + 0.0001
+               for step in ("decide", "place", "patch", "create")), (placed, steps)
 
 
 def test_a_pending_job_is_not_reconciled_over_and_over(dispatch_env, namespace):
