@@ -63,7 +63,8 @@ def test_a_good_secret_is_kept_until_two_thirds_of_the_serving_life():
     step = wc.plan(data, HOSTS, VALIDITY, now(), settled)
     assert step.data is None and step.reason == ""
     assert 35 < step.recheck_in <= 40, step.recheck_in  # 2/3 of 60 s
-    assert wc.plan(data, HOSTS, VALIDITY, now(39), settled).data is None
+    # Short of the 40 s by more than a busy machine may take between making it and asking.
+    assert wc.plan(data, HOSTS, VALIDITY, now(35), settled).data is None
 
 
 def test_the_serving_certificate_is_renewed_under_the_same_ca():
