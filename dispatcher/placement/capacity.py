@@ -670,21 +670,6 @@ def capacity_by_resource(totals: dict[str, Any]) -> dict[str, dict[str, Decimal]
             for resource in sorted(totals["allocatable"])}
 
 
-def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
-          sign: int) -> str | None:
-    """The Node the scheduler scores best for a pod among those with room for it (highest
-    score first; the scheduler breaks ties at random, this by name), where the pod then
-    takes its room; None when it fits nowhere."""
-    fitting = [name for name, free in room.items() if fits(free, wanted)]
-    if not fitting:
-        return None
-    # Scoring only ranks: a pod with one Node to go to goes there.
-    best = fitting[0] if len(fitting) == 1 else min(
-        fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
-    shift(room[best], wanted, -1)
-    return best
-
-
 class _FreeSum:
     """The sum of the contributions to free room of a set of Nodes, and each one's part,
     with how much of the room log it has taken in."""
@@ -744,15 +729,15 @@ class _Rooms(dict):
 
 
 class _Packer:
-    """``_take`` for pods in turn over the same ``room`` (``names``' Nodes of it, or all):
-    the Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
+    """Where the scheduler would put pods in turn over the same ``room`` (``names``' Nodes of
+    it, or all): the Node it scores best among those with room (ties by name). The Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
     mostly alike, and between two alike pods only the Nodes that changed need scoring
     again (``renew``: each entry carries the version of the Node's room it was scored on,
     and an entry of an older one is dropped), so a wide job on a large worker scores each
     Node once, not once per pod.
 
     Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
-    (ties go by name, as in ``_take``)."""
+    (ties go by name)."""
 
     def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int,
                  names: frozenset[str] | None = None):
@@ -794,7 +779,9 @@ class _Packer:
 
 
 def _free_share_float(free: Resources, allocatable: Resources, wanted: Resources) -> float:
-    """``_free_share`` in floating point, for ranking many Nodes."""
+    """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
+    and memory of what stays free after the pod, over what the Node allocates (high:
+    LeastAllocated picks it; low: MostAllocated does)."""
     total, count = 0.0, 0
     for resource, default in _SCORED:
         allocated = allocatable.get(resource)
@@ -803,19 +790,6 @@ def _free_share_float(free: Resources, allocatable: Resources, wanted: Resources
                 / float(allocated)
             count += 1
     return total / count if count else 0.0
-
-
-def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> Decimal:
-    """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
-    and memory of what stays free after the pod, over what the Node allocates (high:
-    LeastAllocated picks it; low: MostAllocated does)."""
-    total, count = _ZERO, 0
-    for resource, default in _SCORED:
-        allocated = allocatable.get(resource, _ZERO)
-        if allocated > 0:
-            total += (free.get(resource, _ZERO) - (wanted.get(resource) or default)) / allocated
-            count += 1
-    return total / count if count else _ZERO
 
 
 def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:

@@ -9,7 +9,9 @@ import random
 from decimal import Decimal as D
 
 from dispatcher.placement import capacity as capacity_module
-from dispatcher.placement.capacity import PODS, WorkerCapacity, _take, admits, pod_requests
+from dispatcher.placement.amounts import fits, shift
+from dispatcher.placement.capacity import (_SCORED, _ZERO, PODS, Resources, WorkerCapacity,
+                                          admits, pod_requests)
 from dispatcher.workers import projections
 from trainjob.constants import JOBSET_NAME_LABEL
 
@@ -18,6 +20,36 @@ from test_capacity import GPU, node, pod
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
 RULES = [(None, None), ({"pool": "gpu"}, TOLERATE_GPU), ({"zone": "a"}, None)]
+
+
+# The plain reference the packers are held to: every Node scored for every pod, exactly.
+
+def _take(room: dict[str, Resources], allocatable: dict[str, Resources], wanted: Resources,
+          sign: int) -> str | None:
+    """The Node the scheduler scores best for a pod among those with room for it (highest
+    score first; the scheduler breaks ties at random, this by name), where the pod then
+    takes its room; None when it fits nowhere."""
+    fitting = [name for name, free in room.items() if fits(free, wanted)]
+    if not fitting:
+        return None
+    # Scoring only ranks: a pod with one Node to go to goes there.
+    best = fitting[0] if len(fitting) == 1 else min(
+        fitting, key=lambda n: (-sign * _free_share(room[n], allocatable[n], wanted), n))
+    shift(room[best], wanted, -1)
+    return best
+
+
+def _free_share(free: Resources, allocatable: Resources, wanted: Resources) -> D:
+    """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
+    and memory of what stays free after the pod, over what the Node allocates (high:
+    LeastAllocated picks it; low: MostAllocated does)."""
+    total, count = _ZERO, 0
+    for resource, default in _SCORED:
+        allocated = allocatable.get(resource, _ZERO)
+        if allocated > 0:
+            total += (free.get(resource, _ZERO) - (wanted.get(resource) or default)) / allocated
+            count += 1
+    return total / count if count else _ZERO
 
 
 def fleet(count: int) -> list[dict]:
