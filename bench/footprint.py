@@ -11,12 +11,22 @@ from bench import host_speed
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def rss_bytes(pid: int) -> int:
+def _status_bytes(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise ValueError(f"/proc/{pid}/status has no VmRSS line")
+    raise ValueError(f"/proc/{pid}/status has no {field} line")
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory now."""
+    return _status_bytes(pid, "VmRSS")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The most resident memory the process has had."""
+    return _status_bytes(pid, "VmHWM")
 
 
 def cpu_seconds(pid: int) -> float:

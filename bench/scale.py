@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import dispatch_log, scenarios
 from bench.environment import BenchClusters, describe
-from bench.footprint import FootprintWindow, rss_bytes
+from bench.footprint import FootprintWindow, peak_rss_bytes, rss_bytes
 from bench.load import LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import percentile
@@ -297,14 +297,6 @@ def empty(env: BenchClusters, workers: list[str], timeout: float = 900) -> dict:
 
 
 # --- the dispatcher's memory and start ---------------------------------------------------
-
-def peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(f"/proc/{pid}/status has no VmHWM line")
-
 
 def settled_rss(pid: int, quiet: float = 3.0, tolerance: float = 0.02,
                 timeout: float = 60.0) -> dict:
