@@ -23,10 +23,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes.utils.quantity import parse_quantity
 
@@ -60,6 +60,10 @@ ARRIVAL_WINDOW_SECONDS = 30.0
 # How many changes of Nodes' room are logged for the sums of free room before the sums are
 # dropped (and made again when next asked) instead.
 ROOM_LOG_LIMIT = 50_000
+# How many heaps of scored Nodes are kept between placements (one per Nodes' rule set, pod
+# shape and kind of room): jobs come in a few shapes, and a kept heap is about 100 bytes a
+# Node.
+HEAPS_KEPT = 16
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -149,13 +153,18 @@ class WorkerCapacity:
         self._rooms: dict[tuple[str, bool], Resources] = {}
         # The usable Nodes each rule set admits, until a Node comes, goes or changes its
         # labels, taints or readiness (a heartbeat changes none of them).
-        self._admitted: dict[tuple, tuple[list[str], frozenset[str]]] = {}
+        self._admitted: dict[tuple, _Admitted] = {}
         # What ``free`` sums, per rule set (and None: every usable Node), kept current Node
         # by Node: each change of a Node's room is logged, and a sum takes in the logged
         # Nodes when next asked. Summing a thousand Nodes' room at every placement would
         # be most of the placement.
         self._room_log: list[str] = []
         self._free_sums: dict[tuple | None, _FreeSum] = {}
+        # Per Node, a count of the changes to its room, and the heaps of Nodes scored for a
+        # pod shape kept between placements (``_kept_heap``): a placement scores again only
+        # the Nodes whose room changed since the last one of that shape, not every Node.
+        self._room_versions: dict[str, int] = {}
+        self._heaps: dict[tuple, _Kept] = {}
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -173,6 +182,7 @@ class WorkerCapacity:
             self._changes += 1
             self._admitted.clear()
             self._free_sums.clear()
+            self._heaps.clear()
             self._forget_room(name)
             if node is None:
                 self._nodes.pop(name, None)
@@ -214,6 +224,7 @@ class WorkerCapacity:
         self._rooms.pop((node, True), None)
         if bound:
             self._rooms.pop((node, False), None)
+        self._room_versions[node] = self._room_versions.get(node, 0) + 1
         if self._free_sums:
             if len(self._room_log) >= ROOM_LOG_LIMIT:
                 self._free_sums.clear()  # summed again when next asked
@@ -352,17 +363,21 @@ class WorkerCapacity:
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
-            names = self._admitting(node_selector, tolerations)
-            admitted = self._admitted_set(node_selector, tolerations)
-            allocatable = {name: self._nodes[name].allocatable for name in names}
-            held = {name: self._room(name, True) for name in names}
+            found = self._admitted_both(node_selector, tolerations)
+            names, admitted, allocatable = found.names, found.set, found.allocatable
+            rules = _rules(node_selector, tolerations)
+
+            def held(name: str) -> Resources:
+                return self._room(name, True)
+
             # The held pods first, then this job's.
-            room = _Rooms(held)
+            room = _Rooms(admitted, held)
             problem = self._rehome_held(room, allocatable, sign)
             if problem:
                 return problem
             plan = Plan()
-            packer = _Packer(room, allocatable, sign)
+            packer = _Packer(room, allocatable, sign,
+                             kept=self._kept_heap(True, names, rules, sign))
             for pod in wanted:
                 name = packer.take(pod)
                 if name is None:
@@ -372,16 +387,17 @@ class WorkerCapacity:
                    if node in admitted):
                 # This job's first, where the scheduler would put them, then the held
                 # ones. (With no room held on these Nodes, both orders are the one above.)
-                room = _Rooms(held)
-                packer = _Packer(_Rooms({name: self._room(name, False) for name in names}),
-                                 allocatable, sign)
+                room = _Rooms(admitted, held)
+                packer = _Packer(_Rooms(admitted, lambda name: self._room(name, False)),
+                                 allocatable, sign,
+                                 kept=self._kept_heap(False, names, rules, sign))
                 for pod in wanted:
                     name = packer.take(pod)
                     if name is None:
                         return _no_node_for(pod, room)
                     room.take(name, pod)
                 problem = self._rehome_held(room, allocatable, sign)
-            return problem or self._order_problem(wanted, admitted) or plan
+            return problem or self._order_problem(wanted, found) or plan
 
     def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
                   tolerations: list[dict] | None = None) -> bool:
@@ -403,7 +419,7 @@ class WorkerCapacity:
             shift(room[fullest], wanted, -1)
         return True
 
-    def _order_problem(self, wanted: list[Resources], names: frozenset[str]) -> str | None:
+    def _order_problem(self, wanted: list[Resources], admitted: _Admitted) -> str | None:
         """Why the job should wait for the pods of jobs placed in the last
         ``ARRIVAL_WINDOW_SECONDS`` to bind: in some order of arrival, its pods and theirs
         could leave one of them without a Node (``arrival``), where neither group could on
@@ -414,7 +430,8 @@ class WorkerCapacity:
         # may use that could take every pending pod (this job's and every reserved one's)
         # at once, and the same of every Node where reserved pods are planned. What holds
         # for them all holds for those in flight.
-        if self._absorbed(wanted, names, self._counted_total,
+        names = admitted.set
+        if self._absorbed(wanted, admitted, self._counted_total,
                           [name for name, amounts in self._node_planned.items()
                            if any(amounts.values())]):
             return None
@@ -424,7 +441,7 @@ class WorkerCapacity:
         if not recent:
             return None
         if len(recent) < len(self._counted) and self._absorbed(
-                wanted, names, _sum(self._counted[job] for job in recent),
+                wanted, admitted, _sum(self._counted[job] for job in recent),
                 {name for job in recent for name in self._planned_counted.get(job, _NOTHING)}):
             return None
         mine = [arrival.PendingPod(pod, names, names) for pod in wanted]
@@ -445,19 +462,22 @@ class WorkerCapacity:
                 f"arrival, theirs and this job's could leave a pod of {asked} without a Node "
                 "(it waits for them to bind)")
 
-    def _absorbed(self, wanted: list[Resources], names: frozenset[str], held: Resources,
+    def _absorbed(self, wanted: list[Resources], admitted: _Admitted, held: Resources,
                   holding: Iterable[str]) -> bool:
-        """Whether a usable Node of ``names`` could take this job's pods and ``held`` at
+        """Whether a usable Node of ``admitted`` could take this job's pods and ``held`` at
         once, and so could every Node of ``holding`` (those with held room). Called under
         the lock."""
         pending = _sum([*wanted, held])
+        if not fits(admitted.largest, pending):
+            return False  # more than any of these Nodes allocates: no need to ask each
 
         def absorbs(name: str) -> bool:
             node = self._nodes.get(name)
             return node is not None and node.usable and fits(self._room(name, False), pending)
 
         # The few Nodes holding room first; then the first admitted Node that absorbs ends it.
-        return all(absorbs(name) for name in holding) and any(absorbs(name) for name in names)
+        return all(absorbs(name) for name in holding) and any(absorbs(name)
+                                                              for name in admitted.names)
 
     def _held_pods(self, jobs: list[JobKey]) -> list[arrival.PendingPod]:
         """The pods the reservations of ``jobs`` still stand for, each free to go to any
@@ -503,23 +523,60 @@ class WorkerCapacity:
                    tolerations: list[dict] | None) -> list[str]:
         """The usable Nodes a pod with this nodeSelector and these tolerations may land
         on. Called under the lock."""
-        return self._admitted_both(node_selector, tolerations)[0]
+        return self._admitted_both(node_selector, tolerations).names
 
     def _admitted_set(self, node_selector: dict[str, str] | None,
                       tolerations: list[dict] | None) -> frozenset[str]:
         """``_admitting`` as a set. Called under the lock."""
-        return self._admitted_both(node_selector, tolerations)[1]
+        return self._admitted_both(node_selector, tolerations).set
 
     def _admitted_both(self, node_selector: dict[str, str] | None,
-                       tolerations: list[dict] | None) -> tuple[list[str], frozenset[str]]:
+                       tolerations: list[dict] | None) -> _Admitted:
         rules = _rules(node_selector, tolerations)
         found = self._admitted.get(rules)
         if found is None:
             names = [name for name, node in self._nodes.items()
                      if node.usable and admits(node.labels, node.taints, node_selector,
                                                tolerations)]
-            found = self._admitted[rules] = (names, frozenset(names))
+            allocatable = {name: self._nodes[name].allocatable for name in names}
+            largest: Resources = {}
+            for amounts in allocatable.values():
+                for resource, amount in amounts.items():
+                    if amount > largest.get(resource, _ZERO):
+                        largest[resource] = amount
+            found = self._admitted[rules] = _Admitted(names, frozenset(names), allocatable,
+                                                      largest)
         return found
+
+    def _kept_heap(self, held: bool, names: list[str], rules: tuple,
+                   sign: int) -> Callable[[Resources], tuple[list, dict[str, int]]]:
+        """For a packer over the room (``held`` or not) of ``names``, the Nodes admitted by
+        ``rules``: given a pod shape, a heap of those Nodes that fit it, scored, as of now
+        (a copy, to pop from), and the room versions its entries name. The heap is kept
+        between placements, and only the Nodes whose room changed since it was last asked
+        for are scored again (their old entries stay in it, of an older version, until it
+        is rebuilt). Called under the lock."""
+        def scored(wanted: Resources) -> tuple[list, dict[str, int]]:
+            key = (held, rules, sign, tuple(sorted(wanted.items())))
+            versions = self._room_versions
+            kept = self._heaps.pop(key, None)
+            if kept is None or len(kept.heap) > 2 * len(names) + 64:
+                kept = _Kept()
+                for name in names:
+                    kept.score(name, versions.get(name, 0), self._room(name, held),
+                               self._nodes[name].allocatable, wanted, sign)
+                heapq.heapify(kept.heap)
+            else:
+                for name in names:
+                    version = versions.get(name, 0)
+                    if kept.seen.get(name) != version:
+                        kept.score(name, version, self._room(name, held),
+                                   self._nodes[name].allocatable, wanted, sign, push=True)
+            self._heaps[key] = kept  # the most recently used last
+            if len(self._heaps) > HEAPS_KEPT:
+                del self._heaps[next(iter(self._heaps))]
+            return list(kept.heap), versions
+        return scored
 
     def _rehome_held(self, room: _Rooms, allocatable: dict[str, Resources],
                      sign: int) -> str | None:
@@ -670,6 +727,15 @@ def capacity_by_resource(totals: dict[str, Any]) -> dict[str, dict[str, Decimal]
             for resource in sorted(totals["allocatable"])}
 
 
+class _Admitted(NamedTuple):
+    """The usable Nodes a rule set admits, as a list and a set, what each allocates, and the
+    most any of them allocates of each resource."""
+    names: list[str]
+    set: frozenset[str]
+    allocatable: dict[str, Resources]
+    largest: Resources
+
+
 class _FreeSum:
     """The sum of the contributions to free room of a set of Nodes, and each one's part,
     with how much of the room log it has taken in."""
@@ -694,24 +760,58 @@ def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None)
     return tuple(sorted((node_selector or {}).items())), repr(tolerations or [])
 
 
-class _Rooms(dict):
-    """Nodes' room for one packing: each Node's the room kept for it (shared, read only)
-    until the packing changes it, then a copy of its own. A packing changes the room of
-    the few Nodes pods go to, and reads that of every Node. The packers over it hear of
-    every change (``take``, ``give``), so their heaps stay true."""
+class _Rooms:
+    """Nodes' room for one packing: each Node's read when first asked for (``room``: the
+    room kept for it, shared, read only) until the packing changes it, then a copy of its
+    own. A packing changes the room of the few Nodes pods go to, and most often reads only
+    those few (the packers' heaps are kept between packings). The packers over it hear of
+    every change (``take``, ``give``), so their heaps stay true. Given a dict alone, the
+    Nodes are its keys and their room its values."""
 
-    def __init__(self, rooms: dict[str, Resources]):
-        super().__init__(rooms)
+    def __init__(self, names: Collection[str] | dict[str, Resources],
+                 room: Callable[[str], Resources] | None = None):
+        if room is None:
+            rooms = dict(names)
+            names, room = rooms.keys(), rooms.__getitem__
+        self._names = names
+        self._room = room
+        self._read: dict[str, Resources] = {}
         self._owned: set[str] = set()
         self.versions: dict[str, int] = {}
         self.packers: list[_Packer] = []
 
+    def __getitem__(self, name: str) -> Resources:
+        found = self._read.get(name)
+        if found is None:
+            if name not in self._names:
+                raise KeyError(name)
+            found = self._read[name] = self._room(name)
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def keys(self) -> Collection[str]:
+        return self._names
+
+    def items(self) -> Iterator[tuple[str, Resources]]:
+        return ((name, self[name]) for name in self._names)
+
+    def values(self) -> Iterator[Resources]:
+        return (self[name] for name in self._names)
+
     def own(self, name: str) -> Resources:
         """``name``'s room, to be changed."""
         if name not in self._owned:
-            self[name] = dict(self[name])
+            self._read[name] = dict(self[name])
             self._owned.add(name)
-        return self[name]
+        return self._read[name]
 
     def take(self, name: str, amounts: Resources) -> None:
         """A pod (or a lump of them) takes ``amounts`` on ``name``."""
@@ -730,52 +830,97 @@ class _Rooms(dict):
 
 class _Packer:
     """Where the scheduler would put pods in turn over the same ``room`` (``names``' Nodes of
-    it, or all): the Node it scores best among those with room (ties by name). The Nodes that fit the last pod shape are kept in a heap by score. A job's pods are
-    mostly alike, and between two alike pods only the Nodes that changed need scoring
-    again (``renew``: each entry carries the version of the Node's room it was scored on,
-    and an entry of an older one is dropped), so a wide job on a large worker scores each
-    Node once, not once per pod.
+    it, or all): the Node it scores best among those with room (ties by name). The Nodes
+    that fit the last pod shape are kept in a heap by score. A job's pods are mostly
+    alike, and between two alike pods only the Nodes that changed need scoring again
+    (``renew``: each entry carries the version of the Node's room it was scored on, and an
+    entry of an older one is dropped), so a wide job on a large worker scores each Node
+    once, not once per pod. With ``kept`` (``WorkerCapacity._kept_heap``), the heap for a
+    shape starts from one kept between placements, plus the Nodes this packing changed:
+    then most Nodes are not scored at all.
 
     Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
     (ties go by name)."""
 
     def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int,
-                 names: frozenset[str] | None = None):
+                 names: frozenset[str] | None = None,
+                 kept: Callable[[Resources], tuple[list, dict[str, int]]] | None = None):
         self.room = room
         self._allocatable = allocatable
         self._sign = sign
         self._names = names
+        self._kept = kept
         self._shape: Resources | None = None
-        self._heap: list[tuple[float, str, int]] = []
+        # (score, name, version in this packing, version of the kept room)
+        self._heap: list[tuple[float, str, int, int]] = []
+        self._kept_versions: dict[str, int] = _NOTHING
         room.packers.append(self)
 
     def take(self, wanted: Resources) -> str | None:
         """The Node the pod goes to (its room taken), or None when none fits it."""
         if wanted != self._shape:
             self._shape = wanted
-            versions = self.room.versions
-            self._heap = [(self._rank(name, wanted), name, versions.get(name, 0))
-                          for name, free in self.room.items()
-                          if (self._names is None or name in self._names)
-                          and fits(free, wanted)]
-            heapq.heapify(self._heap)
+            self._start(wanted)
+        versions, kept = self.room.versions, self._kept_versions
         while self._heap:
-            _, best, version = heapq.heappop(self._heap)
-            if version == self.room.versions.get(best, 0):
+            _, best, version, kept_version = heapq.heappop(self._heap)
+            if version == versions.get(best, 0) and kept_version == kept.get(best, 0):
                 self.room.take(best, wanted)
                 return best
         return None
 
+    def _start(self, wanted: Resources) -> None:
+        """The heap for a new pod shape."""
+        if self._kept is None:
+            versions = self.room.versions
+            self._heap = [(self._rank(name, wanted), name, versions.get(name, 0), 0)
+                          for name, free in self.room.items()
+                          if self._admits(name) and fits(free, wanted)]
+            heapq.heapify(self._heap)
+            return
+        self._heap, self._kept_versions = self._kept(wanted)
+        for name in self.room.versions:  # the Nodes this packing changed
+            self.renew(name)
+
+    def _admits(self, name: str) -> bool:
+        return self._names is None or name in self._names
+
     def renew(self, name: str) -> None:
         """``name``'s room changed: score it again for the current shape."""
-        if self._shape is None or (self._names is not None and name not in self._names):
+        if self._shape is None or not self._admits(name):
             return
         if fits(self.room[name], self._shape):
             heapq.heappush(self._heap, (self._rank(name, self._shape), name,
-                                        self.room.versions.get(name, 0)))
+                                        self.room.versions.get(name, 0),
+                                        self._kept_versions.get(name, 0)))
 
     def _rank(self, name: str, wanted: Resources) -> float:
-        return -self._sign * _free_share_float(self.room[name], self._allocatable[name], wanted)
+        return _rank(self.room[name], self._allocatable[name], wanted, self._sign)
+
+
+class _Kept:
+    """A heap of Nodes scored for one pod shape, kept between placements
+    (``WorkerCapacity._kept_heap``), and the room version each Node was last scored on."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, str, int, int]] = []
+        self.seen: dict[str, int] = {}
+
+    def score(self, name: str, version: int, free: Resources, allocatable: Resources,
+              wanted: Resources, sign: int, push: bool = False) -> None:
+        """Count ``name`` at room ``version``: in the heap when the shape fits it."""
+        self.seen[name] = version
+        if fits(free, wanted):
+            entry = (_rank(free, allocatable, wanted, sign), name, 0, version)
+            if push:
+                heapq.heappush(self.heap, entry)
+            else:
+                self.heap.append(entry)
+
+
+def _rank(free: Resources, allocatable: Resources, wanted: Resources, sign: int) -> float:
+    """A Node's place in a packer's heap for a pod: the best first."""
+    return -sign * _free_share_float(free, allocatable, wanted)
 
 
 def _free_share_float(free: Resources, allocatable: Resources, wanted: Resources) -> float:

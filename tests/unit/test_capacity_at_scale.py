@@ -143,7 +143,61 @@ def test_nodes_scored_once_per_pod_shape_go_where_scoring_every_node_sends_them(
         for each in pods:
             expected = _take(one_by_one, nodes, each, sign)
             assert packer.take(each) == expected, f"pod {each} (sign {sign})"
-        assert packer.room == one_by_one
+        assert dict(packer.room) == one_by_one
+
+
+def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
+    """Two workers alike; one keeps its scored Nodes between placements, the other is made
+    to score every Node at each. Through pods coming and going, plans held and released,
+    Nodes cordoned, and shapes alternating, both pack every job the same."""
+    rng = random.Random(13)
+    kept, fresh = WorkerCapacity("kept"), WorkerCapacity("fresh")
+    nodes = fleet(30)
+    for capacity in (kept, fresh):
+        for each in nodes:
+            capacity.on_node(ADDED, None, each)
+    shapes = [({"cpu": D(2), "memory": D(2**31)}, 3), ({"cpu": D(8), "memory": D(2**33)}, 5),
+              ({"cpu": D(1), "memory": D(2**30)}, 1)]
+    pods: dict[str, dict] = {}
+    for step in range(400):
+        action = rng.random()
+        if action < 0.3 or not pods:
+            name = f"p{step}"
+            pods[name] = pod(name, node_name=rng.choice(nodes)["metadata"]["name"],
+                             cpu=str(rng.choice((1, 2, 4))), memory="1Gi",
+                             job=f"job-{rng.randrange(10)}")
+            events = [(ADDED, None, pods[name])]
+        elif action < 0.45:
+            name = rng.choice(sorted(pods))
+            events = [(DELETED, pods.pop(name), None)]
+        elif action < 0.5:
+            changed = copy.deepcopy(rng.choice(nodes))
+            changed["spec"]["unschedulable"] = rng.random() < 0.3
+            for capacity in (kept, fresh):
+                capacity.on_node(MODIFIED, None, changed)
+            events = []
+        elif action < 0.6:
+            job = ("team-a", f"job-{rng.randrange(10)}")
+            assert kept.release(job) == fresh.release(job)
+            events = []
+        else:
+            shape, count = rng.choice(shapes)
+            selector, tolerations = rng.choice(RULES)
+            fresh._heaps.clear()
+            plans = [capacity.pack([shape] * count, selector, tolerations)
+                     for capacity in (kept, fresh)]
+            assert plans[0] == plans[1], f"step {step}: {shape} x {count} packed apart"
+            if not isinstance(plans[0], str):
+                assert plans[0].pods == plans[1].pods, f"step {step}: pods packed apart"
+                job = ("team-a", f"job-{rng.randrange(10)}")
+                total = {r: a * count for r, a in shape.items()}
+                for capacity, plan in zip((kept, fresh), plans):
+                    capacity.reserve(job, total, count, plan, (selector, tolerations))
+            events = []
+        for capacity in (kept, fresh):
+            for event in events:
+                capacity.on_pod(*event)
+    assert kept._heaps, "no heap was kept between placements"
 
 
 def test_a_node_heartbeat_and_a_pods_status_change_leave_the_room_alone():
