@@ -31,7 +31,7 @@ help:
 	@echo "make bench-quick    the same benchmark at small scale (a few minutes)"
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
 	@echo "make bench-scale    the dispatcher on 2 workers of 1,000 Nodes and 20,000 Pods each; figures in bench-results/scale/"
-	@echo "make test-scale     the tests on a worker of 1,000 Nodes and 20,000 Pods (a lost watch during churn), about half an hour"
+	@echo "make test-scale     the tests on a worker of 1,000 Nodes and 20,000 Pods (a lost watch during churn), about five minutes"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
