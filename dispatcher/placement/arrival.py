@@ -100,6 +100,10 @@ def _can_strand(pod: PendingPod, others: list[PendingPod], room: dict[str, Resou
     nodes = sorted(n for n in pod.asked if n in room and fits(room[n], wanted))
     if not nodes:
         return False  # no room even alone: packing's business, not an order's
+    if budget.left < 1 + len(nodes):
+        # The search's first step looks at each of these Nodes: it would run out there,
+        # so the rivals are not sorted nor the Nodes' room copied for it.
+        raise _OutOfBudget
     rivals = sorted((o for o in others if o.lands is None or not o.lands.isdisjoint(nodes)),
                     key=lambda o: sorted(o.amounts.items()), reverse=True)
     # What the rivals from the i-th on could take, in all.

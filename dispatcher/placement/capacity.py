@@ -147,7 +147,7 @@ class WorkerCapacity:
         # dashboard poll between two changes reuses it (read only by callers).
         self._changes = 0
         self._totals: tuple[int, dict[str, Any]] | None = None
-        # Each Node's room as ``_node_room`` works it out, (name, held) -> amounts, kept
+        # Each Node's room as ``_room`` works it out, (name, held) -> amounts, kept
         # until a pod, a plan or the Node itself changes there: a placement reads the room
         # of every Node, most of them untouched since the last one.
         self._rooms: dict[tuple[str, bool], Resources] = {}
@@ -446,7 +446,8 @@ class WorkerCapacity:
             return None
         mine = [arrival.PendingPod(pod, names, names) for pod in wanted]
         held = self._held_pods(recent)
-        room = {name: self._node_room(name, held=False)
+        # The room as kept, not copies: the search copies what it changes.
+        room = {name: self._room(name, False)
                 for name, node in self._nodes.items() if node.usable}
         budget = arrival.Budget()
         stranded = arrival.stranded(held + mine, room, budget)
@@ -618,14 +619,11 @@ class WorkerCapacity:
                     lumps.append((lump, job))
         return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
 
-    def _node_room(self, name: str, held: bool = True) -> Resources:
+    def _room(self, name: str, held: bool) -> Resources:
         """A Node's allocatable less its bound pods and (``held``) the room planned there
         for reserved jobs whose pods have not taken it yet (below zero when more is
-        planned there than the Node has left), a copy of its own. Called under the lock."""
-        return dict(self._room(name, held))
-
-    def _room(self, name: str, held: bool) -> Resources:
-        """``_node_room`` as kept (read only). Called under the lock."""
+        planned there than the Node has left), as kept: read only. Called under the
+        lock."""
         room = self._rooms.get((name, held))
         if room is None:
             room = dict(self._nodes[name].allocatable)
