@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                      f"(default: {DEFAULT_DASHBOARD_HOST}, reached in a Pod with kubectl "
                      "port-forward; anything else serves every job to whoever reaches it)")
     run.add_argument("--workers", type=command_line.at_least(1), default=8,
-                     help="concurrent reconciles (default: %(default)s)")
+                     help="concurrent reconciles (default: %(default)s); more shorten the "
+                     "queue when the workers' apiservers answer slowly (docs/benchmarks.md)")
     logs.add_arguments(run)
     # Config key -> the flag that sets it, so a refused value is named as it was typed
     # (argparse keeps its actions in a private list; there is no public way).
