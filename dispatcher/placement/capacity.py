@@ -186,6 +186,8 @@ class WorkerCapacity:
             self._forget_room(name)
             if node is None:
                 self._nodes.pop(name, None)
+                # No heap is kept across a Node's change: its count may start again.
+                self._room_versions.pop(name, None)
             else:
                 self._nodes[name] = node
             return True

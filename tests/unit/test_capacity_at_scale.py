@@ -159,6 +159,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
     shapes = [({"cpu": D(2), "memory": D(2**31)}, 3), ({"cpu": D(8), "memory": D(2**33)}, 5),
               ({"cpu": D(1), "memory": D(2**30)}, 1)]
     pods: dict[str, dict] = {}
+    served = 0  # placements that found heaps kept from earlier ones
     for step in range(400):
         action = rng.random()
         if action < 0.3 or not pods:
@@ -173,7 +174,10 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
         elif action < 0.5:
             changed = copy.deepcopy(rng.choice(nodes))
             changed["spec"]["unschedulable"] = rng.random() < 0.3
+            gone_and_back = rng.random() < 0.3
             for capacity in (kept, fresh):
+                if gone_and_back:
+                    capacity.on_node(DELETED, changed, None)
                 capacity.on_node(MODIFIED, None, changed)
             events = []
         elif action < 0.6:
@@ -184,6 +188,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
             shape, count = rng.choice(shapes)
             selector, tolerations = rng.choice(RULES)
             fresh._heaps.clear()
+            served += bool(kept._heaps)
             plans = [capacity.pack([shape] * count, selector, tolerations)
                      for capacity in (kept, fresh)]
             assert plans[0] == plans[1], f"step {step}: {shape} x {count} packed apart"
@@ -197,7 +202,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
         for capacity in (kept, fresh):
             for event in events:
                 capacity.on_pod(*event)
-    assert kept._heaps, "no heap was kept between placements"
+    assert served > 50, f"heaps were kept for only {served} placements"
 
 
 def test_a_node_heartbeat_and_a_pods_status_change_leave_the_room_alone():
