@@ -343,7 +343,7 @@ class WorkerCapacity:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
         with self._lock:
-            return self._free(self._admitting(node_selector, tolerations),
+            return self._free(self._admitting(node_selector, tolerations).names,
                               _rules(node_selector, tolerations))
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
@@ -365,7 +365,7 @@ class WorkerCapacity:
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
-            found = self._admitted_both(node_selector, tolerations)
+            found = self._admitting(node_selector, tolerations)
             names, admitted, allocatable = found.names, found.set, found.allocatable
             rules = _rules(node_selector, tolerations)
 
@@ -411,7 +411,7 @@ class WorkerCapacity:
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         with self._lock:
             room = {name: dict(self._nodes[name].allocatable)
-                    for name in self._admitting(node_selector, tolerations)}
+                    for name in self._admitting(node_selector, tolerations).names}
         for pod in largest_first:
             wanted = {**pod, PODS: pod.get(PODS, _ONE)}
             fitting = [name for name, free in room.items() if fits(free, wanted)]
@@ -519,22 +519,13 @@ class WorkerCapacity:
         selector, tolerations = self._rules.get(job, (None, None))
         rules = _rules(selector, tolerations)
         if rules not in cache:
-            cache[rules] = self._admitted_set(selector, tolerations)
+            cache[rules] = self._admitting(selector, tolerations).set
         return cache[rules]
 
     def _admitting(self, node_selector: dict[str, str] | None,
-                   tolerations: list[dict] | None) -> list[str]:
+                   tolerations: list[dict] | None) -> _Admitted:
         """The usable Nodes a pod with this nodeSelector and these tolerations may land
-        on. Called under the lock."""
-        return self._admitted_both(node_selector, tolerations).names
-
-    def _admitted_set(self, node_selector: dict[str, str] | None,
-                      tolerations: list[dict] | None) -> frozenset[str]:
-        """``_admitting`` as a set. Called under the lock."""
-        return self._admitted_both(node_selector, tolerations).set
-
-    def _admitted_both(self, node_selector: dict[str, str] | None,
-                       tolerations: list[dict] | None) -> _Admitted:
+        on (kept per rule set). Called under the lock."""
         rules = _rules(node_selector, tolerations)
         found = self._admitted.get(rules)
         if found is None:
@@ -765,14 +756,9 @@ class _Rooms:
     room kept for it, shared, read only) until the packing changes it, then a copy of its
     own. A packing changes the room of the few Nodes pods go to, and most often reads only
     those few (the packers' heaps are kept between packings). The packers over it hear of
-    every change (``take``, ``give``), so their heaps stay true. Given a dict alone, the
-    Nodes are its keys and their room its values."""
+    every change (``take``, ``give``), so their heaps stay true."""
 
-    def __init__(self, names: Collection[str] | dict[str, Resources],
-                 room: Callable[[str], Resources] | None = None):
-        if room is None:
-            rooms = dict(names)
-            names, room = rooms.keys(), rooms.__getitem__
+    def __init__(self, names: Collection[str], room: Callable[[str], Resources]):
         self._names = names
         self._room = room
         self._read: dict[str, Resources] = {}
@@ -796,9 +782,6 @@ class _Rooms:
 
     def __len__(self) -> int:
         return len(self._names)
-
-    def keys(self) -> Collection[str]:
-        return self._names
 
     def items(self) -> Iterator[tuple[str, Resources]]:
         return ((name, self[name]) for name in self._names)

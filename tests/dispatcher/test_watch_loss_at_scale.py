@@ -9,7 +9,7 @@ history they would resume from goes with the apiserver's watch cache.
   waits, and is placed once room really frees.
 
 On clusters of its own (a manager and one worker, started for this module); `make
-test-scale` runs it (filling the worker is most of its half hour on two cores).
+test-scale` runs it (about five minutes on two cores, most of it filling the worker).
 """
 
 from __future__ import annotations

@@ -138,12 +138,13 @@ def test_nodes_scored_once_per_pod_shape_go_where_scoring_every_node_sends_them(
         pods = sorted(([{"cpu": D(rng.choice((1, 2, 3))), "memory": D(2**30), PODS: D(1)}
                         for _ in range(80)]), key=lambda r: sorted(r.items()), reverse=True)
         one_by_one = {name: dict(room) for name, room in nodes.items()}
-        packer = capacity_module._Packer(capacity_module._Rooms(copy.deepcopy(nodes)),
+        rooms = copy.deepcopy(nodes)
+        packer = capacity_module._Packer(capacity_module._Rooms(rooms, rooms.__getitem__),
                                          nodes, sign)
         for each in pods:
             expected = _take(one_by_one, nodes, each, sign)
             assert packer.take(each) == expected, f"pod {each} (sign {sign})"
-        assert dict(packer.room) == one_by_one
+        assert {name: packer.room[name] for name in nodes} == one_by_one
 
 
 def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
@@ -282,7 +283,8 @@ def test_packers_sharing_nodes_each_see_the_others_take_room():
     sets = [frozenset(names[:20]), frozenset(names[10:])]
     for sign in (1, -1):
         plain = {name: dict(room) for name, room in nodes.items()}
-        rooms = capacity_module._Rooms(copy.deepcopy(nodes))
+        kept = copy.deepcopy(nodes)
+        rooms = capacity_module._Rooms(kept, kept.__getitem__)
         packers = [capacity_module._Packer(rooms, nodes, sign, allowed) for allowed in sets]
         for step in range(60):
             which = rng.randrange(2)
@@ -290,4 +292,4 @@ def test_packers_sharing_nodes_each_see_the_others_take_room():
             choices = {name: plain[name] for name in plain if name in sets[which]}
             expected = _take(choices, nodes, each, sign)
             assert packers[which].take(each) == expected, f"step {step} (sign {sign})"
-        assert dict(rooms) == plain
+        assert {name: rooms[name] for name in nodes} == plain
