@@ -69,6 +69,13 @@ class _OutOfBudget(Exception):
     pass
 
 
+def most_pods(budget: Budget, nodes: int) -> int:
+    """The most pending pods ``stranded`` can be asked about over ``nodes`` Nodes before
+    its first step runs out of ``budget`` (its answer then ``UNKNOWN``, before any order is
+    tried): a caller with more need not list them."""
+    return budget.left + 1 - nodes
+
+
 def stranded(pods: Sequence[PendingPod], room: dict[str, Resources],
              budget: Budget | None = None) -> PendingPod | _Unknown | None:
     """A pod of ``pods`` that some order of arrival leaves without a Node, given each Node's

@@ -141,6 +141,7 @@ class WorkerCapacity:
         # take room only on their Nodes), and one total for those without (they come off
         # every selection of Nodes).
         self._planned_counted: dict[JobKey, dict[str, Resources]] = {}
+        # (Only Nodes where room is held have a row: its keys are the Nodes holding room.)
         self._node_planned: dict[str, Resources] = {}
         self._unplanned_total: Resources = {}
         # ``totals`` as last computed, and the count of changes it saw: a scrape or a
@@ -165,6 +166,12 @@ class WorkerCapacity:
         # the Nodes whose room changed since the last one of that shape, not every Node.
         self._room_versions: dict[str, int] = {}
         self._heaps: dict[tuple, _Kept] = {}
+        # The Nodes where more room is held for placed jobs than their bound pods leave
+        # (``_displaced``), and those whose room changed since that set was brought up to
+        # date: with hundreds of jobs in flight, hundreds of Nodes hold room, and a
+        # placement would otherwise look at each of them.
+        self._short: set[str] = set()
+        self._short_stale: set[str] = set()
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -227,6 +234,7 @@ class WorkerCapacity:
         if bound:
             self._rooms.pop((node, False), None)
         self._room_versions[node] = self._room_versions.get(node, 0) + 1
+        self._short_stale.add(node)
         if self._free_sums:
             if len(self._room_log) >= ROOM_LOG_LIMIT:
                 self._free_sums.clear()  # summed again when next asked
@@ -311,7 +319,7 @@ class WorkerCapacity:
             if job not in self._planned_counted:
                 _accumulate(self._unplanned_total, previous, -1)
         for node, amounts in self._planned_counted.pop(job, {}).items():
-            _accumulate(self._node_planned[node], amounts, -1)
+            _add(self._node_planned, node, amounts, -1)
             self._forget_room(node, bound=False)
         reserved = self._reserved.get(job)
         if reserved is None:
@@ -330,7 +338,7 @@ class WorkerCapacity:
                     if (left := _outstanding(amounts, self._job_node_used.get((job, node), {})))}
         self._planned_counted[job] = per_node
         for node, amounts in per_node.items():
-            _accumulate(self._node_planned.setdefault(node, {}), amounts)
+            _add(self._node_planned, node, amounts, 1)
             self._forget_room(node, bound=False)
 
     def _counted_reservations(self) -> Resources:
@@ -385,8 +393,7 @@ class WorkerCapacity:
                 if name is None:
                     return _no_node_for(pod, room)
                 plan.add(name, pod)
-            if any(any(amounts.values()) for node, amounts in self._node_planned.items()
-                   if node in admitted):
+            if any(node in admitted for node in self._node_planned):
                 # This job's first, where the scheduler would put them, then the held
                 # ones. (With no room held on these Nodes, both orders are the one above.)
                 room = _Rooms(admitted, held)
@@ -433,9 +440,7 @@ class WorkerCapacity:
         # at once, and the same of every Node where reserved pods are planned. What holds
         # for them all holds for those in flight.
         names = admitted.set
-        if self._absorbed(wanted, admitted, self._counted_total,
-                          [name for name, amounts in self._node_planned.items()
-                           if any(amounts.values())]):
+        if self._absorbed(wanted, admitted, self._counted_total, self._node_planned.keys()):
             return None
         now = self._clock()
         recent = [job for job, at in self._reserved_at.items()
@@ -446,12 +451,15 @@ class WorkerCapacity:
                 wanted, admitted, _sum(self._counted[job] for job in recent),
                 {name for job in recent for name in self._planned_counted.get(job, _NOTHING)}):
             return None
+        usable = [name for name, node in self._nodes.items() if node.usable]
+        budget = arrival.Budget()
+        most = arrival.most_pods(budget, len(usable)) - len(wanted)
+        if most < 0 or self._held_pods_at_least(recent) > most:
+            return None  # the search would not get past its first step: not listed
         mine = [arrival.PendingPod(pod, names, names) for pod in wanted]
         held = self._held_pods(recent)
         # The room as kept, not copies: the search copies what it changes.
-        room = {name: self._room(name, False)
-                for name, node in self._nodes.items() if node.usable}
-        budget = arrival.Budget()
+        room = {name: self._room(name, False) for name in usable}
         stranded = arrival.stranded(held + mine, room, budget)
         if stranded is None or stranded is arrival.UNKNOWN:
             return None
@@ -497,13 +505,21 @@ class WorkerCapacity:
                             for pod in self._outstanding_pods(job, node, amounts))
         return pods
 
+    def _held_pods_at_least(self, jobs: list[JobKey]) -> int:
+        """At least as many pods as ``_held_pods(jobs)`` lists, one look per job: a job's
+        pods on its Nodes are at least one per Node, and at least the pods it still holds
+        room for (a pod bound off its plan leaves its planned Node holding). Called under
+        the lock."""
+        return sum(max(len(self._planned_counted.get(job, _NOTHING)),
+                       _pod_count(self._counted[job])) for job in jobs)
+
     def _outstanding_pods(self, job: JobKey, node: str | None,
                           amounts: Resources) -> list[Resources]:
         """The pods that ``amounts``, what ``job`` still holds on ``node`` (or in all),
         stands for: those packed there while none of them is bound, or while they are all
         alike; otherwise equal parts (which pods the bound ones were is not known:
         initializers and trainer differ). Called under the lock."""
-        count = max(int(amounts.get(PODS, _ONE)), 1)
+        count = _pod_count(amounts)
         packed = self._planned_pods.get(job, _NOTHING).get(node) or []
         if len(packed) == count:
             return packed
@@ -597,10 +613,12 @@ class WorkerCapacity:
         place than its pods. A pod of a placed job bound off its plan keeps the job's held
         room where it was until the job's last pod binds: which held pod it stood for is
         not known. Called under the lock."""
-        # Only Nodes with held room have lumps to move: the rest need not be looked at.
-        short = {name for name, held in self._node_planned.items()
-                 if name in room and any(held.values())
-                 and any(amount < 0 for amount in room[name].values())}
+        # Only Nodes with held room have lumps to move: the rest need not be looked at. Those
+        # this packing changed are looked at in its room; the rest are short as kept.
+        changed = room.changed
+        short = {name for name in self._short_nodes() if name in room and name not in changed}
+        short.update(name for name in changed if name in self._node_planned
+                     and _below_zero(room[name]))
         if not short:
             return []
         lumps: list[tuple[Resources, JobKey]] = []
@@ -611,6 +629,19 @@ class WorkerCapacity:
                     room.give(name, lump)
                     lumps.append((lump, job))
         return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
+
+    def _short_nodes(self) -> set[str]:
+        """The Nodes holding more room for placed jobs than their bound pods leave (read
+        only), brought up to date for those whose room changed since last asked. Called
+        under the lock."""
+        for name in self._short_stale:
+            if (name in self._node_planned and name in self._nodes
+                    and _below_zero(self._room(name, True))):
+                self._short.add(name)
+            else:
+                self._short.discard(name)
+        self._short_stale.clear()
+        return self._short
 
     def _room(self, name: str, held: bool) -> Resources:
         """A Node's allocatable less its bound pods and (``held``) the room planned there
@@ -788,6 +819,11 @@ class _Rooms:
 
     def values(self) -> Iterator[Resources]:
         return (self[name] for name in self._names)
+
+    @property
+    def changed(self) -> set[str]:
+        """The Nodes whose room this packing changed (read only)."""
+        return self._owned
 
     def own(self, name: str) -> Resources:
         """``name``'s room, to be changed."""
@@ -1043,6 +1079,15 @@ def _round_up(resource: str, amount: Decimal) -> Decimal:
     the rest."""
     step = Decimal("0.001") if resource == "cpu" else _ONE
     return amount if amount % step == 0 else amount.quantize(step, rounding=ROUND_CEILING)
+
+
+def _pod_count(amounts: Resources) -> int:
+    """The pods that ``amounts`` held for a job stands for (at least one)."""
+    return max(int(amounts.get(PODS, _ONE)), 1)
+
+
+def _below_zero(room: Resources) -> bool:
+    return any(amount < 0 for amount in room.values())
 
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:

@@ -2,7 +2,7 @@
 
 from decimal import Decimal as D
 
-from dispatcher.placement.arrival import UNKNOWN, Budget, PendingPod, stranded
+from dispatcher.placement.arrival import UNKNOWN, Budget, PendingPod, most_pods, stranded
 
 AB = frozenset("ab")
 
@@ -74,3 +74,18 @@ def test_questions_asked_with_one_budget_share_it():
     # Exactly what one answer costs is enough for it; a unit less is not.
     assert stranded(pods, nodes, Budget(one)) == cpu(1)
     assert stranded(pods, nodes, Budget(one - 1)) is UNKNOWN
+
+
+def test_past_most_pods_a_search_does_not_know_at_its_first_look():
+    """A caller with more pending pods than ``most_pods`` need not list them: the answer
+    would be UNKNOWN whatever they are (here, with budget enough, None)."""
+    nodes = room(**{f"n{i}": 1 for i in range(40)}, a=100)
+    most = most_pods(Budget(100), len(nodes))
+    assert most == 60
+    small = cpu(1, lands=None, asked=None)
+    one = cpu(2, lands=frozenset("a"), asked=frozenset("a"))
+    for count in (most + 1, most + 20):
+        pods = [one] + [small] * (count - 1)
+        assert stranded(pods, nodes, Budget(100)) is UNKNOWN, count
+        assert stranded(pods, nodes, Budget(1000)) is None, count
+    assert stranded([one] + [small] * (most - 3), nodes, Budget(100)) is None

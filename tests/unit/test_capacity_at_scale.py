@@ -148,9 +148,11 @@ def test_nodes_scored_once_per_pod_shape_go_where_scoring_every_node_sends_them(
 
 
 def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
-    """Two workers alike; one keeps its scored Nodes between placements, the other is made
-    to score every Node at each. Through pods coming and going, plans held and released,
-    Nodes cordoned, and shapes alternating, both pack every job the same."""
+    """Two workers alike; one keeps its scored Nodes, and which Nodes hold more room than
+    they have left, between placements; the other is made to work both out afresh at each.
+    Through pods coming and going (some bound off their job's plan), plans held and
+    released, Nodes cordoned, and shapes alternating, both pack every job the same (and the
+    count of held pods that spares listing them never says more than the list holds)."""
     rng = random.Random(13)
     kept, fresh = WorkerCapacity("kept"), WorkerCapacity("fresh")
     nodes = fleet(30)
@@ -161,12 +163,13 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
               ({"cpu": D(1), "memory": D(2**30)}, 1)]
     pods: dict[str, dict] = {}
     served = 0  # placements that found heaps kept from earlier ones
+    short = 0  # placements with held room to move off a Node short of it
     for step in range(400):
         action = rng.random()
         if action < 0.3 or not pods:
             name = f"p{step}"
             pods[name] = pod(name, node_name=rng.choice(nodes)["metadata"]["name"],
-                             cpu=str(rng.choice((1, 2, 4))), memory="1Gi",
+                             cpu=str(rng.choice((1, 2, 4, 32))), memory="1Gi",
                              job=f"job-{rng.randrange(10)}")
             events = [(ADDED, None, pods[name])]
         elif action < 0.45:
@@ -189,7 +192,13 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
             shape, count = rng.choice(shapes)
             selector, tolerations = rng.choice(RULES)
             fresh._heaps.clear()
+            fresh._short.clear()
+            fresh._short_stale.update(fresh._nodes)
             served += bool(kept._heaps)
+            short += bool(fresh._short_nodes())
+            # What the check of arrival orders counts before it lists the held pods.
+            held = list(kept._counted)
+            assert kept._held_pods_at_least(held) <= len(kept._held_pods(held)), step
             plans = [capacity.pack([shape] * count, selector, tolerations)
                      for capacity in (kept, fresh)]
             assert plans[0] == plans[1], f"step {step}: {shape} x {count} packed apart"
@@ -204,6 +213,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
             for event in events:
                 capacity.on_pod(*event)
     assert served > 50, f"heaps were kept for only {served} placements"
+    assert short > 10, f"only {short} placements met a Node short of its held room"
 
 
 def test_a_node_heartbeat_and_a_pods_status_change_leave_the_room_alone():
