@@ -40,6 +40,27 @@ def _synced(start: dict) -> str:
     return text + (f" ({'; '.join(parts)})" if parts else "")
 
 
+def _cpu_table(steady: list[dict]) -> list[str]:
+    """Where the machine's CPU went in each dispatch step: the machine's busy share and
+    each group of processes' CPU seconds (the churn drivers are this benchmark's)."""
+    groups = sorted({group for step in steady
+                     for group in ((step.get("cpu") or {}).get("cpu_seconds") or {})})
+    if not groups:
+        return []
+    lines = ["", "Where the CPU went in each dispatch step (CPU seconds; the machine's "
+             "busy share of all its cores):", "",
+             "| step | machine busy | " + " | ".join(groups) + " |",
+             "|---|---|" + "---|" * len(groups)]
+    for step in steady:
+        cpu = step.get("cpu") or {}
+        used = cpu.get("cpu_seconds") or {}
+        busy = cpu.get("host_busy_share")
+        lines.append(f"| {step['rate']} jobs/s "
+                     f"| {_v(None if busy is None else round(busy * 100), ' %')} | "
+                     + " | ".join(_v(used.get(group)) for group in groups) + " |")
+    return lines
+
+
 def render(results: dict) -> str:
     """Every figure of a scale run, as markdown tables."""
     workers = results.get("workers")
@@ -125,6 +146,7 @@ def render(results: dict) -> str:
                          f"| {_v(step.get('achieved_arrival_rate'))} "
                          f"| {step['dispatched']}/{step['jobs']} | {_v(lat['p50_ms'])} "
                          f"| {_v(lat['p90_ms'])} | {_v(lat['p99_ms'])} | {_v(lat['max_ms'])} |")
+        lines += _cpu_table(steady)
     budgets = results.get("budgets") or []
     if budgets:
         lines += ["", "| Budget | Measured | Limit | Met |", "|---|---|---|---|"]

@@ -71,7 +71,8 @@ def test_the_table_and_the_plot(scale_run):
     for text in ("## Scale: 2 workers", "| Nodes/worker | Pods/worker |",
                  "| KB per Node | KB per Pod |", "| 100 | gpu | 1 x 16 cpu, 8 GPU |",
                  "Standby taking over", "Pod churn: target 5 Pods/s per worker",
-                 "| 5 jobs/s for 2 s |", "| Budget | Measured | Limit | Met |",
+                 "| 5 jobs/s for 2 s |", "| step | machine busy |", " dispatcher |",
+                 "| Budget | Measured | Limit | Met |",
                  "copies get no pods"):
         assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
     data = (output / "scale.png").read_bytes()
