@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import dispatch_log, scenarios
 from bench.environment import BenchClusters, describe
-from bench.footprint import FootprintWindow, peak_rss_bytes, rss_bytes
+from bench.footprint import CpuAccount, FootprintWindow, peak_rss_bytes, rss_bytes
 from bench.load import LoadRunner
 from bench.settings import BenchSettings
 from bench.stats import percentile
@@ -586,37 +586,41 @@ def _ms(values: list[float]) -> dict:
 def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
                sizes: dict[str, dict], count: int, tag: str) -> dict:
     """``count`` jobs of each shape, one at a time (each deleted, its copy gone, before
-    the next: every decision sees the same workers); each job's logged place step."""
+    the next: every decision sees the same workers); each job's logged place step, and how
+    busy the machine was meanwhile (a decision's wall time above its CPU time is its wait
+    for a core)."""
     figures = {}
     custom = client.CustomObjectsApi(env.apis["manager"])
     for shape in SHAPES:
         namespace = f"scale-place-{tag}-{shape}"
         env.create_namespace(namespace, ["manager", *workers])
         missing = made = 0
-        for index in range(count):
-            if missing >= GIVE_UP_AFTER:
-                # A shape that does not fit would wait a minute per job: reported instead.
-                log.warning("placement of %s jobs: %d not dispatched; the rest skipped",
-                            shape, missing)
-                break
-            name = f"{shape}-{index:04d}"
-            key = (namespace, name)
-            writes.create(custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
-                          c.TRAINJOBS, job_body(name, shape, sizes))
-            made += 1
-            if timelines.wait_remotes({key}, 60):
-                missing += 1
-            custom.delete_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
-                                                   namespace, c.TRAINJOBS, name)
-            # Its copy deleted and its finalizer lifted: the manager's object is gone.
-            timelines.wait(lambda: set() if key in timelines.manager.deleted else {key}, 60)
+        with CpuAccount(env.process_groups(workers)) as account:
+            for index in range(count):
+                if missing >= GIVE_UP_AFTER:
+                    # A shape that does not fit would wait a minute per job: reported instead.
+                    log.warning("placement of %s jobs: %d not dispatched; the rest skipped",
+                                shape, missing)
+                    break
+                name = f"{shape}-{index:04d}"
+                key = (namespace, name)
+                writes.create(custom.api_client, c.TRAINER_GROUP, c.TRAINER_VERSION, namespace,
+                              c.TRAINJOBS, job_body(name, shape, sizes))
+                made += 1
+                if timelines.wait_remotes({key}, 60):
+                    missing += 1
+                custom.delete_namespaced_custom_object(c.TRAINER_GROUP, c.TRAINER_VERSION,
+                                                       namespace, c.TRAINJOBS, name)
+                # Its copy deleted and its finalizer lifted: the manager's object is gone.
+                timelines.wait(lambda: set() if key in timelines.manager.deleted else {key}, 60)
         logged = dispatch_log.read(env.dispatcher.log_file, namespace)
         place = [steps["place"] for steps in logged.values() if "place" in steps]
         cpu = [steps["place_cpu"] for steps in logged.values() if "place_cpu" in steps]
         figures[shape] = {**sizes[shape], "jobs": made,
                           "missing": missing,
                           "logged": len(logged), "place_wall": _ms(place),
-                          "place_cpu": _ms(cpu) if cpu else None}
+                          "place_cpu": _ms(cpu) if cpu else None,
+                          "machine": account.figures()}
         log.info("placement of %s jobs (%d pods): p50 %s ms, p99 %s ms", shape,
                  sizes[shape]["pods"], figures[shape]["place_wall"]["p50_ms"],
                  figures[shape]["place_wall"]["p99_ms"])

@@ -23,6 +23,10 @@ def _v(value, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+def _percent(share) -> str:
+    return "n/a" if share is None else f"{round(share * 100)} %"
+
+
 def _kb(value) -> str:
     return "n/a" if value is None else f"{value / 1024:.1f}"
 
@@ -56,7 +60,7 @@ def _cpu_table(steady: list[dict]) -> list[str]:
         used = cpu.get("cpu_seconds") or {}
         busy = cpu.get("host_busy_share")
         lines.append(f"| {step['rate']} jobs/s "
-                     f"| {_v(None if busy is None else round(busy * 100), ' %')} | "
+                     f"| {_percent(busy)} | "
                      + " | ".join(_v(used.get(group)) for group in groups) + " |")
     return lines
 
@@ -96,10 +100,10 @@ def render(results: dict) -> str:
             f"| {_kb(memory.get('bytes_per_node'))} | {_kb(memory.get('bytes_per_pod'))} "
             f"| {_synced(full)} |")
     lines += ["", "One placement decision (the dispatcher's logged place step; CPU when "
-              "logged), jobs one at a time:", "",
+              "logged), jobs one at a time; how busy the machine's cores were meanwhile:", "",
               "| Pods/worker | shape | pods x request | wall p50 ms | wall p99 ms "
-              "| CPU p50 ms | CPU p99 ms | missing |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| CPU p50 ms | CPU p99 ms | missing | machine busy |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for shape in SHAPES:
             item = (size.get("placement") or {}).get(shape)
@@ -107,10 +111,12 @@ def render(results: dict) -> str:
                 continue
             request = f"{item['cpu']} cpu" + (f", {item['gpus']} GPU" if item["gpus"] else "")
             cpu = item.get("place_cpu") or {}
+            busy = (item.get("machine") or {}).get("host_busy_share")
             lines.append(
                 f"| {size['pods_per_worker']} | {shape} | {item['pods']} x {request} "
                 f"| {_v(item['place_wall']['p50_ms'])} | {_v(item['place_wall']['p99_ms'])} "
-                f"| {_v(cpu.get('p50_ms'))} | {_v(cpu.get('p99_ms'))} | {item['missing']} |")
+                f"| {_v(cpu.get('p50_ms'))} | {_v(cpu.get('p99_ms'))} | {item['missing']} "
+                f"| {_percent(busy)} |")
     takeover = sizes[-1].get("takeover") if sizes else None
     if takeover:
         lines += ["", f"Standby taking over (leader stopped with SIGTERM, its Lease given "

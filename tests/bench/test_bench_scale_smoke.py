@@ -72,6 +72,7 @@ def test_the_table_and_the_plot(scale_run):
                  "| KB per Node | KB per Pod |", "| 100 | gpu | 1 x 16 cpu, 8 GPU |",
                  "Standby taking over", "Pod churn: target 5 Pods/s per worker",
                  "| 5 jobs/s for 2 s |", "| step | machine busy |", " dispatcher |",
+                 "| CPU p99 ms | missing | machine busy |",
                  "| Budget | Measured | Limit | Met |",
                  "copies get no pods"):
         assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
