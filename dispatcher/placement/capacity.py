@@ -382,7 +382,7 @@ class WorkerCapacity:
 
             # The held pods first, then this job's.
             room = _Rooms(admitted, held)
-            problem = self._rehome_held(room, allocatable, sign)
+            problem = self._rehome_held(room, found, rules, sign)
             if problem:
                 return problem
             plan = Plan()
@@ -405,7 +405,7 @@ class WorkerCapacity:
                     if name is None:
                         return _no_node_for(pod, room)
                     room.take(name, pod)
-                problem = self._rehome_held(room, allocatable, sign)
+                problem = self._rehome_held(room, found, rules, sign)
             return problem or self._order_problem(wanted, found) or plan
 
     def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
@@ -570,7 +570,7 @@ class WorkerCapacity:
             key = (held, rules, sign, tuple(sorted(wanted.items())))
             versions = self._room_versions
             kept = self._heaps.pop(key, None)
-            if kept is None or len(kept.heap) > 2 * len(names) + 64:
+            if kept is None:
                 kept = _Kept()
                 for name in names:
                     kept.score(name, versions.get(name, 0), self._room(name, held),
@@ -582,27 +582,37 @@ class WorkerCapacity:
                     if kept.seen.get(name) != version:
                         kept.score(name, version, self._room(name, held),
                                    self._nodes[name].allocatable, wanted, sign, push=True)
+                kept.compact()
             self._heaps[key] = kept  # the most recently used last
             if len(self._heaps) > HEAPS_KEPT:
                 del self._heaps[next(iter(self._heaps))]
             return list(kept.heap), versions
         return scored
 
-    def _rehome_held(self, room: _Rooms, allocatable: dict[str, Resources],
+    def _rehome_held(self, room: _Rooms, found: _Admitted, rules: tuple,
                      sign: int) -> str | None:
         """Pack the held pods of Nodes that are short onto whichever Nodes of ``room``
-        their jobs' rules admit and have room (which they take); why one fits nowhere, or
-        None. Called under the lock."""
-        admitted: dict[tuple, frozenset[str]] = {}
-        packers: dict[frozenset[str], _Packer] = {}
+        (those ``found`` by ``rules``) their jobs' rules admit and have room (which they
+        take); why one fits nowhere, or None. The packers start from heaps kept between
+        placements: under a steady stream of placements some Node is short most of the
+        time, and scoring every Node for each lump would be most of a placement. Called
+        under the lock."""
+        packers: dict[tuple, tuple[_Packer, frozenset[str]]] = {}
         for lump, job in self._displaced(room):
-            allowed = self._admitted_by(job, admitted)
-            packer = packers.get(allowed)
-            if packer is None:
-                packer = packers[allowed] = _Packer(room, allocatable, sign, allowed)
+            selector, tolerations = self._rules.get(job, (None, None))
+            theirs = _rules(selector, tolerations)
+            if theirs not in packers:
+                allowed = self._admitting(selector, tolerations)
+                # The Nodes both rule sets admit, kept under both.
+                names, kept_as = (found.names, rules) if theirs == rules else (
+                    [name for name in allowed.names if name in found.set], (rules, theirs))
+                packers[theirs] = (_Packer(room, allowed.allocatable, sign, allowed.set,
+                                           kept=self._kept_heap(True, names, kept_as, sign)),
+                                   allowed.set)
+            packer, allowed_set = packers[theirs]
             if packer.take(lump) is None:
                 return ("the pods of placed jobs would be left without room: "
-                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed}))
+                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed_set}))
         return None
 
     def _displaced(self, room: _Rooms) -> list[tuple[Resources, JobKey]]:
@@ -924,17 +934,33 @@ class _Kept:
     def __init__(self) -> None:
         self.heap: list[tuple[float, str, int, int]] = []
         self.seen: dict[str, int] = {}
+        # The Nodes whose entry is of the room last seen (the heap's other entries are
+        # out of date).
+        self.current: set[str] = set()
 
     def score(self, name: str, version: int, free: Resources, allocatable: Resources,
               wanted: Resources, sign: int, push: bool = False) -> None:
-        """Count ``name`` at room ``version``: in the heap when the shape fits it."""
+        """Count ``name`` at room ``version``: in the heap when the shape fits it (an
+        entry of an older version stays, out of date, until ``compact``)."""
         self.seen[name] = version
-        if fits(free, wanted):
+        if not fits(free, wanted):
+            self.current.discard(name)
+        else:
             entry = (_rank(free, allocatable, wanted, sign), name, 0, version)
+            self.current.add(name)
             if push:
                 heapq.heappush(self.heap, entry)
             else:
                 self.heap.append(entry)
+
+    def compact(self) -> None:
+        """Drop the out-of-date entries once they pass a quarter of the others: the
+        packers that start from this heap pop them one by one, and the Nodes that change
+        most (those taken) sit at its top."""
+        if len(self.heap) - len(self.current) > len(self.current) // 4 + 16:
+            seen = self.seen
+            self.heap = [entry for entry in self.heap if seen.get(entry[1]) == entry[3]]
+            heapq.heapify(self.heap)
 
 
 def _rank(free: Resources, allocatable: Resources, wanted: Resources, sign: int) -> float:

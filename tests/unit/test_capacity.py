@@ -829,3 +829,23 @@ def test_a_search_that_cannot_tell_lets_packing_stand(monkeypatch):
     answers = iter([real, real, lambda *args: arrival.UNKNOWN])
     monkeypatch.setattr(arrival, "stranded", lambda *args: next(answers)(*args))
     assert list(capacity.pack([{"cpu": D(1)}])) == ["b"]
+
+
+def test_held_pods_moved_off_a_short_node_find_no_room_held_for_others():
+    """A Node that looks empty to the scheduler is full of another job's held room: the
+    held pods of a Node made short elsewhere cannot move there, so the next job waits
+    (bin-packing: the next job's pod would go to the short Node, leaving the other as
+    it was)."""
+    capacity = WorkerCapacity(scoring=MOST_ALLOCATED)
+    add_nodes(capacity, node("a", cpu=4), node("b", cpu=4), node("c", cpu=1))
+    capacity.reserve(("team-a", "one"), {"cpu": D(3)}, pods=1,
+                     planned={"a": {"cpu": D(3), "pods": D(1)}})
+    capacity.reserve(("team-a", "two"), {"cpu": D(3)}, pods=1,
+                     planned={"b": {"cpu": D(3), "pods": D(1)}})
+    assert list(capacity.pack([{"cpu": D("0.5")}])) == ["a"]
+    capacity.on_pod(ADDED, None, pod("other", node_name="a", cpu="2"))
+    # One's 3 cpu no longer fit on a (2 left); b has 4 free as bound pods go, but 1 as
+    # two's are held: refused.
+    assert capacity.pack([{"cpu": D("0.5")}]) == (
+        "the pods of placed jobs would be left without room: no Node has room for a pod of "
+        "3 cpu (most free on one Node: 2)")
