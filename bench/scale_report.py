@@ -24,7 +24,7 @@ def _v(value, suffix: str = "") -> str:
 
 
 def _percent(share) -> str:
-    return "n/a" if share is None else f"{round(share * 100)} %"
+    return "n/a" if share is None else f"{share:.0%}"  # as bench.report writes it
 
 
 def _kb(value) -> str:

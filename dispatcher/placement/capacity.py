@@ -374,15 +374,15 @@ class WorkerCapacity:
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
             found = self._admitting(node_selector, tolerations)
-            names, admitted, allocatable = found.names, found.set, found.allocatable
-            rules = _rules(node_selector, tolerations)
+            names, admitted, allocatable, rules = (found.names, found.set, found.allocatable,
+                                                   found.rules)
 
             def held(name: str) -> Resources:
                 return self._room(name, True)
 
             # The held pods first, then this job's.
             room = _Rooms(admitted, held)
-            problem = self._rehome_held(room, found, rules, sign)
+            problem = self._rehome_held(room, found, sign)
             if problem:
                 return problem
             plan = Plan()
@@ -405,7 +405,7 @@ class WorkerCapacity:
                     if name is None:
                         return _no_node_for(pod, room)
                     room.take(name, pod)
-                problem = self._rehome_held(room, found, rules, sign)
+                problem = self._rehome_held(room, found, sign)
             return problem or self._order_problem(wanted, found) or plan
 
     def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
@@ -496,10 +496,9 @@ class WorkerCapacity:
         restart: its rules are not known) may go anywhere, and their own room is not
         asked. Called under the lock."""
         pods: list[arrival.PendingPod] = []
-        admitted: dict[tuple, frozenset[str]] = {}
         for job in jobs:
             per_node = self._planned_counted.get(job)
-            nodes = self._admitted_by(job, admitted) if per_node else None
+            nodes = self._job_admitted(job).set if per_node else None
             for node, amounts in (per_node.items() if per_node else [(None, self._counted[job])]):
                 pods.extend(arrival.PendingPod(pod, nodes, nodes)
                             for pod in self._outstanding_pods(job, node, amounts))
@@ -529,14 +528,10 @@ class WorkerCapacity:
         part[PODS] = _ONE
         return [part] * count
 
-    def _admitted_by(self, job: JobKey, cache: dict[tuple, frozenset[str]]) -> frozenset[str]:
-        """The usable Nodes the rules ``job``'s pods were packed by admit, by rules in
-        ``cache``. Called under the lock."""
-        selector, tolerations = self._rules.get(job, (None, None))
-        rules = _rules(selector, tolerations)
-        if rules not in cache:
-            cache[rules] = self._admitting(selector, tolerations).set
-        return cache[rules]
+    def _job_admitted(self, job: JobKey) -> _Admitted:
+        """The usable Nodes the rules ``job``'s pods were packed by admit. Called under the
+        lock."""
+        return self._admitting(*self._rules.get(job, (None, None)))
 
     def _admitting(self, node_selector: dict[str, str] | None,
                    tolerations: list[dict] | None) -> _Admitted:
@@ -554,8 +549,8 @@ class WorkerCapacity:
                 for resource, amount in amounts.items():
                     if amount > largest.get(resource, _ZERO):
                         largest[resource] = amount
-            found = self._admitted[rules] = _Admitted(names, frozenset(names), allocatable,
-                                                      largest)
+            found = self._admitted[rules] = _Admitted(rules, names, frozenset(names),
+                                                      allocatable, largest)
         return found
 
     def _kept_heap(self, held: bool, names: list[str], rules: tuple,
@@ -589,30 +584,28 @@ class WorkerCapacity:
             return list(kept.heap), versions
         return scored
 
-    def _rehome_held(self, room: _Rooms, found: _Admitted, rules: tuple,
-                     sign: int) -> str | None:
+    def _rehome_held(self, room: _Rooms, found: _Admitted, sign: int) -> str | None:
         """Pack the held pods of Nodes that are short onto whichever Nodes of ``room``
-        (those ``found`` by ``rules``) their jobs' rules admit and have room (which they
+        (those ``found`` admitted) their jobs' rules admit and have room (which they
         take); why one fits nowhere, or None. The packers start from heaps kept between
         placements: under a steady stream of placements some Node is short most of the
         time, and scoring every Node for each lump would be most of a placement. Called
         under the lock."""
-        packers: dict[tuple, tuple[_Packer, frozenset[str]]] = {}
+        packers: dict[tuple, _Packer] = {}
         for lump, job in self._displaced(room):
-            selector, tolerations = self._rules.get(job, (None, None))
-            theirs = _rules(selector, tolerations)
-            if theirs not in packers:
-                allowed = self._admitting(selector, tolerations)
-                # The Nodes both rule sets admit, kept under both.
-                names, kept_as = (found.names, rules) if theirs == rules else (
-                    [name for name in allowed.names if name in found.set], (rules, theirs))
-                packers[theirs] = (_Packer(room, allowed.allocatable, sign, allowed.set,
-                                           kept=self._kept_heap(True, names, kept_as, sign)),
-                                   allowed.set)
-            packer, allowed_set = packers[theirs]
+            allowed = self._job_admitted(job)
+            packer = packers.get(allowed.rules)
+            if packer is None:
+                names, kept_as = found.names, found.rules
+                if allowed.rules != found.rules:  # the Nodes both admit, kept under both
+                    names = [name for name in allowed.names if name in found.set]
+                    kept_as = (found.rules, allowed.rules)
+                packer = packers[allowed.rules] = _Packer(
+                    room, allowed.allocatable, sign, allowed.set,
+                    kept=self._kept_heap(True, names, kept_as, sign))
             if packer.take(lump) is None:
                 return ("the pods of placed jobs would be left without room: "
-                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed_set}))
+                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed.set}))
         return None
 
     def _displaced(self, room: _Rooms) -> list[tuple[Resources, JobKey]]:
@@ -760,8 +753,9 @@ def capacity_by_resource(totals: dict[str, Any]) -> dict[str, dict[str, Decimal]
 
 
 class _Admitted(NamedTuple):
-    """The usable Nodes a rule set admits, as a list and a set, what each allocates, and the
-    most any of them allocates of each resource."""
+    """The usable Nodes a rule set (``rules``, as ``_rules`` keys it) admits, as a list and
+    a set, what each allocates, and the most any of them allocates of each resource."""
+    rules: tuple
     names: list[str]
     set: frozenset[str]
     allocatable: dict[str, Resources]
