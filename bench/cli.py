@@ -64,7 +64,9 @@ a percentile is over all the repeats' samples, shown with each repeat's min, med
 max, and with the host's speed before each repeat (a fixed piece of CPU work, timed). The
 idle windows also wait for the machine to settle. Whether two runs agree:
 python -m bench.agreement RUN_A RUN_B; how much of several runs' differences follows the
-host's speed: python -m bench.host_effect RUN RUN RUN ...
+host's speed: python -m bench.host_effect RUN RUN RUN ...; two commits run alternately on
+the same machine, each figure side by side with the ratio: python -m bench --compare-commits
+A B (python -m bench.commits --help).
 Every target is printed with the measured value and whether it was met. A run that stops
 early (a controller that does not start, Ctrl-C) still writes results.json, marked
 incomplete; a controller that does not start is named with its log file.
@@ -301,6 +303,10 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--compare-commits"]:
+        from bench import commits  # a run of its own per commit, in worktrees
+        return commits.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

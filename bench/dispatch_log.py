@@ -47,14 +47,20 @@ def read(log_file: Path, namespace: str) -> dict[Key, dict[str, float]]:
             match = _LINE.search(line)
             if match is None or match["namespace"] != namespace:
                 continue
-            wall, _, cpu = match["steps"].partition(CPU_PART)
-            steps = {step: float(ms) / 1000 for step, ms in _STEP.findall(wall)}
-            steps.update({step + CPU_SUFFIX: float(ms) / 1000
-                          for step, ms in _STEP.findall(cpu)})
-            if match["queued"] is not None:
-                steps = {QUEUE: float(match["queued"]) / 1000, **steps}
-            found[(namespace, match["name"])] = steps
+            found[(namespace, match["name"])] = parse_steps(match["queued"], match["steps"])
     return found
+
+
+def parse_steps(queued: str | None, text: str) -> dict[str, float]:
+    """Seconds of queue wait (``queued``, in ms, or None) and of each step of ``text``
+    (``step_timing.so_far``'s wall steps, then ``; cpu`` and the same steps' CPU time,
+    read as ``<step>_cpu``)."""
+    wall, _, cpu = text.partition(CPU_PART)
+    steps = {step: float(ms) / 1000 for step, ms in _STEP.findall(wall)}
+    steps.update({step + CPU_SUFFIX: float(ms) / 1000 for step, ms in _STEP.findall(cpu)})
+    if queued is not None:
+        steps = {QUEUE: float(queued) / 1000, **steps}
+    return steps
 
 
 def slowest(latencies: dict[Key, float], steps: dict[Key, dict[str, float]],

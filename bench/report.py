@@ -554,6 +554,7 @@ def _dispatcher_table(results: dict) -> str:
         lines.append(f"| | CPU s: {_cpu_groups(sync)} |")
     lines.extend(_step_rows(sync.get("steps", {}).get("CopyStatus")))
     lines.extend(_gc_rows(sync.get("steps", {}).get("GC")))
+    lines.extend(_sync_slowest_rows(sync.get("slowest"), sync.get("relists")))
     cost = burst["api"]["per_job"]
     lines.append(f"| API cost per dispatched job | manager TrainJob writes / worker TrainJob "
                  f"writes / Event writes | {cost['manager_trainjob_writes']} / "
@@ -615,6 +616,19 @@ def _gc_rows(pauses: dict | None) -> list[str]:
              for generation, figures in pauses.items()]
     return ["| | dispatcher garbage collections: count / total pause (longest bucket) | "
             + "; ".join(cells) + " |"]
+
+
+def _sync_slowest_rows(slowest: dict | None, relists: dict | None) -> list[str]:
+    """One row: the slowest status changes' mean lag as the sum of its segments (the
+    median change's beside each), and the caches the dispatcher listed again meanwhile."""
+    if not slowest:
+        return []
+    parts = " + ".join(f"{name} {value:.1f} ({slowest['median_of_all_ms'][name]:.1f})"
+                       for name, value in slowest["mean_ms"].items())
+    listed = ", ".join(f"{cache} {count:g}" for cache, count in (relists or {}).items())
+    return [f"| | slowest {slowest['changes']} of {slowest['of']} changes, mean ms (median "
+            f"of all): lag = segments | {slowest['lag_ms']} = {parts}; caches listed again: "
+            f"{listed or 'none'} |"]
 
 
 def _slowest_rows(slowest: dict | None) -> list[str]:

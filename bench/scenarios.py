@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from bench import apicost, dispatch_log, steps
+from bench import apicost, dispatch_log, steps, sync_log
 from bench import repeats as repeats_
 from bench.environment import BenchClusters
 from bench.footprint import CpuAccount, FootprintWindow, cpu_sum
@@ -468,6 +468,7 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
     ctx.runner.warm([ctx.kubeconfig(worker) for worker in workers])
     before = _snapshot(env, clusters)
     steps_before = _steps(ctx)
+    relists_before = _relists(ctx)
     runs = repeats_.run_repeats(
         lambda index: _sync_once(ctx, placed, workers, f"JobSetCreated{index + 1}",
                                  profile=index == 0),
@@ -495,10 +496,33 @@ def status_sync(ctx: BenchContext, keys: list[Key], workers: list[str]) -> dict:
         after = _steps(ctx)
         figures["steps"] = {action: steps.breakdown(steps_before, after, action)
                             for action in ("CopyStatus", steps.GC)}
+        figures["relists"] = {f"{cluster}/{resource}": count - relists_before.get(
+            (cluster, resource), 0) for (cluster, resource), count in _relists(ctx).items()
+            if count != relists_before.get((cluster, resource), 0)}
+        figures["slowest"] = _sync_slowest(ctx, runs)
     log.info("status sync of %d: p50 %s ms, p99 %s ms, %s manager writes each", len(placed),
              figures["lag"]["p50_ms"], figures["lag"]["p99_ms"],
              figures["manager_writes_per_status_change"])
     return figures
+
+
+def _relists(ctx: BenchContext) -> dict[tuple[str, str], float]:
+    """The running dispatcher's relists per cache (empty when none runs)."""
+    return steps.relists(ctx.env.dispatcher) if ctx.env.dispatcher is not None else {}
+
+
+def _sync_slowest(ctx: BenchContext, runs: list[dict]) -> dict | None:
+    """The slowest 1 % of the sync's changes split by where their time went, from the
+    dispatcher's log (``bench.sync_log``)."""
+    namespaces = {key[0] for run in runs for key, _, _ in run["changes"]}
+    logged = sync_log.read(ctx.env.dispatcher.log_file, namespaces)
+    changes = []
+    for run in runs:
+        for key, written, shown in run["changes"]:
+            parts = sync_log.segments(written, shown, logged.get(key, []))
+            if parts is not None:
+                changes.append((shown - written, parts))
+    return sync_log.slowest(changes)
 
 
 def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], workers: list[str],
@@ -514,18 +538,19 @@ def _sync_once(ctx: BenchContext, placed: list[tuple[Key, str]], workers: list[s
             lambda: {k for k in wanted
                      if (*k, SYNC_CONDITION, reason) not in manager.reason_seen},
             _wait_timeout(len(wanted)))
-    lags, watch_lags = [], []
+    lags, watch_lags, changes = [], [], []
     for index, (key, worker) in enumerate(placed):
         shown = manager.reason_seen.get((*key, SYNC_CONDITION, reason))
         if shown is None:
             continue
         lags.append(max(0.0, shown - run.starts[index]))
+        changes.append((key, run.starts[index], shown))
         remote_seen = ctx.timelines.clusters[worker].reason_seen.get(
             (*key, SYNC_CONDITION, reason))
         if remote_seen is not None:
             watch_lags.append(max(0.0, shown - remote_seen))
-    return {"lags": lags, "watch_lags": watch_lags, "missing": len(missing),
-            "cpu": cpu.figures()}
+    return {"lags": lags, "watch_lags": watch_lags, "changes": changes,
+            "missing": len(missing), "cpu": cpu.figures()}
 
 
 # --- scaling ---------------------------------------------------------------------------------

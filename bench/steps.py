@@ -40,6 +40,18 @@ def snapshot(process) -> Snapshot:
     return dict(found)
 
 
+RELISTS_METRIC = "dispatcher_cache_relists"
+
+
+def relists(process) -> dict[tuple[str, str], float]:
+    """The dispatcher's lists of each cache after its first, by (cluster, resource)."""
+    _, text = process.get("/metrics")
+    return {(sample.labels["cluster"], sample.labels["resource"]): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == RELISTS_METRIC
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
 def _p99_bound(before: dict, after: dict, count: float) -> float:
     rank = math.ceil(0.99 * count)
     for bound in sorted(after["buckets"]):

@@ -98,6 +98,7 @@ class DispatcherController:
                                        in_use=self._workers_in_use, recorder=self.recorder,
                                        publish_conditions=lambda: not self.kueue.installed())
         self.metrics.count_capacity(self.registry.snapshot)
+        self.metrics.count_relists(self._caches)
         # Jobs' cluster selectors match MultiKueueCluster labels: a change of them may let
         # a waiting job go (placed jobs never move for it).
         self.registry.registrations.clusters.add_handler(self._on_multikueuecluster)
@@ -191,6 +192,12 @@ class DispatcherController:
     def sync_lag(self, namespace: str, name: str) -> tuple[float | None, float | None]:
         """For the dashboard: see ``JobTimings.sync_lag``."""
         return self.timings.sync_lag(namespace, name)
+
+    def _caches(self) -> list[tuple[str, str, Informer]]:
+        """Every cache this process keeps: (cluster, resource, informer)."""
+        return [("manager", c.TRAINJOBS, self.trainjobs)] + [
+            (worker.name, resource, informer) for worker in self.registry.snapshot()
+            for resource, informer in worker.informers.items()]
 
     def _workers_in_use(self) -> set[str]:
         """Workers that jobs are placed on and may still have copies on: our finalizer

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dispatcher.job_state import job_state
 from trainjob import constants as c
@@ -92,6 +92,26 @@ class DispatcherMetrics:
         ClusterQueues' quota left), computed from ``workers()`` (the registry's workers and
         their caches): a worker that leaves takes its series with it."""
         self.registry.register(_CapacityCollector(workers))
+
+    def count_relists(self, informers) -> None:
+        """Publish, at scrape time, how often each cache listed again after a lost watch
+        or an expired history, from ``informers()``: (cluster, resource, informer) each.
+        Until such a list ends, that cache's changes wait: a lag's tail may be one."""
+        self.registry.register(_RelistCollector(informers))
+
+
+class _RelistCollector:
+    def __init__(self, informers):
+        self._informers = informers
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "dispatcher_cache_relists", "Lists of a cache after its first: a lost watch or "
+            "an expired watch history", labels=["cluster", "resource"])
+        for cluster, resource, informer in self._informers():
+            # ``relists`` counts the first list too.
+            family.add_metric([cluster, resource], max(0, informer.relists - 1))
+        yield family
 
 
 class _JobsCollector:

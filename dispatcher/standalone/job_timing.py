@@ -17,7 +17,8 @@ class JobTimings:
     def __init__(self, metrics: DispatcherMetrics):
         self.metrics = metrics
         self._eligible_since: dict[JobKey, float] = {}
-        self._remote_changed_at: dict[JobKey, float] = {}
+        # When a worker's status change was seen and not yet written: (monotonic, wall).
+        self._remote_changed_at: dict[JobKey, tuple[float, float]] = {}
         self._last_sync_lag: dict[JobKey, float] = {}
 
     def eligible(self, key: JobKey) -> None:
@@ -29,18 +30,24 @@ class JobTimings:
             self.metrics.dispatch_latency.observe(time.monotonic() - started)
 
     def remote_changed(self, key: JobKey) -> None:
-        self._remote_changed_at.setdefault(key, time.monotonic())
+        # Both clocks: the monotonic one for the lag, the wall one for a log line that a
+        # reader joins with other processes' clocks (the benchmark's watches).
+        self._remote_changed_at.setdefault(key, (time.monotonic(), time.time()))
 
     def in_sync(self, key: JobKey) -> None:
         """Nothing waits to be mirrored (e.g. it was written before a restart)."""
         self._remote_changed_at.pop(key, None)
 
-    def mirrored(self, key: JobKey) -> None:
+    def mirrored(self, key: JobKey) -> float | None:
+        """The status seen changed on the worker is written on the manager: observe the
+        lag; the wall-clock time the change was seen, or None when none was waiting."""
         changed_at = self._remote_changed_at.pop(key, None)
-        if changed_at is not None:
-            lag = time.monotonic() - changed_at
-            self.metrics.sync_lag.observe(lag)
-            self._last_sync_lag[key] = lag
+        if changed_at is None:
+            return None
+        lag = time.monotonic() - changed_at[0]
+        self.metrics.sync_lag.observe(lag)
+        self._last_sync_lag[key] = lag
+        return changed_at[1]
 
     def forget(self, key: JobKey) -> None:
         for per_job in (self._eligible_since, self._remote_changed_at, self._last_sync_lag):
@@ -53,4 +60,4 @@ class JobTimings:
         key = (namespace, name)
         waiting_since = self._remote_changed_at.get(key)
         return self._last_sync_lag.get(key), (
-            time.monotonic() - waiting_since if waiting_since is not None else None)
+            time.monotonic() - waiting_since[0] if waiting_since is not None else None)

@@ -186,8 +186,14 @@ class DispatchReconciler:
                 if retry is not None:
                     raise Requeue(retry, why)
             case decisions.CopyStatus(status=status):
-                self.status.copy_back(raw, status)
+                seen = self.status.copy_back(raw, status)
                 step_timing.lap("write")
+                if seen is not None:
+                    # Where this change's time went, from the worker's watch event to the
+                    # manager's answer: a slow one is explained from the log alone (the
+                    # benchmark joins it with its own clocks for the slowest changes).
+                    log.info("TrainJob %s/%s status copied from %s (seen at %.6f; %s)", *key,
+                             worker.name, seen, step_timing.so_far())
             case decisions.RemoveFinalizer():
                 self._remove_finalizer(raw)
             case decisions.Unplace():

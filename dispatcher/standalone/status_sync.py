@@ -34,9 +34,10 @@ class StatusSync:
         self.metrics = metrics
         self.timings = timings
 
-    def copy_back(self, manager: dict, status: dict) -> None:
-        """Replace the manager's status with its copy's ``status``."""
-        self.write(manager, status, mirrored=True)
+    def copy_back(self, manager: dict, status: dict) -> float | None:
+        """Replace the manager's status with its copy's ``status``; the wall-clock time
+        the change was seen on the worker (None: not seen by this process)."""
+        return self.write(manager, status, mirrored=True)
 
     def set_condition(self, manager: dict, condition: dict) -> None:
         """Write ``condition`` over the one of its type, keeping the rest of the status."""
@@ -44,8 +45,9 @@ class StatusSync:
         self.write(manager, {**status, "conditions": conditions.upsert(
             conditions.conditions(manager), condition)})
 
-    def write(self, manager: dict, status: dict, mirrored: bool = False) -> None:
-        """Replace the manager's whole status; on a conflict re-read and try again."""
+    def write(self, manager: dict, status: dict, mirrored: bool = False) -> float | None:
+        """Replace the manager's whole status; on a conflict re-read and try again. With
+        ``mirrored``: the wall-clock time the copied change was seen (``JobTimings``)."""
         meta = manager["metadata"]
         body = manager
         for attempt in range(ATTEMPTS):
@@ -59,9 +61,8 @@ class StatusSync:
                     field_manager=c.DISPATCHER_FIELD_MANAGER)
                 self.trainjobs.observe(written)
                 self.metrics.manager_writes.labels(kind="status").inc()
-                if mirrored:
-                    self.timings.mirrored((meta["namespace"], meta["name"]))
-                return
+                return self.timings.mirrored((meta["namespace"], meta["name"])) \
+                    if mirrored else None
             except ApiException as err:
                 if err.status != 409:
                     raise
@@ -69,5 +70,5 @@ class StatusSync:
                     c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"], c.TRAINJOBS,
                     meta["name"])
                 if body["metadata"].get("uid") != meta.get("uid"):
-                    return  # a different object now: its own reconcile will handle it
+                    return None  # a different object now: its own reconcile handles it
         raise Requeue(0.5, "status write kept conflicting")

@@ -131,6 +131,13 @@ def test_every_figure_is_there_and_sane(bench_run):
     _ordered(sync["lag"], "sync lag")
     _repeated(sync, sync["lag"], "sync")
     assert sync["manager_writes_per_status_change"] >= 1, sync
+    # Every change found in the dispatcher's log, its lag split into segments that add up.
+    slowest = sync["slowest"]
+    assert slowest["of"] == 8, slowest
+    assert {"to dispatcher", "queue", "decide", "write", "to benchmark"} <= \
+        slowest["mean_ms"].keys(), slowest
+    assert abs(sum(slowest["mean_ms"].values()) - slowest["lag_ms"]) < 0.5, slowest
+    assert slowest["mean_ms"]["to dispatcher"] >= 0, slowest
 
     footprint = results["footprint"]
     for key in ("burst", "idle", "fill_burst", "fill_idle"):

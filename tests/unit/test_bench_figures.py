@@ -351,3 +351,29 @@ def test_dry_run_creates_are_neither_copies_nor_writes_but_counted_apart():
     assert dry_runs(burst) == {"manager": 3.0, "workers": 5.0}
     # The manager's only writes are the user's creates, which are left out.
     assert writes_by_apiserver(burst) == {"manager": 0.0, "worker-1": 1.0}
+
+
+def test_sync_log_splits_a_change_by_the_first_copy_logged_after_its_write(tmp_path):
+    from bench import sync_log
+    log_file = tmp_path / "dispatcher.log"
+    log_file.write_text(
+        "x INFO dispatcher.standalone.reconciler: TrainJob ns-a/j1 status copied from w-1 "
+        "(seen at 100.010000; queued 1.00 ms; decide 0.50, write 4.00 ms; cpu decide 0.40, "
+        "write 0.30 ms)\n"
+        "x INFO dispatcher.standalone.reconciler: TrainJob ns-a/j1 status copied from w-1 "
+        "(seen at 200.020000; queued 2.00 ms; decide 0.50, write 4.00 ms; cpu decide 0.40, "
+        "write 0.30 ms)\n"
+        "x INFO dispatcher.standalone.reconciler: TrainJob ns-b/j1 status copied from w-1 "
+        "(seen at 100.000000; decide 0.50, write 4.00 ms; cpu decide 0.40, write 0.30 ms)\n")
+    logged = sync_log.read(log_file, {"ns-a"})
+    assert list(logged) == [("ns-a", "j1")]
+    # The second repeat's write at 200.0 is matched with the line seen after it.
+    parts = sync_log.segments(200.0, 200.050, logged[("ns-a", "j1")])
+    assert parts["to dispatcher"] == pytest.approx(0.020)
+    assert parts["queue"] == pytest.approx(0.002)
+    assert parts["to benchmark"] == pytest.approx(0.050 - 0.020 - 0.002 - 0.0005 - 0.004)
+    assert sync_log.segments(300.0, 300.1, logged[("ns-a", "j1")]) is None
+    slowest = sync_log.slowest([(0.050, parts), (0.010, {**parts, "queue": 0.0})], share=0.5)
+    assert (slowest["changes"], slowest["of"], slowest["lag_ms"]) == (1, 2, 50.0)
+    assert slowest["largest"] == "to benchmark", slowest
+    assert sync_log.slowest([]) is None
