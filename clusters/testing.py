@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -23,6 +24,31 @@ from prometheus_client.parser import text_string_to_metric_families
 from clusters.controlplane import free_port
 
 T = TypeVar("T")
+
+
+# The most a wait is stretched by the machine's load: past that, something hangs.
+MOST_STRETCH = 4.0
+
+
+def load_stretch() -> float:
+    """How much longer than on an idle machine a wait may take now: the load average per
+    CPU (the higher of the last 1 and 5 minutes) where that is above 1, at most
+    ``MOST_STRETCH``. On a shared machine (the other pytest process running kind's
+    clusters, a build) everything a test waits for comes later, without anything hanging."""
+    per_cpu = max(os.getloadavg()[:2]) / (os.cpu_count() or 1)
+    return min(MOST_STRETCH, max(1.0, per_cpu))
+
+
+def machine_load() -> str:
+    """The machine's load, for a failure message: was it waiting on a busy machine?"""
+    one, five, fifteen = os.getloadavg()
+    return (f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} "
+            "CPUs")
+
+
+def stretched(seconds: float) -> float:
+    """``seconds`` of an idle machine, as long as the machine is busy now (``load_stretch``)."""
+    return seconds * load_stretch()
 
 
 class ConditionTimeout(AssertionError):
@@ -43,11 +69,14 @@ def eventually(
 ) -> T:
     """Call ``observe()`` until ``check`` accepts its result; return that result.
 
-    On timeout, fail with ``expected`` and the last observation (or the last exception
-    ``observe`` raised), so a red test explains itself. ``observe`` raising
-    ``ProcessExited`` ends the wait at once.
+    ``timeout`` is what an idle machine needs; when it has passed on a busy one, the wait
+    goes on for as long as the load stretches it (``load_stretch``, at most 4 times).
+    On timeout, fail with ``expected``, the machine's load and the last observation (or
+    the last exception ``observe`` raised), so a red test explains itself. ``observe``
+    raising ``ProcessExited`` ends the wait at once.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    limit = timeout
     last: object = "nothing observed"
     while True:
         try:
@@ -59,11 +88,21 @@ def eventually(
             raise
         except Exception as err:  # noqa: BLE001 - the last error is part of the report
             last = f"{type(err).__name__}: {err}"
-        if time.monotonic() >= deadline:
-            raise ConditionTimeout(
-                f"expected {expected} within {timeout:.1f}s; last seen: {last!r}"
-            )
+        elapsed = time.monotonic() - started
+        if elapsed >= limit:
+            limit = max(limit, timeout * load_stretch())
+            if elapsed >= limit:
+                raise ConditionTimeout(
+                    f"expected {expected} within {_waited(timeout, elapsed)}; last seen: "
+                    f"{last!r}")
         time.sleep(interval)
+
+
+def _waited(timeout: float, elapsed: float) -> str:
+    """How long a wait lasted, against its idle-machine timeout, with the load."""
+    stretch = f"{elapsed:.1f}s, stretched from {timeout:.1f}s" if elapsed > timeout * 1.05 \
+        else f"{timeout:.1f}s"
+    return f"{stretch} ({machine_load()})"
 
 
 def plain_get(port: int, path: str, host: str = "127.0.0.1",
@@ -98,17 +137,21 @@ def holds_for(
 ) -> int:
     """Observe every ``interval`` seconds for ``seconds``; every observation must pass
     ``check`` (``observe`` may also assert by itself). The counterpart of ``eventually``
-    for "nothing happens": a window of observations, not one glance. Returns how many
+    for "nothing happens": a window of observations, not one glance. On a busy machine
+    the window is as much longer as the load stretches it (``load_stretch``): what would
+    happen within ``seconds`` on an idle one comes later there. Returns how many
     observations were made."""
     started = time.monotonic()
+    window = stretched(seconds)
     observations = 0
     while True:
         value = observe()
         observations += 1
         elapsed = time.monotonic() - started
-        assert check(value), (f"expected {expected} throughout {seconds:.1f}s; observation "
-                              f"{observations} at {elapsed:.1f}s saw: {value!r}")
-        if elapsed >= seconds:
+        assert check(value), (f"expected {expected} throughout {window:.1f}s; observation "
+                              f"{observations} at {elapsed:.1f}s saw: {value!r} "
+                              f"({machine_load()})")
+        if elapsed >= window:
             return observations
         time.sleep(interval)
 

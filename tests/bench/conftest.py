@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def stretched(seconds: float) -> float:
-    """``seconds`` stretched by how busy the machine is when a run starts: by its load average
-    per CPU (the higher of the last 1 and 5 minutes) where that is above 1, at most 4x. On a
-    shared machine everything a run waits for takes longer, without anything hanging."""
-    per_cpu = max(os.getloadavg()[:2]) / (os.cpu_count() or 1)
-    return seconds * min(4.0, max(1.0, per_cpu))
+from clusters.testing import machine_load, stretched
 
 
 # How long a program told to stop (SIGTERM) may take to stop its clusters and write results.
@@ -53,7 +46,7 @@ def run_bench():
                 _, stderr = process.communicate()
             raise AssertionError(
                 f"expected python -m bench {' '.join(args)} to end within {limit:.0f} s "
-                f"({timeout:g} s stretched by the load average {os.getloadavg()}); it was "
+                f"({timeout:g} s stretched by the load: {machine_load()}); it was "
                 f"still running and was stopped. Its last output:\n{stderr[-5000:]}") from None
         done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         assert done.returncode == 0, (f"python -m bench exited {done.returncode}\n"

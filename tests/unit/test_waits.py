@@ -1,0 +1,69 @@
+"""The tests' waits on a busy machine: ``eventually`` and ``holds_for`` stretch their
+windows by the load, and say how loaded the machine was when they fail."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from clusters import testing
+
+
+@pytest.fixture
+def load(monkeypatch):
+    """Set the load average the waits read (one, five and fifteen minutes) on 2 CPUs."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def set_load(one: float, five: float) -> None:
+        monkeypatch.setattr(os, "getloadavg", lambda: (one, five, 1.0))
+    return set_load
+
+
+def _never_done(timeout: float) -> tuple[float, str]:
+    started = time.monotonic()
+    with pytest.raises(testing.ConditionTimeout) as failed:
+        testing.eventually(lambda: "pending", lambda value: value == "done",
+                           expected="done", timeout=timeout, interval=0.01)
+    return time.monotonic() - started, str(failed.value)
+
+
+def test_on_an_idle_machine_a_wait_ends_at_its_timeout(load):
+    load(0.5, 1.5)  # 0.75 per CPU at most: idle
+    elapsed, message = _never_done(0.3)
+    assert 0.3 <= elapsed < 1.0, elapsed
+    assert "within 0.3s (load average 0.5 / 1.5 / 1.0 on 2 CPUs)" in message, message
+    assert "last seen: 'pending'" in message, message
+
+
+def test_on_a_busy_machine_a_wait_lasts_as_much_longer_as_the_load_says(load):
+    load(5.0, 3.0)  # 2.5 per CPU
+    elapsed, message = _never_done(0.3)
+    assert 0.75 <= elapsed < 1.5, elapsed
+    assert "stretched from 0.3s" in message and "load average 5.0" in message, message
+
+
+def test_the_stretch_is_at_most_four_times(load):
+    load(40.0, 40.0)
+    assert testing.load_stretch() == testing.MOST_STRETCH == 4.0
+    assert testing.stretched(10) == 40
+
+
+def test_a_wait_that_succeeds_returns_what_it_saw_at_once(load):
+    load(40.0, 40.0)
+    started = time.monotonic()
+    assert testing.eventually(lambda: 3, lambda value: value == 3, expected="3") == 3
+    assert time.monotonic() - started < 1.0
+
+
+def test_holds_for_watches_a_longer_window_when_busy_and_names_the_load(load):
+    load(4.0, 2.0)  # 2 per CPU: twice the window
+    started = time.monotonic()
+    observations = testing.holds_for(lambda: 1, seconds=0.2, interval=0.02)
+    assert time.monotonic() - started >= 0.4 and observations >= 10
+    seen = iter([1, 1, 2])
+    with pytest.raises(AssertionError) as failed:
+        testing.holds_for(lambda: next(seen), lambda value: value == 1, seconds=5,
+                          expected="one", interval=0.01)
+    assert "observation 3" in str(failed.value) and "load average 4.0" in str(failed.value)
