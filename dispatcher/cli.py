@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT,
                                PLAIN_METRICS_PORT, ConfigError, DispatcherConfig, is_loopback,
                                load_config)
-from dispatcher.placement.capacity import SCORING_STRATEGIES
+from dispatcher.room.capacity import SCORING_STRATEGIES
 from trainjob import command_line, listeners, logs
 from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
                                 KUEUE_NAMESPACE)

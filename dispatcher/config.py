@@ -19,6 +19,10 @@ from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMES
 from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
+# Kueue can be installed or removed (on the manager or a worker) while the dispatcher runs:
+# whoever reads it and found none looks again this often.
+KUEUE_RECHECK_SECONDS = 30.0
+
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 # Kueue's rule for multiKueue.dispatcherName: a DNS subdomain, "/", a path.
 _DISPATCHER_NAME = re.compile(

@@ -32,7 +32,7 @@ from dispatcher.kueue.nominator import WorkloadNominator
 from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
 from dispatcher.placement.placer import Placer
 from dispatcher.placement.priority import PriorityClasses
-from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES
+from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES
 from dispatcher.standalone import garbage_collection
 from dispatcher.standalone.beside_kueue import KueueOnManager
 from dispatcher.standalone.job_timing import JobTimings

@@ -7,7 +7,7 @@ status sync and garbage collection itself. This module chooses that worker, with
 placement and capacity code as standalone mode (``Placer``): the job's needs come from the
 Workload's podSets, each worker's room from its Nodes and Pods and, where its Kueue's API
 is served, from the quota of the ClusterQueue its LocalQueue of the Workload's
-``spec.queueName`` points at (``placement/worker_quota.py``, ``placement/kueue_quota.py``).
+``spec.queueName`` points at (``room/worker_quota.py``, ``room/kueue_quota.py``).
 
 The rules are a decision table (``kueue/decisions.py``: the Workload, its sizes, the workers
 and the time in, one action out); this module performs the actions (API writes, requeues,
@@ -57,7 +57,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
-from dispatcher.config import DispatcherConfig
+from dispatcher.config import KUEUE_RECHECK_SECONDS, DispatcherConfig
 from dispatcher.kueue import decisions as kd
 from dispatcher.kueue import workloads as wl
 from dispatcher.kueue.job_selectors import JobSelectors
@@ -65,7 +65,6 @@ from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placement.cluster_selector import Unplaceable
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
-from dispatcher.standalone.beside_kueue import RECHECK_SECONDS
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob.conditions import upsert
@@ -179,7 +178,7 @@ class WorkloadNominator:
         match action:
             case kd.Idle(why=why):
                 # Kueue nominates (or does not run) now; look again once it may have changed.
-                raise Requeue(RECHECK_SECONDS, f"idle: {why}")
+                raise Requeue(KUEUE_RECHECK_SECONDS, f"idle: {why}")
             case kd.Forget():
                 self._release(key)
                 self._said.pop(key, None)

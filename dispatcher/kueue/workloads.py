@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from dispatcher.placement.capacity import PODS, pod_requests
+from dispatcher.room.capacity import PODS, pod_requests
 from dispatcher.placement.need import Need
 from trainjob.conditions import parse_time
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from dispatcher.placement.amounts import format_amount
-from dispatcher.placement.capacity import PODS
+from dispatcher.room.amounts import format_amount
+from dispatcher.room.capacity import PODS
 from dispatcher.placement.policy import POLICIES, Candidate, PlacementPolicy, Resources
 
 

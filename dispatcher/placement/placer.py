@@ -24,12 +24,11 @@ from decimal import Decimal
 from cachetools import LRUCache
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.placement import cluster_selector
+from dispatcher.placement import cluster_selector, footprint
 from dispatcher.placement.chooser import describe_reasons, place_trainjob, shortfalls
 from dispatcher.placement.need import Need
 from dispatcher.placement.policy import POLICIES, Candidate
 from dispatcher.placement.reservations import Reservations
-from dispatcher.standalone import mirror
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
@@ -288,7 +287,7 @@ class Placer:
             return False
         if kind == "DELETED" or copy is None or conditions.finished(copy):
             return self.release(worker, key)
-        recorded = mirror.footprint(copy)
+        recorded = footprint.read(copy)
         if recorded is None:
             # Not a copy this dispatcher made (Kueue's, in kueue mode): whoever placed the
             # job holds its room; the copy appearing says nothing about it.

@@ -34,6 +34,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dispatcher.config import KUEUE_RECHECK_SECONDS
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ CONFIG_MAP = "kueue-manager-config"
 CONFIG_KEY = "controller_manager_config.yaml"
 KUEUE_DEFAULT_ORIGIN = c.KUEUE_DEFAULT_ORIGIN
 KUEUE_DEFAULT_DISPATCHER = "kueue.x-k8s.io/multikueue-dispatcher-all-at-once"
-# Kueue can be installed or removed while the dispatcher runs: look again this often.
-RECHECK_SECONDS = 30.0
 
 
 def kueue_claim(job: dict, manage_without_queue_name: bool = False) -> str | None:
@@ -80,7 +79,7 @@ class KueueOnManager:
     configuration."""
 
     def __init__(self, api: client.ApiClient, namespace: str,
-                 recheck: float = RECHECK_SECONDS):
+                 recheck: float = KUEUE_RECHECK_SECONDS):
         self.api = api
         self.namespace = namespace
         self.recheck = recheck

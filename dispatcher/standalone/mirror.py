@@ -4,9 +4,9 @@ the status copied back ``status_sync``'s."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from dispatcher.placement import footprint
 from trainjob import conditions
 from trainjob import constants as c
 
@@ -23,8 +23,7 @@ def build_remote(manager: dict[str, Any], origin: str, requests: dict[str, str],
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                    if k not in _MANAGER_ONLY}
     annotations[c.MANAGER_UID_ANNOTATION] = meta["uid"]
-    annotations[c.REQUESTS_ANNOTATION] = json.dumps({"pods": pods, "requests": requests},
-                                                    sort_keys=True)
+    footprint.record(annotations, requests, pods)
     # A shallow copy: only top-level fields change, and the body is only serialised.
     spec = dict(manager.get("spec") or {})
     spec.pop("managedBy", None)
@@ -63,16 +62,6 @@ def mirrors(remote: dict[str, Any], manager: dict[str, Any]) -> bool:
     """Ours and a copy of this very manager object (not of an earlier same-named one)."""
     annotations = (remote.get("metadata") or {}).get("annotations") or {}
     return annotations.get(c.MANAGER_UID_ANNOTATION) == manager["metadata"].get("uid")
-
-
-def footprint(remote: dict[str, Any]) -> tuple[dict[str, str], int] | None:
-    """The (requests, pods) recorded on a remote at creation, if any."""
-    raw = ((remote.get("metadata") or {}).get("annotations") or {}).get(c.REQUESTS_ANNOTATION)
-    try:
-        data = json.loads(raw) if raw else None
-        return (dict(data["requests"]), int(data["pods"])) if data else None
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def manager_status(remote_status: dict[str, Any], manager: dict[str, Any], worker: str,

@@ -6,14 +6,13 @@ here, so there is one ownership test.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher.metrics import DispatcherMetrics
+from dispatcher.workers.sent_deletes import SentDeletes
 from dispatcher.standalone import mirror
 from trainjob import constants as c
 from trainjob import writes
@@ -53,26 +52,6 @@ class NamespaceGoing:
 
 
 CreateOutcome = Created | Stale | NameTaken | Refused | NamespaceGoing
-
-
-class SentDeletes:
-    """The copies (by UID) deleted on one worker by this process, the latest ``size``: a
-    reconcile that runs before the watch has delivered a deletion does not send it again."""
-
-    def __init__(self, size: int = 4096):
-        self.size = size
-        self._uids: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, uid: str) -> None:
-        with self._lock:
-            self._uids[uid] = None
-            while len(self._uids) > self.size:
-                self._uids.popitem(last=False)
-
-    def __contains__(self, uid: object) -> bool:
-        with self._lock:
-            return uid in self._uids
 
 
 class RemoteCopies:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
-from dispatcher.placement.capacity import WorkerCapacity
-from dispatcher.placement.worker_quota import WorkerQuota
-from dispatcher.standalone.remote_copies import SentDeletes
+from dispatcher.room.capacity import WorkerCapacity
+from dispatcher.room.worker_quota import WorkerQuota
+from dispatcher.workers.sent_deletes import SentDeletes
 from trainjob.informer import Informer
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 from dispatcher.config import DispatcherConfig
-from dispatcher.placement.worker_quota import WorkerQuota
+from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers import projections
 from dispatcher.workers.cluster import ROOM_CACHES, RELISTED, WorkerCluster, WorkerEvent
 from trainjob import constants as c

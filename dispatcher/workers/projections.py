@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.placement.capacity import BATCH_JOB_NAME_LABEL
+from dispatcher.room.capacity import BATCH_JOB_NAME_LABEL
 from trainjob import constants as c
 
 # The labels that name the job a Pod belongs to (``capacity._pod_use``).

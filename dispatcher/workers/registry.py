@@ -28,7 +28,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 from dispatcher.config import DispatcherConfig
-from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.workers import draining
 from dispatcher.workers.active_condition import ActiveConditions
 from dispatcher.workers.cluster import (REASON_ACTIVE, REASON_CONNECTION_FAILED, REASON_PENDING,

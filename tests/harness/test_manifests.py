@@ -431,7 +431,7 @@ def test_the_worker_reader_only_lists_and_watches_what_kueue_mode_reads():
     """manifests/worker-reader, what a Kueue-mode dispatcher reads a worker with: a
     ServiceAccount of its own (never worker-access's writing one), granted list and watch
     of exactly the resources its worker caches read (workers/connection.py,
-    placement/worker_quota.py), and nothing else."""
+    room/worker_quota.py), and nothing else."""
     objects = kustomize.render("worker-reader")
     account = ("trainjob-system", "trainjob-dispatcher-reader")
     assert _bound_accounts(objects) == {account}

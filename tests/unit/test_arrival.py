@@ -2,7 +2,7 @@
 
 from decimal import Decimal as D
 
-from dispatcher.placement.arrival import UNKNOWN, Budget, PendingPod, most_pods, stranded
+from dispatcher.room.arrival import UNKNOWN, Budget, PendingPod, most_pods, stranded
 
 AB = frozenset("ab")
 

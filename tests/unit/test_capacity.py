@@ -6,8 +6,8 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.placement import arrival
-from dispatcher.placement.capacity import (ARRIVAL_WINDOW_SECONDS, MOST_ALLOCATED, WorkerCapacity,
+from dispatcher.room import arrival
+from dispatcher.room.capacity import (ARRIVAL_WINDOW_SECONDS, MOST_ALLOCATED, WorkerCapacity,
                                           admits, pod_requests, tolerates)
 from trainjob.constants import JOBSET_NAME_LABEL
 

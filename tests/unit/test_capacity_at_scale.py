@@ -8,9 +8,9 @@ import copy
 import random
 from decimal import Decimal as D
 
-from dispatcher.placement import capacity as capacity_module
-from dispatcher.placement.amounts import fits, shift
-from dispatcher.placement.capacity import (_SCORED, _ZERO, PODS, Resources, WorkerCapacity,
+from dispatcher.room import capacity as capacity_module
+from dispatcher.room.amounts import fits, shift
+from dispatcher.room.capacity import (_SCORED, _ZERO, PODS, Resources, WorkerCapacity,
                                           admits, pod_requests)
 from dispatcher.workers import projections
 from trainjob.constants import JOBSET_NAME_LABEL

@@ -9,7 +9,7 @@ from decimal import Decimal as D
 
 from dispatcher.dashboard import cluster_view
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.placement.capacity import CAPACITY_STATES, capacity_by_resource
+from dispatcher.room.capacity import CAPACITY_STATES, capacity_by_resource
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob.constants import JOBSET_NAME_LABEL
 

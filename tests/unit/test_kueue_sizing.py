@@ -88,7 +88,7 @@ def test_the_sized_condition_is_found_among_kueues():
 def test_a_batch_jobs_bound_pods_supersede_its_reservation_like_a_jobsets():
     """A Kueue-dispatched batch Job holds room under its own name (its Workload's owner):
     its pods, labelled by the job controller, account for it once bound."""
-    from dispatcher.placement.capacity import BATCH_JOB_NAME_LABEL, WorkerCapacity
+    from dispatcher.room.capacity import BATCH_JOB_NAME_LABEL, WorkerCapacity
 
     capacity = WorkerCapacity()
     capacity.on_node("ADDED", None, {

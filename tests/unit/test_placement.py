@@ -4,8 +4,8 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.placement.amounts import format_amount
-from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.room.amounts import format_amount
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.chooser import Placement, describe_reasons, place_trainjob
 from dispatcher.placement.policy import POLICIES, BestFit, Candidate, FirstFit, WorstFit
 from trainjob import constants as c

@@ -8,7 +8,7 @@ from decimal import Decimal as D
 import pytest
 
 from dispatcher.placement import placer as placer_module
-from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.placer import Placer
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from decimal import Decimal as D
 
-from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
-from dispatcher.placement.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
+from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
 from dispatcher.workers.cluster import WorkerCluster
 from worker_fakes import Cache, Registry
 

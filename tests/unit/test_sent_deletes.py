@@ -1,7 +1,7 @@
 """The dispatcher remembers which copies it deleted, so a reconcile that runs before the
 watch has delivered a deletion does not send it again."""
 
-from dispatcher.standalone.remote_copies import SentDeletes
+from dispatcher.workers.sent_deletes import SentDeletes
 
 
 def test_sent_deletes_remember_the_latest_uids_only():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from decimal import Decimal as D
 
-from dispatcher.placement.capacity import WorkerCapacity
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.placer import Placer
 from dispatcher.placement.priority import PriorityClasses
 from dispatcher.placement.waiting_line import WaitingLine, job_of, rank_of

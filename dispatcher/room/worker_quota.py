@@ -3,7 +3,7 @@ two watches (never a GET per decision), and the quota this dispatcher's nominati
 there until the worker's Kueue reserves it.
 
 Whether the worker serves Kueue's API is asked by discovery when its connection is probed
-(again every ``RECHECK_SECONDS`` while it does not, so a Kueue installed later is picked
+(again every ``KUEUE_RECHECK_SECONDS`` while it does not, so a Kueue installed later is picked
 up). A worker that does not serve it, or whose queues cannot be read (the dispatcher's
 identity there may not list them), is placed by its Node room only; one that serves it but
 whose caches are still on their first list is not a candidate until they are (seconds), so
@@ -23,8 +23,9 @@ from decimal import Decimal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher.placement import kueue_quota as kq
-from dispatcher.placement.amounts import format_amount
+from dispatcher.config import KUEUE_RECHECK_SECONDS
+from dispatcher.room import kueue_quota as kq
+from dispatcher.room.amounts import format_amount
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 CLUSTERQUEUES = "clusterqueues"
 LOCALQUEUES = "localqueues"
-RECHECK_SECONDS = 30.0
 DISCOVERY_TIMEOUT = 10.0  # the probe's thread waits for it
 
 JobKey = tuple[str, str]
@@ -59,7 +59,7 @@ class WorkerQuota:
 
     def __init__(self, worker: str, api: client.ApiClient,
                  on_change: Callable[[str, str, dict | None, dict | None], None],
-                 recheck: float = RECHECK_SECONDS):
+                 recheck: float = KUEUE_RECHECK_SECONDS):
         self.worker = worker
         self.api = api
         self.on_change = on_change

@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.placement import arrival
-from dispatcher.placement.amounts import PODS, fits, format_amount, shift
-from dispatcher.placement.amounts import accumulate as _accumulate
+from dispatcher.room import arrival
+from dispatcher.room.amounts import PODS, fits, format_amount, shift
+from dispatcher.room.amounts import accumulate as _accumulate
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 

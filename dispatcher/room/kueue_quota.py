@@ -36,8 +36,8 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.placement.amounts import format_amount
-from dispatcher.placement.capacity import PODS
+from dispatcher.room.amounts import format_amount
+from dispatcher.room.capacity import PODS
 
 Resources = dict[str, Decimal]
 Obj = dict[str, Any]

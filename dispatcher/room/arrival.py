@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from dispatcher.placement.amounts import accumulate, fits, shift
+from dispatcher.room.amounts import accumulate, fits, shift
 
 Resources = dict[str, Decimal]
 
