@@ -6,7 +6,7 @@ import pytest
 
 from clusters.testing import ServiceProcess
 
-pytest_plugins = ["clusters.pytest_plugin"]
+pytest_plugins = ["clusters.pytest_plugin", "clusters.test_timeline"]
 
 
 def _process_fixture(module: str, tmp_path):

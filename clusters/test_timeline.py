@@ -1,0 +1,82 @@
+"""Where a test run's time goes: each module's wall time in each pytest process, and how
+long each process sat idle at the end while another still ran (a pytest plugin).
+
+`make test` runs its modules in two pytest-xdist processes; the run lasts as long as the
+busier one. Each test's reports (setup, call, teardown) carry their start and stop times
+and the process that ran them, so the controlling process can tell, at the end:
+
+* per process: the span from its first test's start to its last test's end, and the idle
+  time after it until the run's last test ended (the imbalance);
+* per module (or shared unit): the process, its wall time from first start to last stop;
+  the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+OUTPUT = Path("test-artifacts") / "test-timeline.json"
+PRINTED = 12
+
+
+class Timeline:
+    def __init__(self) -> None:
+        # (process, module) -> [first start, last stop]
+        self.spans: dict[tuple[str, str], list[float]] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if start is None or stop is None:
+            return
+        node = getattr(report, "node", None)  # pytest-xdist: the process that ran it
+        process = getattr(getattr(node, "gateway", None), "id", None) or \
+            os.environ.get("PYTEST_XDIST_WORKER", "main")
+        module = report.nodeid.split("::", 1)[0]
+        span = self.spans.setdefault((process, module), [start, stop])
+        span[0], span[1] = min(span[0], start), max(span[1], stop)
+
+    def summary(self) -> dict:
+        """Per process its span and idle tail; per module its process and wall seconds."""
+        if not self.spans:
+            return {}
+        by_process: dict[str, list[float]] = defaultdict(lambda: [float("inf"), 0.0])
+        for (process, _), (start, stop) in self.spans.items():
+            span = by_process[process]
+            span[0], span[1] = min(span[0], start), max(span[1], stop)
+        first = min(start for start, _ in by_process.values())
+        last = max(stop for _, stop in by_process.values())
+        return {
+            "run_seconds": round(last - first, 1),
+            "processes": {process: {"seconds": round(stop - start, 1),
+                                    "idle_at_end_seconds": round(last - stop, 1)}
+                          for process, (start, stop) in sorted(by_process.items())},
+            "modules": sorted(({"module": module, "process": process,
+                                "seconds": round(stop - start, 1)}
+                               for (process, module), (start, stop) in self.spans.items()),
+                              key=lambda row: -row["seconds"]),
+        }
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        summary = self.summary()
+        if not summary or "PYTEST_XDIST_WORKER" in os.environ:
+            return
+        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+        OUTPUT.write_text(json.dumps(summary, indent=2) + "\n")
+        write = terminalreporter.write_line
+        terminalreporter.section("time per pytest process")
+        for process, figures in summary["processes"].items():
+            write(f"{process}: {figures['seconds'] / 60:.1f} min of tests, idle "
+                  f"{figures['idle_at_end_seconds'] / 60:.1f} min at the end")
+        write(f"longest modules (all in {OUTPUT}):")
+        for row in summary["modules"][:PRINTED]:
+            write(f"  {row['seconds'] / 60:5.1f} min  {row['process']}  {row['module']}")
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(Timeline(), "test-timeline")
