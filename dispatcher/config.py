@@ -134,6 +134,16 @@ class DispatcherConfig(_Strict):
         None, ge=0, le=65535, description="/healthz and /readyz on a listener of their own; "
                                           f"default: beside /metrics, "
                                           f"{listeners.HEALTH_PROBE_PORT} with metrics_secure")
+    metrics_cert_validity_seconds: float | None = Field(
+        None, description="life of the self-signed metrics certificate, renewed at 2/3 of it; "
+                          f"default {listeners.METRICS_CERT_VALIDITY_SECONDS:.0f}")
+    metrics_auth_qps: float | None = Field(
+        None, description="tokens checked with the apiserver per second by the secure "
+                          f"metrics listener; default {listeners.metrics_auth.REVIEW_QPS:g}")
+    liveness_stall_timeout_seconds: float | None = Field(
+        None, description="/healthz fails once keys wait this long with no reconcile worker "
+                          "taking any; 0: never; default "
+                          f"{listeners.LIVENESS_STALL_TIMEOUT_SECONDS:.0f}")
     dashboard_host: str | None = Field(
         None, min_length=1, description=f"default {DEFAULT_DASHBOARD_HOST}; see "
                                         "dashboard_address")
@@ -183,10 +193,16 @@ class DispatcherConfig(_Strict):
 
     def metrics_listeners(self) -> listeners.Listeners:
         """Where metrics and the health probes are served."""
+        default = listeners.Listeners()
         return listeners.Listeners(
             metrics_host=self.metrics_host, metrics_port=self.metrics_port or 0,
             metrics_secure=self.metrics_secure, metrics_cert_dir=self.metrics_cert_dir,
-            health_probe_host=self.health_probe_host, health_probe_port=self.health_probe_port)
+            health_probe_host=self.health_probe_host, health_probe_port=self.health_probe_port,
+            metrics_cert_validity_seconds=_or(self.metrics_cert_validity_seconds,
+                                              default.metrics_cert_validity_seconds),
+            metrics_auth_qps=_or(self.metrics_auth_qps, default.metrics_auth_qps),
+            liveness_stall_timeout_seconds=_or(self.liveness_stall_timeout_seconds,
+                                               default.liveness_stall_timeout_seconds))
 
     @model_validator(mode="after")
     def _listeners(self) -> DispatcherConfig:
@@ -196,7 +212,11 @@ class DispatcherConfig(_Strict):
             plain_metrics_port=PLAIN_METRICS_PORT, metrics_host=self.metrics_host,
             metrics_port=self.metrics_port, metrics_secure=self.metrics_secure,
             metrics_cert_dir=self.metrics_cert_dir, health_probe_host=self.health_probe_host,
-            health_probe_port=self.health_probe_port, names={k: k for k in listeners.FLAGS})
+            health_probe_port=self.health_probe_port,
+            metrics_cert_validity_seconds=self.metrics_cert_validity_seconds,
+            metrics_auth_qps=self.metrics_auth_qps,
+            liveness_stall_timeout_seconds=self.liveness_stall_timeout_seconds,
+            names={k: k for k in listeners.FLAGS})
         self.metrics_port = where.metrics_port
         self.health_probe_host, self.health_probe_port = (where.health_probe_host,
                                                           where.health_probe_port)
@@ -225,6 +245,10 @@ class DispatcherConfig(_Strict):
         if value is not None and not _LABEL_VALUE.match(value):
             raise ValueError("must be a valid label value (alphanumerics, '-', '_', '.')")
         return value
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def is_loopback(host: str) -> bool:

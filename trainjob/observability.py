@@ -1,7 +1,8 @@
 """The small HTTP servers of a process: /metrics (Prometheus text), /healthz and /readyz,
 plus whatever read-only routes the process adds (e.g. the dispatcher's dashboard). The
 secure metrics listener serves over TLS and lets in only the callers ``authorize`` allows
-(trainjob/metrics_auth.py); a host of ``::`` listens on IPv6 and IPv4 alike."""
+(trainjob/metrics_auth.py), with its connections bounded (trainjob/connection_limits.py); a
+host of ``::`` listens on IPv6 and IPv4 alike."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from trainjob.connection_limits import ConnectionLimits, ConnectionPool
 from trainjob.metrics_auth import Decision
 
 log = logging.getLogger(__name__)
@@ -27,13 +29,15 @@ Response = tuple[int, str, bytes]
 Route = Callable[[dict[str, list[str]]], Response]
 # Decides a request from its Authorization header and path.
 Authorize = Callable[[str | None, str], Decision]
+# (ok, detail) of a probe.
+Check = Callable[[], tuple[bool, str]]
 
 _BUILT_IN = ("/metrics", "/healthz", "/readyz")
 _PROBES = ("/healthz", "/readyz")
 # An idle keep-alive connection or a stuck TLS handshake is dropped after this long.
 CONNECTION_TIMEOUT = 30.0
 # Binding "::" fails so where the kernel has no IPv6; "0.0.0.0" then serves IPv4 alone.
-_NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
 
 
 def address(host: str, port: int) -> str:
@@ -43,17 +47,22 @@ def address(host: str, port: int) -> str:
 
 class ObservabilityServer:
     """/metrics from ``registry`` when it is given; /healthz and /readyz when ``ready`` is
-    (``ready()`` returns (ok, detail); /readyz answers 200 with the detail when ok); a
+    (``ready()`` returns (ok, detail); /readyz answers 200 with the detail when ok, else
+    503; /healthz answers 200 unless ``live()`` says otherwise, then 500 with its detail); a
     built-in path without its source answers 404. ``routes`` maps further GET paths to
     handlers; the built-in paths cannot be replaced. With ``tls`` (the context for each new
     connection) it serves HTTPS, and with ``authorize`` every request must be allowed by
-    it; such a listener serves no ``routes`` (nothing but metrics goes behind it)."""
+    it; such a listener serves no ``routes`` (nothing but metrics goes behind it). With
+    ``limits`` its connections are served by a bounded pool, each within a deadline
+    (``on_drop`` is told of each one closed unserved or cut); else a thread each."""
 
     def __init__(self, port: int, registry: CollectorRegistry | None,
-                 ready: Callable[[], tuple[bool, str]] | None, host: str = "127.0.0.1",
+                 ready: Check | None, host: str = "127.0.0.1",
                  routes: Mapping[str, Route] | None = None, *,
                  tls: Callable[[], ssl.SSLContext] | None = None,
-                 authorize: Authorize | None = None):
+                 authorize: Authorize | None = None, live: Check | None = None,
+                 limits: ConnectionLimits | None = None,
+                 on_drop: Callable[[str], None] | None = None):
         clash = sorted(set(routes or {}) & set(_BUILT_IN))
         if clash:
             raise ValueError(f"routes: {', '.join(clash)} is served by the server itself")
@@ -63,6 +72,7 @@ class ObservabilityServer:
         if authorize is not None and tls is None:
             raise ValueError("authorize: bearer tokens are accepted over TLS only")
         registry_ref, ready_ref, routes_ref = registry, ready, dict(routes or {})
+        live_ref = live
 
         class Handler(BaseHTTPRequestHandler):
             timeout = CONNECTION_TIMEOUT
@@ -78,7 +88,8 @@ class ObservabilityServer:
                 if url.path == "/metrics" and registry_ref is not None:
                     self._send(200, generate_latest(registry_ref), CONTENT_TYPE_LATEST)
                 elif url.path == "/healthz" and ready_ref is not None:
-                    self._send(200, b"ok")
+                    ok, detail = live_ref() if live_ref is not None else (True, "ok")
+                    self._send(200 if ok else 500, detail.encode())
                 elif url.path == "/readyz" and ready_ref is not None:
                     ok, detail = ready_ref()
                     self._send(200 if ok else 503, detail.encode())
@@ -114,11 +125,14 @@ class ObservabilityServer:
         try:
             self._server = _Server((host, port), Handler, tls)
         except OSError as err:
-            if host != "::" or err.errno not in _NO_IPV6:
+            if host != "::" or err.errno not in NO_IPV6:
                 raise
             log.info("no IPv6 here (%s): listening on 0.0.0.0 (IPv4) only", err.strerror)
             host = "0.0.0.0"
             self._server = _Server((host, port), Handler, tls)
+        if limits is not None:
+            self._server.pool = ConnectionPool(limits, self._server.serve_connection, on_drop,
+                                               name="metrics-connection")
         self.host = host
         self.port = self._server.server_address[1]
         self.scheme = "https" if tls is not None else "http"
@@ -136,13 +150,19 @@ class ObservabilityServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        if self._server.pool is not None:
+            self._server.pool.close()
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Connections the kernel holds until accepted (socketserver's default is 5): a burst
+    # is accepted and then served, or closed, by the pool rather than refused unseen.
+    request_queue_size = 64
 
     def __init__(self, server_address, handler, tls: Callable[[], ssl.SSLContext] | None):
         self.tls = tls
+        self.pool: ConnectionPool | None = None
         if ":" in server_address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(server_address, handler)
@@ -154,6 +174,21 @@ class _Server(ThreadingHTTPServer):
         # HTTPServer.server_bind would look up the host's FQDN: a DNS round trip never used.
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
+
+    def process_request(self, request, client_address) -> None:
+        if self.pool is None:
+            super().process_request(request, client_address)  # a thread each
+        else:
+            self.pool.submit(request, client_address)  # never blocks the accept loop
+
+    def serve_connection(self, request, client_address) -> None:
+        """One pooled connection, served and closed."""
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - as socketserver does: logged, not raised
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
 
     def finish_request(self, request, client_address) -> None:
         if self.tls is None:

@@ -1,8 +1,10 @@
 """Running a controller process: signals, the metrics and health listeners, the reconcile
-workers, and an orderly stop. Shared by the dispatcher and the operator commands."""
+workers (and whether they still take work: liveness), and an orderly stop. Shared by the
+dispatcher and the operator commands."""
 
 from __future__ import annotations
 
+import datetime
 import errno
 import logging
 import signal
@@ -20,9 +22,9 @@ from trainjob import logs
 from trainjob import controller_metrics as results
 from trainjob.controller_metrics import ReconcileMetrics
 from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
-from trainjob.listeners import Listeners
-from trainjob.metrics_auth import MetricsAuthorizer
-from trainjob.observability import ObservabilityServer, Route, address
+from trainjob.listeners import LIMITS, Listeners
+from trainjob.metrics_auth import EndpointMetrics, MetricsAuthorizer, review_client
+from trainjob.observability import Check, ObservabilityServer, Route, address
 from trainjob.serving_certificate import ServingCertificate
 from trainjob.workqueue import ShutDown, WorkQueue
 from trainjob.required_apis import ClusterUnusable
@@ -50,6 +52,69 @@ class Server(Protocol):
     def stop(self) -> None: ...
 
 
+class WorkerHeartbeat:
+    """When the reconcile workers of one queue last took a key. Stalled: keys wait in the
+    queue and none has been taken since they were first seen waiting. A busy loop takes
+    keys (however long the line), an idle one has none waiting: neither is stalled."""
+
+    def __init__(self, queue: WorkQueue, name: str, workers: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.queue, self.name, self._clock = queue, name, clock
+        self._running = workers
+        self._lock = threading.Lock()
+        self.last_taken = clock()
+        # When the check first saw keys waiting since the last take. Keys leave the queue
+        # only when a worker takes them, so keys still waiting at a later check with no take
+        # in between are the same keys: they have waited at least that long.
+        self._waiting_since: float | None = None
+
+    def took(self) -> None:
+        self.last_taken = self._clock()
+
+    def stalled(self) -> tuple[float, int]:
+        """(seconds no worker has taken a key while keys waited, how many wait now)."""
+        waiting = len(self.queue)
+        now = self._clock()
+        with self._lock:
+            if waiting == 0:
+                self._waiting_since = None
+                return 0.0, 0
+            if self._waiting_since is None or self._waiting_since < self.last_taken:
+                self._waiting_since = now
+            return now - max(self._waiting_since, self.last_taken), waiting
+
+    def worker_stopped(self) -> bool:
+        """One worker ended with the queue (not from a failure); True for the last."""
+        with self._lock:
+            self._running -= 1
+            return self._running <= 0
+
+
+# The process's reconcile workers (one process runs one controller: they are all its own),
+# while they run; /healthz asks them (``liveness``).
+_heartbeats: set[WorkerHeartbeat] = set()
+_heartbeats_lock = threading.Lock()
+
+
+def liveness(stall_timeout: float) -> Check:
+    """The /healthz check: fails once any queue of the process's reconcile workers has had
+    keys waiting for more than ``stall_timeout`` seconds with no worker taking one (0:
+    never fails). A stuck loop is for the kubelet to restart; a slow one is not stuck."""
+    def check() -> tuple[bool, str]:
+        if stall_timeout <= 0:
+            return True, "ok"
+        with _heartbeats_lock:
+            beats = sorted(_heartbeats, key=lambda beat: beat.name)
+        for beat in beats:
+            seconds, waiting = beat.stalled()
+            if seconds > stall_timeout:
+                return False, (f"reconcile workers of {beat.name} stuck: {waiting} keys "
+                               f"queued and none taken for {seconds:.0f} s (more than "
+                               f"--liveness-stall-timeout {stall_timeout:g} s)")
+        return True, "ok"
+    return check
+
+
 def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, name: str,
                   on_error: Callable[[Hashable, Exception, bool, float], None],
                   observe: Callable[[float], None] | None = None,
@@ -57,16 +122,24 @@ def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, 
     """``count`` threads taking keys from ``queue`` and calling ``reconcile(*key)``. A
     failure is retried with per-key backoff, never dropped; ``on_error(key, err, first,
     delay)`` is told (``first`` once per streak of failures). Each reconcile's duration goes
-    to ``observe``, and its result and duration to ``metrics``."""
+    to ``observe``, and its result and duration to ``metrics``. Each key taken is a
+    heartbeat for the process's liveness until the queue shuts down."""
     if metrics is not None:
         metrics.max_concurrent.set(count)
+    heartbeat = WorkerHeartbeat(queue, name, count)
+    with _heartbeats_lock:
+        _heartbeats.add(heartbeat)
 
     def work() -> None:
         while True:
             try:
                 key = queue.get()
             except ShutDown:
+                if heartbeat.worker_stopped():
+                    with _heartbeats_lock:
+                        _heartbeats.discard(heartbeat)
                 return
+            heartbeat.took()
             if metrics is not None:
                 metrics.active.inc()
             started = time.perf_counter()
@@ -134,6 +207,7 @@ def _observability(controller: Controller, registry: CollectorRegistry, listener
                    routes_listener: RoutesListener | None) -> list[ObservabilityServer]:
     """The metrics listener (first), the probes' own and the routes' own when they have
     them."""
+    live = liveness(listeners.liveness_stall_timeout_seconds)
     shared = routes if routes_listener is None else None
     if listeners.metrics_secure and shared:
         raise ValueError("routes: the dashboard is never served on the authenticated metrics "
@@ -144,29 +218,37 @@ def _observability(controller: Controller, registry: CollectorRegistry, listener
             if api is None:
                 raise ValueError("secure metrics need the API client whose apiserver "
                                  "authenticates their callers")
-            certificate = ServingCertificate(listeners.metrics_cert_dir)
+            certificate = ServingCertificate(
+                listeners.metrics_cert_dir,
+                validity=datetime.timedelta(seconds=listeners.metrics_cert_validity_seconds))
             certificate.context()  # a missing or broken pair fails here, not per scrape
-            authorizer = MetricsAuthorizer(api)
-            started.append(_listen("secure metrics", listeners.metrics_host,
-                                   listeners.metrics_port, "--metrics-port", registry=registry,
-                                   ready=None, tls=certificate.context,
-                                   authorize=authorizer.decide))
+            counted = EndpointMetrics(registry)
+            # Anyone who reaches the port may send tokens: they are checked through a client
+            # of their own, with a budget of its own, so that a flood of them never takes
+            # the controller's requests' place (nor its client's rate limit).
+            authorizer = MetricsAuthorizer(review_client(api, listeners.metrics_auth_qps),
+                                           metrics=counted)
+            started.append(_listen(
+                "secure metrics", listeners.metrics_host, listeners.metrics_port,
+                "--metrics-port", registry=registry, ready=None, tls=certificate.context,
+                authorize=authorizer.decide, limits=LIMITS,
+                on_drop=lambda reason: counted.connections_dropped.labels(reason).inc()))
             log.info("metrics served over HTTPS with %s; every request is authenticated "
-                     "(TokenReview) and authorized (SubjectAccessReview)",
-                     certificate.describe())
+                     "(TokenReview) and authorized (SubjectAccessReview), at most %g new "
+                     "tokens a second", certificate.describe(), listeners.metrics_auth_qps)
         else:
             what = "metrics" if listeners.probes_apart else "metrics and health"
             started.append(_listen(what + (" and the dashboard" if shared else ""),
                                    listeners.metrics_host, listeners.metrics_port,
                                    "--metrics-port", registry=registry,
                                    ready=None if listeners.probes_apart else controller.ready,
-                                   routes=shared))
+                                   live=live, routes=shared))
         if listeners.probes_apart:
             assert listeners.health_probe_host is not None
             assert listeners.health_probe_port is not None
             probes = _listen("health probes", listeners.health_probe_host,
                              listeners.health_probe_port, "--health-probe-port", registry=None,
-                             ready=controller.ready)
+                             ready=controller.ready, live=live)
             started.append(probes)
             log.info("health probes on %s/healthz and /readyz", probes.url)
         if routes and routes_listener is not None:

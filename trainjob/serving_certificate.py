@@ -1,16 +1,27 @@
 """The certificate a process's own HTTPS listener presents (the secure metrics listener):
 ``tls.crt`` and ``tls.key`` from a directory, reloaded when they change (cert-manager and
 Secret volumes replace them in place), or, without a directory, a self-signed one made at
-start and kept in memory only, as controller-runtime does for its metrics."""
+start and kept in memory only, as controller-runtime does for its metrics, and renewed at
+2/3 of its life, which controller-runtime's is not.
+
+Why renewed in memory rather than kept in a Secret as the operator's webhook certificate
+is: nobody verifies it (a scraper that wants to verify gives a certificate of its own CA
+with ``--metrics-cert-dir``), so there is nothing to share between replicas or to inject
+anywhere; a Secret would only add write access to Secrets to every process's identity.
+The listener asks for the context of each new connection, so a renewal takes effect for
+new connections at once, with no restart and no connection cut."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
 import ssl
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
@@ -18,6 +29,10 @@ from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
 log = logging.getLogger(__name__)
 
 CERT_FILE, KEY_FILE = "tls.crt", "tls.key"
+# Short, as the kubelet's serving certificates are: a new one costs a key pair, nothing more.
+SELF_SIGNED_VALIDITY = datetime.timedelta(days=1)
+# A self-signed certificate is replaced once this share of its life has passed.
+RENEW_AT = 2 / 3
 
 
 class ServingCertificate:
@@ -25,20 +40,26 @@ class ServingCertificate:
     messages; ``flag`` the option that gave ``cert_dir``."""
 
     def __init__(self, cert_dir: Path | str | None, what: str = "metrics",
-                 flag: str = "--metrics-cert-dir"):
+                 flag: str = "--metrics-cert-dir",
+                 validity: datetime.timedelta = SELF_SIGNED_VALIDITY,
+                 clock: Callable[[], float] = time.monotonic):
         self.cert_dir = Path(cert_dir) if cert_dir is not None else None
         self.what, self.flag = what, flag
+        self.validity = validity
+        self._clock = clock
         self._lock = threading.Lock()
         self._loaded: tuple[object, ssl.SSLContext] | None = None
         self._bad_stamp: object = None
         self.self_signed_pem: bytes | None = None  # the certificate, when made here
+        self._renew_at = float("inf")
         if self.cert_dir is None:
             self._loaded = (None, self._self_signed())
 
     def describe(self) -> str:
         """Where the certificate comes from, for the start-up log line."""
         if self.cert_dir is None:
-            return "a self-signed certificate made at start"
+            return (f"a self-signed certificate made at start, renewed every "
+                    f"{self.validity.total_seconds() * RENEW_AT:g} s")
         return f"the certificate in {self.cert_dir}"
 
     def context(self) -> ssl.SSLContext:
@@ -46,8 +67,7 @@ class ServingCertificate:
         broken pair keeps the previous one). Raises OSError when there never was a good
         pair."""
         if self.cert_dir is None:
-            assert self._loaded is not None
-            return self._loaded[1]
+            return self._self_signed_context()
         crt, key = self.cert_dir / CERT_FILE, self.cert_dir / KEY_FILE
         with self._lock:
             try:
@@ -75,15 +95,37 @@ class ServingCertificate:
             self._loaded = (stamp, context)
             return context
 
+    def _self_signed_context(self) -> ssl.SSLContext:
+        """The self-signed context, a new one once 2/3 of the current one's life has
+        passed (a connection in progress keeps the context it began with)."""
+        assert self._loaded is not None
+        if self._clock() < self._renew_at:
+            return self._loaded[1]
+        with self._lock:
+            if self._clock() >= self._renew_at:  # not renewed meanwhile by another thread
+                try:
+                    self._loaded = (None, self._self_signed())
+                except Exception:  # noqa: BLE001 - the current one is still valid: retry later
+                    log.exception("cannot renew the self-signed %s certificate; serving the "
+                                  "current one", self.what)
+                    self._renew_at = self._clock() + 1.0
+                    return self._loaded[1]
+                log.info("self-signed %s certificate renewed", self.what)
+            return self._loaded[1]
+
     def _self_signed(self) -> ssl.SSLContext:
-        authority = CertificateAuthority.create(f"{self.what} self-signed CA")
+        made = self._clock()
+        authority = CertificateAuthority.create(f"{self.what} self-signed CA",
+                                                validity=self.validity)
         host = socket.gethostname()
         dns_names = tuple(dict.fromkeys(n for n in (host, "localhost") if n))
         key, cert = authority.issue(f"{self.what} on {host}"[:64], dns_names=dns_names,
-                                    ip_addresses=("127.0.0.1", "::1"), server=True)
-        self.self_signed_pem = cert_pem(cert)
+                                    ip_addresses=("127.0.0.1", "::1"), server=True,
+                                    validity=self.validity)
         context = _server_context()
         _load_from_memory(context, cert_pem(cert) + cert_pem(authority.cert), key_pem(key))
+        self.self_signed_pem = cert_pem(cert)
+        self._renew_at = made + self.validity.total_seconds() * RENEW_AT
         return context
 
 
