@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusters import binaries, crds, nodes
+from clusters import binaries, crds, nodes, state_owner
 from clusters.images import IMAGE_NAMES
 from trainjob import command_line
 from clusters.controlplane import ControlPlaneError
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Show each cluster's name, role, API URL, kubeconfig and state.")
     sub.add_parser("down", parents=[common], help="stop everything and remove the state",
                    description="Stop every process the harness started and delete the state "
-                   "directory (data, logs, kubeconfigs).")
+                   "directory (data, logs, kubeconfigs). A directory the other provider made "
+                   "is refused, named with the command that brings it down.")
     for verb, text in (("stop", "stop one cluster's processes; its data is kept"),
                        ("start", "start a stopped cluster again on the same ports and data")):
         cmd = sub.add_parser(verb, parents=[common], help=text, description=text + ".")
@@ -277,6 +278,17 @@ def _provider(args):
     return LocalClusters(args.state_dir)
 
 
+def _down_report(state_dir: Path, provider: str, gone: bool) -> str:
+    if gone:
+        return f"stopped and removed {state_dir}"
+    others = sorted(state_owner.makers(state_dir) - {provider})
+    if others:
+        downs = "; ".join(f"`{state_owner.command(p, 'down', state_dir)}`" for p in others)
+        return (f"stopped the {provider} provider's clusters and removed its files; "
+                f"{state_dir} stays with the {' and '.join(others)} provider's ({downs})")
+    return f"no {provider} clusters in {state_dir}: it stays, with files no provider made"
+
+
 def _deploy(args) -> int:
     if args.provider != "kind":
         raise ValueError("deploy: only with --provider kind; the local provider's Nodes are "
@@ -285,6 +297,7 @@ def _deploy(args) -> int:
     from clusters.kind import KindClusters
     from clusters.kind.deploy import deploy
 
+    state_owner.refuse_others(Path(args.state_dir).resolve(), "kind", "deploy")
     report = deploy(KindClusters(args.state_dir), timeout=args.timeout,
                     manager_overlay=args.manager_overlay)
     if args.json:
@@ -401,6 +414,10 @@ def _main(argv: list[str] | None) -> int:
             from clusters.demo import run_demo
 
             return run_demo(Path(args.state_dir).resolve(), args.run_seconds, args.timeout)
+        if args.command == "status":
+            # Said here, not answered with "no clusters" (status changes nothing, so the
+            # providers do not check it themselves).
+            state_owner.refuse_others(Path(args.state_dir).resolve(), args.provider, "status")
         if args.command == "deploy":
             return _deploy(args)
         provider = _provider(args)
@@ -440,9 +457,9 @@ def _main(argv: list[str] | None) -> int:
         elif args.command == "status":
             _print_clusters(provider.status(), args.json, {"provider": args.provider})
         elif args.command == "down":
-            provider.down()
+            gone = provider.down()
             if not args.json:
-                print(f"stopped and removed {Path(args.state_dir).resolve()}")
+                print(_down_report(Path(args.state_dir).resolve(), args.provider, gone))
         elif args.command == "stop":
             _print_clusters([provider.stop(args.name)], args.json)
         elif args.command == "start":

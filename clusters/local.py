@@ -23,7 +23,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from clusters import crds, kueue, nodes, processes, worker_stack
+from clusters import crds, kueue, nodes, processes, state_owner, worker_stack
 from clusters.binaries import (HARNESS_BINARIES, KUBERNETES_VERSION, ControlPlaneBinaries,
                                find_binaries)
 from clusters.controlplane import (
@@ -160,7 +160,7 @@ class LocalClusters:
 
     @property
     def state_file(self) -> Path:
-        return self.state_dir / "state.json"
+        return self.state_dir / state_owner.STATE_FILES[state_owner.LOCAL]
 
     def load(self) -> HarnessState:
         if not self.state_file.exists():
@@ -273,6 +273,7 @@ class LocalClusters:
         node_layout = node_layout if node_layout is not None else nodes.NodeLayout()
         node_layout.check_workers(cluster_names(workers)[1:])
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.LOCAL, "up")
             state = self.load()
             wanted = cluster_names(workers)
             existing = [c.name for c in state.clusters]
@@ -322,6 +323,7 @@ class LocalClusters:
     def start(self, name: str, timeout: float = 60) -> ClusterInfo:
         """Start a stopped cluster again on the same ports and data."""
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.LOCAL, "start", name)
             state = self.load()
             record = self._record(state, name)
             record.stopped = False
@@ -388,6 +390,7 @@ class LocalClusters:
     def stop(self, name: str) -> ClusterInfo:
         """Stop one cluster's processes; its etcd data and PKI stay, so objects survive."""
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.LOCAL, "stop", name)
             state = self.load()
             record = self._record(state, name)
             self._terminate(record)
@@ -395,23 +398,18 @@ class LocalClusters:
             self._save(state)
             return next(i for i in self._info(state) if i.name == name)
 
-    def down(self) -> None:
-        """Stop every process of this harness and remove its state directory."""
-        import shutil
-
+    def down(self) -> bool:
+        """Stop every process of this harness and remove what it made; whether the state
+        directory is gone (it stays while it holds what another provider made)."""
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.LOCAL, "down")
             state = self.load()
             for record in state.clusters:
                 self._terminate(record)
             # Belt and braces: anything else still carrying our state dir on its command line.
             processes.terminate_all(processes.harness_processes(self.state_dir), self.state_dir)
-            for child in list(self.state_dir.iterdir()) if self.state_dir.exists() else []:
-                if child.name != ".lock":
-                    if child.is_dir():
-                        shutil.rmtree(child, ignore_errors=True)
-                    else:
-                        child.unlink(missing_ok=True)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+            state_owner.remove_own_files(self.state_dir, state_owner.LOCAL)
+        return state_owner.remove_if_emptied(self.state_dir)
 
     def status(self) -> list[ClusterInfo]:
         return self._info(self.load())

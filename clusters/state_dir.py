@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+LOCK_FILE = ".lock"
+
 
 def save_state(state_file: Path, state: BaseModel) -> None:
     """Write ``state`` as JSON; a reader sees the old file or the new one, never half."""
@@ -23,6 +25,7 @@ def save_state(state_file: Path, state: BaseModel) -> None:
 def lock_state_dir(directory: Path) -> Iterator[None]:
     """Hold the directory's lock for the duration of one harness command."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
+    # Appending, not truncating: a command that then refuses the directory changes nothing.
+    with open(directory / LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

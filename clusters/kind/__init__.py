@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -51,7 +50,8 @@ import yaml
 from kubernetes import client
 from pydantic import BaseModel, Field
 
-from clusters import binaries, crds, images, kind_node, kueue as local_kueue, nodes, worker_stack
+from clusters import (binaries, crds, images, kind_node, kueue as local_kueue, nodes,
+                      state_owner, worker_stack)
 from clusters.controlplane import ControlPlaneError
 from clusters.state_dir import lock_state_dir, save_state
 from clusters.engine import Engine, ensure_engine, find_engine
@@ -69,7 +69,7 @@ PREFIX = "trainjob-"
 # kind's labels on its node containers.
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 ROLE_LABEL = "io.x-k8s.kind.role"
-STATE_FILE = "kind-state.json"
+STATE_FILE = state_owner.STATE_FILES[state_owner.KIND]
 
 # Measured idle on a 2-core, 24 GiB machine (docker stats, 3 clusters up): a worker cluster
 # of a control plane and two kind worker nodes, with JobSet, takes about 0.9 GiB (control
@@ -290,6 +290,7 @@ class KindClusters:
         kind_config.refuse_resources(node_layout)
         deadline = time.monotonic() + timeout
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.KIND, "up")
             state = self.load()
             existing = [c.name for c in state.clusters]
             if existing and existing != wanted:
@@ -461,6 +462,7 @@ class KindClusters:
         """``docker stop`` every node of cluster ``name``; its /var volumes (etcd, images)
         stay, so objects survive."""
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.KIND, "stop", name)
             state = self.load()
             record = self._record(state, name)
             running = [c for c, s in self.containers(name, state).items() if s == "running"]
@@ -478,6 +480,7 @@ class KindClusters:
         every Pod again, the product's too where it is deployed: minutes, not seconds."""
         deadline = time.monotonic() + timeout
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.KIND, "start", name)
             state = self.load()
             record = self._record(state, name)
             containers = self.containers(name, state)
@@ -506,10 +509,12 @@ class KindClusters:
                     kueue.wait_ready(api, name, _deadline_left(deadline))
             return next(i for i in self._info(state, self.engine) if i.name == name)
 
-    def down(self) -> None:
+    def down(self) -> bool:
         """Delete every kind cluster of this state directory (containers and their
-        volumes), its Docker network, and the state directory."""
+        volumes), its Docker network, and the files kind made there; whether the state
+        directory is gone (it stays while it holds what another provider made)."""
         with self._locked():
+            state_owner.refuse_others(self.state_dir, state_owner.KIND, "down")
             state = self.load()
             if state.clusters:
                 engine = self.engine
@@ -522,13 +527,8 @@ class KindClusters:
                             timeout=300) for r in ours]:
                         future.result()
                 self._remove_network(engine, state.network)
-            for child in list(self.state_dir.iterdir()) if self.state_dir.exists() else []:
-                if child.name != ".lock":
-                    if child.is_dir():
-                        shutil.rmtree(child, ignore_errors=True)
-                    else:
-                        child.unlink(missing_ok=True)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+            state_owner.remove_own_files(self.state_dir, state_owner.KIND)
+        return state_owner.remove_if_emptied(self.state_dir)
 
     @staticmethod
     def _remove_network(engine: Engine, network: str) -> None:
