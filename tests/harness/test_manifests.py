@@ -629,6 +629,53 @@ def test_compose_init_uses_the_shipped_identities():
         assert _bound_accounts(kustomize.render(base)) == {account}, base
 
 
+# --- the cert-manager overlay with every kustomize -----------------------------------
+
+
+def _key(obj: dict) -> str:
+    return f"{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
+
+
+def _keys(base: str) -> set[str]:
+    return {_key(o) for o in kustomize.render(base)}
+
+
+def _patches(base: str) -> list[tuple[str, str]]:
+    """Each patch of ``manifests/<base>``'s kustomization: (where, its text)."""
+    folder = kustomize.base_path(base)
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    return [(entry.get("path") or f"patches[{i}]",
+             (folder / entry["path"]).read_text() if entry.get("path") else entry["patch"])
+            for i, entry in enumerate(kustomization.get("patches") or [])]
+
+
+@pytest.mark.parametrize("base", sorted(set(MANAGER_BASES + WORKER_BASES + RENDER_ONLY
+                                            + COMPONENTS)))
+def test_a_deleting_patch_deletes_one_object(base):
+    """Several ``$patch: delete`` documents in one patch crash some kustomize releases
+    (v5.5.0, in kubectl 1.32; kubernetes-sigs/kustomize#5471) whatever the harness's
+    kubectl does with them: a patch that deletes is one document."""
+    for where, text in _patches(base):
+        documents = [d for d in yaml.safe_load_all(text) if d]
+        if any(isinstance(d, dict) and d.get("$patch") == "delete" for d in documents):
+            assert len(documents) == 1, f"manifests/{base}: {where} deletes {len(documents)}"
+
+
+def test_the_cert_manager_overlay_is_the_operator_with_cert_managers_certificate():
+    """manifests/operator-cert-manager, rendered by the harness's kubectl: the operator's
+    objects without its certificate RBAC (the Role, ClusterRole and their bindings named
+    training-operator-webhook-cert), with cert-manager's Issuer and Certificate, nothing
+    else."""
+    rbac = {f"{kind}/{namespace}/training-operator-webhook-cert" for kind, namespace in (
+        ("Role", "training-operator-system"), ("RoleBinding", "training-operator-system"),
+        ("ClusterRole", ""), ("ClusterRoleBinding", ""))}
+    operator = _keys("operator")
+    assert rbac <= operator
+    assert _keys("operator-cert-manager") == (operator - rbac) | {
+        "Issuer/training-operator-system/training-operator-selfsigned",
+        "Certificate/training-operator-system/training-operator-webhook"}
+
+
 # --- docker-compose and images --------------------------------------------------------
 
 
