@@ -131,18 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs of each commit, alternately A, B, A, B... (default 2)")
     parser.add_argument("--output", type=Path, default=Path("bench-results/commits"),
                         help="worktrees, runs and table.md (default bench-results/commits)")
-    parser.add_argument("bench_args", nargs=argparse.REMAINDER,
-                        help="after --: the arguments of every python -m bench run "
-                        f"(default {' '.join(DEFAULT_BENCH_ARGS)})")
+    parser.epilog = ("After --: the arguments of every python -m bench run (default "
+                     f"{' '.join(DEFAULT_BENCH_ARGS)}).")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # What follows -- is the benchmark's own: kept away from this parser.
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least one run of each commit is needed")
-    bench_args = [arg for arg in args.bench_args if arg != "--"] or list(DEFAULT_BENCH_ARGS)
+    bench_args = argv[split + 1:] or list(DEFAULT_BENCH_ARGS)
     if "--output" in bench_args:
         parser.error("--output after --: each run's output is chosen here (use --output "
                      "before --, the directory for every run)")

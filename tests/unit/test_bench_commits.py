@@ -51,3 +51,10 @@ def test_each_runs_output_is_chosen_by_the_comparison():
                            "--quick", "--output", "x"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--output after --" in done.stderr, done
+
+
+def test_options_before_the_separator_are_the_comparisons_own(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench.commits", "HEAD", "no-such-commit",
+                           "--rounds", "1", "--output", str(tmp_path), "--", "--quick"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no-such-commit: not a commit" in done.stderr, done
