@@ -32,8 +32,10 @@ QUEUE_NAME_LABEL = c.KUEUE_QUEUE_NAME_LABEL
 # The Kueue-mode dispatcher's own namespace (--namespace), as the shipped Deployment's: its
 # Lease and its worker Secrets. Never Kueue's (the dispatcher refuses that in kueue mode).
 DISPATCHER_NAMESPACE = "trainjob-system"
-# manifests/worker-reader: the identity a Kueue-mode dispatcher reads a worker with.
+# manifests/worker-reader: the identity a Kueue-mode dispatcher reads a worker with, in the
+# namespace manifests/worker-namespace declares.
 WORKER_READER = "worker-reader"
+WORKER_NAMESPACE = "worker-namespace"
 WORKER_READER_ACCOUNT = ("trainjob-system", "trainjob-dispatcher-reader")
 _IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
 
@@ -70,9 +72,11 @@ def local_queue(api: client.ApiClient, namespace: str) -> None:
 
 def worker_reader(harness, worker: str, kubeconfig: Path, path: Path) -> Path:
     """manifests/worker-reader's identity objects applied on ``worker`` (as its admin, with
-    ``kubeconfig``), and a kubeconfig that authenticates as its ServiceAccount (a client
-    certificate from the worker's CA) written to ``path``."""
-    objects = [o for o in kustomize.render(WORKER_READER) if o["kind"] in _IDENTITY_KINDS]
+    ``kubeconfig``) after its namespace (manifests/worker-namespace), and a kubeconfig that
+    authenticates as its ServiceAccount (a client certificate from the worker's CA) written
+    to ``path``."""
+    objects = [o for base in (WORKER_NAMESPACE, WORKER_READER) for o in kustomize.render(base)
+               if o["kind"] in _IDENTITY_KINDS]
     kustomize.apply(kubeconfig, objects)
     user, groups = service_account_user(*WORKER_READER_ACCOUNT)
     return harness.issue_user_kubeconfig(worker, user, groups, path)

@@ -1,6 +1,7 @@
 """``python -m clusters release`` (``make release VERSION=...``): one file per installable
 base of ``manifests/``, with the image references set, for ``kubectl apply --server-side -f``
-as Kueue's and JobSet's releases are installed.
+as Kueue's and JobSet's releases are installed: every base each kind of cluster takes
+(``INSTALLS``), and nothing else.
 
 Each file is ``kubectl kustomize`` of a small overlay made here over the shipped base, whose
 ``images:`` point the project's two images at ``<registry>/<name>:<version>`` (kustomize's
@@ -25,13 +26,42 @@ from clusters import kustomize
 BASES = {
     "crds": "the TrainJob CRDs, only for a cluster without upstream Trainer's",
     "multikueue-crds": "the MultiKueue CRDs, only for a manager without Kueue",
-    "worker": "a worker: the training operator and the dispatcher's identity there",
-    "operator-cert-manager": "a worker's operator with cert-manager's certificate instead "
-                             "(apply with worker-access.yaml, instead of worker.yaml)",
-    "worker-access": "the dispatcher's identity on a worker, alone",
+    "worker": "a worker for a standalone dispatcher: the project's namespace there, the "
+              "training operator and the dispatcher's identity that writes its copies",
+    "worker-kueue": "a worker for a Kueue-mode dispatcher: the project's namespace there, the "
+                    "training operator and the dispatcher's read-only identity (Kueue writes "
+                    "the copies with its own)",
+    "worker-namespace": "the project's namespace on a worker, alone: apply it before "
+                        "worker-access.yaml or worker-reader.yaml, remove it after them",
+    "operator-cert-manager": "a worker's training operator with cert-manager's certificate "
+                             "(with worker-namespace.yaml and worker-access.yaml or "
+                             "worker-reader.yaml, instead of worker.yaml or worker-kueue.yaml)",
+    "worker-access": "the standalone dispatcher's identity on a worker, alone (in "
+                     "worker-namespace.yaml's namespace)",
+    "worker-reader": "the Kueue-mode dispatcher's read-only identity on a worker, alone (in "
+                     "worker-namespace.yaml's namespace; after worker.yaml on a worker both "
+                     "kinds of dispatcher use)",
     "manager": "a manager without Kueue",
     "manager-beside-kueue": "a manager running Kueue, the dispatcher standalone beside it",
     "manager-kueue": "a manager running Kueue, the dispatcher as its external dispatcher",
+}
+# What each kind of cluster applies, in this order (and removes in the reverse order): a
+# base may need the namespace of one before it, never the other way round, and no two bases
+# of one installation declare the same object, so removing one removes nothing of another
+# (tests/harness/test_manifests.py). ``crds`` only where no Trainer CRDs are installed.
+INSTALLS = {
+    "worker, standalone dispatcher": ("crds", "worker"),
+    "worker, Kueue-mode dispatcher": ("crds", "worker-kueue"),
+    "worker for both kinds of dispatcher": ("crds", "worker", "worker-reader"),
+    "worker with cert-manager, standalone dispatcher": (
+        "crds", "worker-namespace", "operator-cert-manager", "worker-access"),
+    "worker with cert-manager, Kueue-mode dispatcher": (
+        "crds", "worker-namespace", "operator-cert-manager", "worker-reader"),
+    "worker with cert-manager, both kinds of dispatcher": (
+        "crds", "worker-namespace", "operator-cert-manager", "worker-access", "worker-reader"),
+    "manager without Kueue": ("crds", "multikueue-crds", "manager"),
+    "manager running Kueue, the dispatcher beside it": ("crds", "manager-beside-kueue"),
+    "manager running Kueue, the dispatcher in Kueue mode": ("crds", "manager-kueue"),
 }
 # The images the bases reference, by the name they are built under (clusters.images).
 IMAGES = ("trainjob-dispatcher", "training-operator")

@@ -147,7 +147,7 @@ def setup(directory: Path, clusters: list[str], timeout: float) -> None:
         # worker-secrets: the Role naming the worker Secrets the dispatcher may read (the
         # sample names, which are compose's workers).
         bases = (["dispatcher", "worker-secrets"] if role == "manager"
-                 else ["operator", "worker-access"])
+                 else ["operator", "worker-namespace", "worker-access"])
         _apply(api, [obj for base in bases for obj in identity_objects(base)])
         if role == "worker":
             crds.install_crds(api, worker_stack.jobset_crds(), timeout)

@@ -19,10 +19,12 @@ state directory, as a team deploys it, from the shipped manifests:
 4. each worker registered on the manager: a kubeconfig addressing the worker's control-plane
    container on the kind network, authenticated as the worker-access ServiceAccount (its
    token Secret), in the Secret ``<worker>-kubeconfig``, and a MultiKueueCluster naming it.
-   In Kueue mode each worker also gets ``manifests/worker-reader`` and Kueue's own MultiKueue
-   identity (``kueue.multikueue_worker_identity``); the dispatcher's Secret holds the
-   read-only worker-reader identity, and Kueue's Secret of the same name in kueue-system,
-   which the MultiKueueCluster names for Kueue, holds Kueue's;
+   In Kueue mode each worker gets ``manifests/worker-kueue`` instead of ``manifests/worker``
+   (the read-only worker-reader identity in place of worker-access's, which only a
+   standalone dispatcher uses) and Kueue's own MultiKueue identity
+   (``kueue.multikueue_worker_identity``); the dispatcher's Secret holds the worker-reader
+   identity, and Kueue's Secret of the same name in kueue-system, which the
+   MultiKueueCluster names for Kueue, holds Kueue's;
 5. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
    holds the Lease and every worker is Active (the dispatcher's condition; in Kueue mode
    Kueue's, about its own connection; beside Kueue, whose MultiKueue controller owns that
@@ -64,7 +66,9 @@ BESIDE_KUEUE = "manager-beside-kueue"
 KUEUE_MODE = "manager-kueue"
 MANAGER_OVERLAYS = (MANAGER_BASE, BESIDE_KUEUE, KUEUE_MODE)
 WORKER_BASE = "worker"
-# The read-only identity a Kueue-mode dispatcher reads a worker with.
+# A Kueue-mode worker: the same, with the read-only identity a Kueue-mode dispatcher reads
+# a worker with (worker-reader) in place of worker-access.
+WORKER_KUEUE_BASE = "worker-kueue"
 WORKER_READER_BASE = "worker-reader"
 WORKER_READER_USER = "trainjob-dispatcher-reader"
 FIELD_MANAGER = "trainjob-deploy"
@@ -237,7 +241,7 @@ def _token(api: client.ApiClient, namespace: str, name: str, deadline: float) ->
 class WorkerTokens:
     """The tokens a worker's registrations carry: worker-access's (standalone), and in
     Kueue mode worker-reader's (the dispatcher's) and Kueue's own."""
-    access: str
+    access: str | None = None
     reader: str | None = None
     kueue: str | None = None
 
@@ -257,8 +261,9 @@ def _load(kind: KindClusters, name: str, names: list[str], workers_only: bool,
 
 def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: DeployReport,
                   deadline: float, kueue_mode: bool = False) -> WorkerTokens:
-    """Steps 1-3 and the rollout wait on one worker (``kueue_mode``: with worker-reader and
-    Kueue's identity); return the tokens its registrations carry."""
+    """Steps 1-3 and the rollout wait on one worker (``kueue_mode``: worker-kueue, with
+    worker-reader in place of worker-access, and Kueue's identity); return the tokens its
+    registrations carry."""
     started = time.monotonic()
     _load(kind, name, [images.OPERATOR_IMAGE, images.WORKLOAD_IMAGE], True, deadline)
     report.add(name, "images loaded", started)
@@ -267,24 +272,22 @@ def deploy_worker(kind: KindClusters, name: str, shipped: Shipped, report: Deplo
         report.add(name, _crds_step(ensure_crds(kind.kubeconfig(name), api, (TRAINER_CRDS,))),
                    started)
         started = time.monotonic()
-        apply_base(kind.kubeconfig(name), WORKER_BASE)
-        report.add(name, f"manifests/{WORKER_BASE} applied", started)
+        base = WORKER_KUEUE_BASE if kueue_mode else WORKER_BASE
+        apply_base(kind.kubeconfig(name), base)
+        report.add(name, f"manifests/{base} applied", started)
         started = time.monotonic()
         waits.wait_for(f"{name}: the training operator", lambda: (
             waits.deployment_problem(api, shipped.operator_namespace,
                                      shipped.operator_deployment)
             or webhook_problem(api)), deadline)
         report.add(name, "training operator rolled out, webhook answering", started)
-        access = _token(api, shipped.access_namespace, shipped.token_secret, deadline)
         if not kueue_mode:
-            return WorkerTokens(access)
+            return WorkerTokens(
+                _token(api, shipped.access_namespace, shipped.token_secret, deadline))
         started = time.monotonic()
-        apply_base(kind.kubeconfig(name), WORKER_READER_BASE)
         kustomize.apply(kind.kubeconfig(name), kind_kueue.multikueue_worker_identity())
-        report.add(name, f"manifests/{WORKER_READER_BASE} and Kueue's MultiKueue identity "
-                   "applied", started)
+        report.add(name, "Kueue's MultiKueue identity applied", started)
         return WorkerTokens(
-            access,
             reader=_token(api, shipped.reader_namespace, shipped.reader_token_secret, deadline),
             kueue=_token(api, kind_kueue.NAMESPACE, kind_kueue.MULTIKUEUE_TOKEN_SECRET,
                          deadline))

@@ -141,7 +141,8 @@ def restricted(multicluster, tmp_path_factory):
     applied = {"manager": with_secret_names(
         identity_objects(dispatcher_with_worker_secrets(directory / "manager-overlay")),
         [f"lp-{n}-kubeconfig" for n in WORKERS])}
-    worker_objects = identity_objects("worker-access") + identity_objects("operator")
+    worker_objects = (identity_objects("worker-namespace") + identity_objects("worker-access")
+                      + identity_objects("operator"))
     assert DISPATCHER_SA in subjects(applied["manager"])
     assert {WORKER_ACCESS_SA, OPERATOR_SA} <= subjects(worker_objects)
     kustomize.apply(manager.kubeconfig, applied["manager"])

@@ -155,7 +155,9 @@ def worker_identity(multicluster, tmp_path_factory):
     """worker-access applied to one worker, OPENED opened to the dispatcher and CLOSED not,
     and an API client authenticating as the dispatcher's identity there."""
     worker = multicluster[WORKER]
-    objects = [o for o in rendered() if o["kind"] in APPLIED_KINDS]
+    # Its namespace first: manifests/worker-namespace declares it, worker-access lives in it.
+    objects = [o for o in kustomize.render("worker-namespace") + rendered()
+               if o["kind"] in APPLIED_KINDS]
     kustomize.apply(worker.kubeconfig, objects)
     for name in (OPENED, CLOSED):
         fixtures.ensure_namespace(worker.api, name)

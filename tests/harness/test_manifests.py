@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures, kustomize
 from clusters.crds import manifests_dir
+from clusters.release import INSTALLS
 from clusters.testing import eventually
 from trainjob import constants as c
 
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # parts of the manager overlays, checked there.
 MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "manager-beside-kueue",
                  "manager-kueue", "samples")
-WORKER_BASES = ("crds", "operator", "worker-access", "worker-reader", "worker")
+WORKER_BASES = ("crds", "worker-namespace", "operator", "worker-access", "worker-reader",
+                "worker", "worker-kueue")
 RENDER_ONLY = ("operator-cert-manager",)
 COMPONENTS = ("worker-secrets", "kueue-config-access", "prometheus-dispatcher",
               "prometheus-operator")
@@ -68,11 +70,14 @@ def test_server_side_dry_run(multicluster, cluster, base):
     target = multicluster[cluster]
     objects = kustomize.render(base)
     # A dry run persists nothing, so objects in a Namespace the same base creates would be
-    # refused; the (empty) Namespaces are created for real first. The overlays for a
-    # manager with Kueue put Roles in Kueue's namespace, which Kueue's release creates.
+    # refused; the (empty) Namespaces are created for real first. So are those the base
+    # needs and does not declare: worker-access's and worker-reader's, which
+    # worker-namespace declares, and Kueue's, where the overlays for a manager with Kueue
+    # put Roles (Kueue's release creates it).
     namespaces = by_kind(objects, "Namespace")
-    if any(o["metadata"].get("namespace") == c.KUEUE_NAMESPACE for o in objects):
-        namespaces.append({"metadata": {"name": c.KUEUE_NAMESPACE}})
+    declared = {o["metadata"]["name"] for o in namespaces}
+    namespaces += [{"metadata": {"name": name}} for name in sorted(
+        {o["metadata"].get("namespace") for o in objects} - {None} - declared)]
     for namespace in namespaces:
         try:
             target.core.create_namespace(namespace)
@@ -297,8 +302,8 @@ def test_the_standalone_dispatcher_does_not_take_kueues_origin(overlay):
 
 # The bases a team installs the product with, and removes it with: none carries a CRD.
 DEPLOY_BASES = ("manager", "manager-beside-kueue", "manager-kueue", "dispatcher", "worker",
-                "operator", "operator-cert-manager", "worker-access", "worker-reader",
-                *COMPONENTS)
+                "worker-kueue", "worker-namespace", "operator", "operator-cert-manager",
+                "worker-access", "worker-reader", *COMPONENTS)
 
 
 @pytest.mark.parametrize("base", DEPLOY_BASES)
@@ -629,7 +634,7 @@ def test_compose_init_uses_the_shipped_identities():
         assert _bound_accounts(kustomize.render(base)) == {account}, base
 
 
-# --- the cert-manager overlay with every kustomize -----------------------------------
+# --- one owner each: what removing a base removes ------------------------------------
 
 
 def _key(obj: dict) -> str:
@@ -638,6 +643,152 @@ def _key(obj: dict) -> str:
 
 def _keys(base: str) -> set[str]:
     return {_key(o) for o in kustomize.render(base)}
+
+
+def _includes(base: str) -> list[str]:
+    """The other bases ``manifests/<base>`` takes whole (its ``../`` resources)."""
+    kustomization = yaml.safe_load((kustomize.base_path(base) / "kustomization.yaml").read_text())
+    return [r[3:] for r in kustomization.get("resources") or [] if r.startswith("../")]
+
+
+# What each kind of cluster is made of: the bases that take no other base whole. The
+# overlays (worker, worker-kueue, operator-cert-manager, the manager overlays) put them
+# together, and a cluster takes one overlay per part.
+PARTS = {"manager": ("crds", "multikueue-crds", "dispatcher", "worker-secrets",
+                     "kueue-config-access", "prometheus-dispatcher"),
+         "worker": ("crds", "worker-namespace", "operator", "worker-access", "worker-reader",
+                    "prometheus-operator")}
+
+
+@pytest.mark.parametrize("cluster", sorted(PARTS))
+def test_every_object_is_declared_by_one_base(cluster):
+    """Every namespace, identity and other object of a cluster is declared in one base
+    only: ``trainjob-system`` on a worker by worker-namespace alone (worker-access and
+    worker-reader live in it, so neither takes the other with it), each ServiceAccount by
+    the base of its identity."""
+    parts = PARTS[cluster]
+    assert all(_includes(part) == [] for part in parts), "a part takes another base whole"
+    owners: dict[str, list[str]] = {}
+    for part in parts:
+        for key in _keys(part):
+            owners.setdefault(key, []).append(part)
+    shared = {key: bases for key, bases in owners.items() if len(bases) > 1}
+    assert shared == {}, f"declared by more than one base on a {cluster}: {shared}"
+    assert owners["Namespace//trainjob-system"] == (
+        ["dispatcher"] if cluster == "manager" else ["worker-namespace"])
+
+
+@pytest.mark.parametrize("overlay, parts", [
+    ("worker", ("worker-namespace", "operator", "worker-access")),
+    ("worker-kueue", ("worker-namespace", "operator", "worker-reader"))])
+def test_the_worker_overlays_are_their_parts(overlay, parts):
+    """A worker overlay is its parts and nothing else: a Kueue-mode worker gets the
+    read-only identity and no write identity of the dispatcher (Kueue writes there with its
+    own), a standalone worker the write identity and no reader."""
+    assert tuple(_includes(overlay)) == parts
+    assert _keys(overlay) == set().union(*(_keys(part) for part in parts))
+    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"])
+                for o in by_kind(kustomize.render(overlay), "ServiceAccount")}
+    writer, reader = fixtures.WORKER_ACCESS_ACCOUNT, ("trainjob-system",
+                                                      "trainjob-dispatcher-reader")
+    assert (writer in accounts, reader in accounts) == (
+        (False, True) if overlay == "worker-kueue" else (True, False)), accounts
+
+
+def _removed(base: str, keys: dict[str, set[str]]) -> set[str]:
+    """What ``kubectl delete -k manifests/<base>`` takes from a cluster holding ``keys``
+    (base -> its objects): its own objects, and everything in a namespace it declares."""
+    namespaces = {k.split("/", 2)[2] for k in keys[base] if k.startswith("Namespace//")}
+    return keys[base] | {k for ks in keys.values() for k in ks
+                         if k.split("/", 2)[1] in namespaces}
+
+
+@pytest.mark.parametrize("install", sorted(INSTALLS))
+def test_removing_a_base_removes_only_what_it_declared(install):
+    """Each installation docs/deploy.md describes (clusters.release.INSTALLS, in apply
+    order), its bases rendered: no object is declared by two of them; a base lives only in
+    namespaces that it or a base applied before it declares (one base each), or another
+    project's; and removing any base (``kubectl delete -k``: its objects, and all that is in
+    a namespace it declares) leaves every object of every other base, but those of the bases
+    applied after it in its namespace, which are removed first. So removing worker-reader
+    from a worker for both kinds of dispatcher leaves the standalone identity and its
+    namespace, and the other way round."""
+    bases = INSTALLS[install]
+    keys = {base: _keys(base) for base in bases}
+    declared: dict[str, str] = {}
+    for i, base in enumerate(bases):
+        for other in bases[:i]:
+            assert keys[base] & keys[other] == set(), (base, other, keys[base] & keys[other])
+        declared.update({k.split("/", 2)[2]: base for k in keys[base]
+                         if k.startswith("Namespace//")})
+        lives_in = {k.split("/", 2)[1] for k in keys[base]} & OWN_NAMESPACES
+        assert lives_in <= set(declared), (
+            f"{install}: manifests/{base} lives in {lives_in - set(declared)}, which no base "
+            "applied before it declares")
+    for base in bases:
+        gone = _removed(base, keys)
+        for other in bases:
+            in_its_namespace = any(declared.get(k.split("/", 2)[1]) == base for k in keys[other])
+            if other != base and not in_its_namespace:
+                assert gone & keys[other] == set(), (
+                    f"{install}: removing manifests/{base} removes {gone & keys[other]} of "
+                    f"manifests/{other}")
+
+
+def _present(kubeconfig, base: str) -> set[str]:
+    """The objects of ``manifests/<base>`` the cluster has (``kubectl get -k``)."""
+    out = kustomize.kubectl(kubeconfig, "get", "-k", str(kustomize.base_path(base)),
+                            "-o", "json", "--ignore-not-found")
+    assert out.returncode == 0, out.stderr
+    if not out.stdout.strip():
+        return set()
+    found = yaml.safe_load(out.stdout)
+    return {_key(o) for o in (found["items"] if found["kind"] == "List" else [found])}
+
+
+def test_removing_one_worker_identity_leaves_the_other(multicluster):
+    """On a real apiserver, as docs/deploy.md says a worker for both kinds of dispatcher is
+    set up and taken apart: worker-namespace, worker-access and worker-reader applied
+    (``kubectl apply -k``); ``kubectl delete -k`` of either identity leaves the other whole,
+    and the namespace; the namespace goes last."""
+    target = multicluster["worker-2"]  # as the Kueue namespace test: its own namespace use
+    bases = ("worker-namespace", "worker-access", "worker-reader")
+
+    def apply(base: str) -> None:
+        out = kustomize.kubectl(target.kubeconfig, "apply", "--server-side", "-k",
+                                str(kustomize.base_path(base)))
+        assert out.returncode == 0, f"manifests/{base}: {out.stderr}"
+
+    def delete(base: str) -> None:
+        out = kustomize.kubectl(target.kubeconfig, "delete", "-k",
+                                str(kustomize.base_path(base)), "--wait=false")
+        assert out.returncode == 0, f"manifests/{base}: {out.stderr}"
+
+    for base in bases:
+        apply(base)
+    assert all(_present(target.kubeconfig, b) == _keys(b) for b in bases)
+    for removed, kept in (("worker-reader", "worker-access"), ("worker-access", "worker-reader")):
+        delete(removed)
+        assert _present(target.kubeconfig, removed) == set(), removed
+        assert _present(target.kubeconfig, kept) == _keys(kept), f"{kept} after {removed}"
+        namespace = target.core.read_namespace("trainjob-system")
+        assert namespace.metadata.deletion_timestamp is None, f"after {removed}"
+        apply(removed)
+    for base in reversed(bases):
+        delete(base)
+
+    def namespace_phase() -> str | None:
+        try:
+            return target.core.read_namespace("trainjob-system").status.phase
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+    eventually(namespace_phase, lambda phase: phase is None, timeout=60,
+               expected="trainjob-system deleted with worker-namespace, last")
+
+
+# --- the cert-manager overlay with every kustomize -----------------------------------
 
 
 def _patches(base: str) -> list[tuple[str, str]]:

@@ -1,5 +1,6 @@
-"""``python -m clusters release``: one installable file per base, images set to the release's,
-nothing else changed, and a worker's file accepted by a real apiserver as it is."""
+"""``python -m clusters release``: one installable file per base each kind of cluster takes,
+images set to the release's, nothing else changed, and a worker's files accepted by a real
+apiserver as they are, in each mode."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from clusters import kustomize
-from clusters.release import BASES, Release, write_release
+from clusters.release import BASES, INSTALLS, Release, write_release
 
 REGISTRY = "registry.example.com/ml"
 
@@ -45,7 +46,26 @@ def test_every_base_is_written_with_the_release_images(release):
         assert all(image.startswith(f"{REGISTRY}/") and image.endswith(":1.2.3")
                    for image in images), (base, images)
     assert _images(_objects(release["manager"])) == {f"{REGISTRY}/trainjob-dispatcher:1.2.3"}
-    assert _images(_objects(release["worker"])) == {f"{REGISTRY}/training-operator:1.2.3"}
+    for worker in ("worker", "worker-kueue", "operator-cert-manager"):
+        assert _images(_objects(release[worker])) == {f"{REGISTRY}/training-operator:1.2.3"}
+
+
+def test_every_installation_has_its_files(release):
+    """Every base an installation of docs/deploy.md takes is written (worker-reader and
+    worker-namespace too), and nothing no installation takes."""
+    wanted = {base for bases in INSTALLS.values() for base in bases}
+    assert wanted == set(release), (wanted ^ set(release))
+
+
+def test_a_kueue_mode_worker_installs_no_write_identity(release):
+    """worker-kueue.yaml: the dispatcher reads a Kueue-mode worker with worker-reader's
+    ServiceAccount; worker-access's, which writes copies, and its policy are not there."""
+    objects = _objects(release["worker-kueue"])
+    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"])
+                for o in objects if o["kind"] == "ServiceAccount"}
+    assert ("trainjob-system", "trainjob-dispatcher-reader") in accounts
+    assert ("trainjob-system", "trainjob-dispatcher") not in accounts
+    assert not [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 def test_crds_are_files_of_their_own(release):
@@ -65,9 +85,15 @@ def test_the_worker_secret_list_is_the_one_given(release):
             ["eu-1-kubeconfig", "us-1-kubeconfig"]], base
 
 
-def test_a_worker_installs_from_its_file(multicluster, release):
+@pytest.mark.parametrize("install", [name for name in INSTALLS
+                                     if name.startswith("worker") and "cert-manager" not in name])
+def test_a_worker_installs_from_its_files(multicluster, release, install):
+    """The files of a worker's installation, in their order, but the CRDs the session's
+    clusters have already (cert-manager's installations need its CRDs, which the harness
+    does not install)."""
     target = multicluster["worker-1"]
-    objects = _objects(release["worker"])
+    files = [release[base] for base in INSTALLS[install] if base != "crds"]
+    objects = [o for path in files for o in _objects(path)]
     # A dry run persists nothing, so the Namespaces it creates are made for real first.
     for namespace in (o for o in objects if o["kind"] == "Namespace"):
         try:
@@ -75,7 +101,7 @@ def test_a_worker_installs_from_its_file(multicluster, release):
         except ApiException as err:
             assert err.status == 409, err.body
     out = kustomize.kubectl(target.kubeconfig, "apply", "--server-side", "--dry-run=server",
-                            "-f", str(release["worker"]))
+                            *(arg for path in files for arg in ("-f", str(path))))
     assert out.returncode == 0, out.stderr
     assert len([line for line in out.stdout.splitlines() if line.strip()]) == len(objects)
 
