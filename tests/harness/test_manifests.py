@@ -803,9 +803,10 @@ def _patches(base: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("base", sorted(set(MANAGER_BASES + WORKER_BASES + RENDER_ONLY
                                             + COMPONENTS)))
 def test_a_deleting_patch_deletes_one_object(base):
-    """Several ``$patch: delete`` documents in one patch crash some kustomize releases
-    (v5.5.0, in kubectl 1.32; kubernetes-sigs/kustomize#5471) whatever the harness's
-    kubectl does with them: a patch that deletes is one document."""
+    """Several ``$patch: delete`` documents in one patch are refused by kustomize v5.0.1
+    (kubectl 1.27) and crash v5.4.2 and v5.5.0 (kubectl 1.31, 1.32;
+    kubernetes-sigs/kustomize#5471), whatever the harness's kubectl does with them: a
+    patch that deletes is one document."""
     for where, text in _patches(base):
         documents = [d for d in yaml.safe_load_all(text) if d]
         if any(isinstance(d, dict) and d.get("$patch") == "delete" for d in documents):
