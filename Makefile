@@ -63,14 +63,15 @@ browser:
 		|| { echo "could not install chromium and chromium-driver; install them and run make test again" >&2; exit 1; }
 
 # The images the tests run (the project's, the control plane's, JobSet's, the workload and
-# kind's node image), built before pytest so that a cold build prints its progress as it
-# goes; what exists is kept (the project's own images are rebuilt from the working tree,
-# seconds when unchanged). The engine `make engine` started keeps running afterwards
-# (`make engine-stop`).
+# kind's node image), in the foreground, printing a cold build's progress as it goes; what
+# exists is kept (the project's own images are rebuilt from the working tree, seconds when
+# unchanged). The engine `make engine` started keeps running afterwards (`make engine-stop`).
 test-images: images
 	$(PY) -m clusters.kind_node
 
-test: binaries browser test-images
+# The images the container and kind modules need are built in the background while the other
+# modules run (clusters/prebuild.py; its log: ~/.cache/trainjob-dispatcher/prebuild.log).
+test: binaries browser
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 engine: venv

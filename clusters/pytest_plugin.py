@@ -156,10 +156,21 @@ def _xdist_workers(config: pytest.Config) -> int:
     return int(workerinput["workercount"]) if workerinput else 0
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run that selected the container or kind modules has their images built in the
+    background from now on, while the other modules run (``clusters.prebuild``)."""
+    from clusters import prebuild
+
+    prebuild.start_if_selected(item.nodeid for item in session.items)
+
+
 @pytest.fixture(scope="session")
 def docker_engine(pytestconfig):
-    from clusters import engine
+    from clusters import engine, prebuild
 
+    # The background build installs and starts the engine too: waited for first, so that
+    # nothing is built twice at once.
+    prebuild.wait()
     found = engine.ensure_engine()
     yield found
     # Under pytest-xdist another process may still use the engine this one started.
