@@ -33,11 +33,28 @@ def ensure_namespace(api: client.ApiClient, name: str) -> None:
 # worker's administrator binds in each namespace the dispatcher may create TrainJobs in.
 WORKER_ACCESS_ACCOUNT = ("trainjob-system", "trainjob-dispatcher")
 WORKER_WRITER_ROLE = "trainjob-dispatcher-writer"
+# The namespace's Pod Security level, which worker-access's policy requires of a namespace
+# before it lets the dispatcher copy a TrainJob into it (at least its ConfigMap's level,
+# baseline as shipped).
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
 
 
-def open_namespace_to_dispatcher(api: client.ApiClient, namespace: str) -> None:
-    """Bind the dispatcher's writer ClusterRole in ``namespace`` on a worker, as its
-    administrator does (``kubectl create rolebinding``); a no-op when already bound."""
+def open_namespace_to_dispatcher(api: client.ApiClient, namespace: str,
+                                 pod_security: str | None = "baseline") -> None:
+    """Open ``namespace`` on a worker to the dispatcher, as its administrator does: label it
+    to enforce Pod Security ``pod_security`` (``kubectl label namespace``; a stronger level
+    already there stays; None leaves the label as it is, for tests of a namespace opened
+    by RBAC alone) and bind the dispatcher's writer ClusterRole in it (``kubectl create
+    rolebinding``; a no-op when already bound)."""
+    core = client.CoreV1Api(api)
+    labels = core.read_namespace(namespace).metadata.labels or {}
+    current = labels.get(POD_SECURITY_ENFORCE)
+    if pod_security is not None and (
+            current not in POD_SECURITY_LEVELS
+            or POD_SECURITY_LEVELS.index(current) < POD_SECURITY_LEVELS.index(pod_security)):
+        core.patch_namespace(namespace, {"metadata": {"labels": {
+            POD_SECURITY_ENFORCE: pod_security}}})
     binding = client.V1RoleBinding(
         metadata=client.V1ObjectMeta(name=WORKER_WRITER_ROLE, namespace=namespace),
         role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole",

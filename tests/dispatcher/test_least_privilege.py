@@ -34,9 +34,11 @@ WORKERS = ("worker-1", "worker-2")
 # Only these kinds are applied for real: the Deployments would never run here (no
 # scheduler, no kubelet) and the operator's fail-closed webhook would block every TrainJob
 # write on the worker for the rest of the session. The worker-access policy, which looks
-# only at the dispatcher's own requests, is applied: the path runs under it.
+# only at the dispatcher's own requests, is applied with its Pod Security level (a
+# ConfigMap): the path runs under it.
 IDENTITY_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                  "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                  "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                  "ConfigMap"}
 # The dispatcher's own namespace, as manifests/dispatcher creates it: its Lease and the
 # worker kubeconfig Secrets (standalone mode).
 DISPATCHER_NAMESPACE = "trainjob-system"
@@ -310,6 +312,56 @@ def test_workers_refuse_a_copy_that_chooses_its_service_account(restricted, name
             f"spec.podSpecOverrides[targetJobs: {c.NODE}].serviceAccountName is set") in message, (
             message)
     assert all(get(multicluster[n].api, namespace, "chooses-account") is None for n in WORKERS)
+
+
+def test_workers_refuse_a_privileged_copy(restricted, namespace):
+    """A manager user's job whose runtime patch makes its containers privileged: each
+    worker's policy refuses the copy, naming the field and Pod Security's reason; the manager
+    job's Events and its Placed condition say so, and no copy is made anywhere."""
+    multicluster, _, _ = restricted
+    manager = multicluster.manager
+    for name in WORKERS:
+        fixtures.open_namespace_to_dispatcher(multicluster[name].api, namespace)
+    body = trainjob("privileged")
+    body["spec"]["runtimePatches"] = [{
+        "manager": "example.com/user", "trainingRuntimeSpec": {"template": {"spec": {
+            "replicatedJobs": [{"name": c.NODE, "template": {"spec": {"template": {"spec": {
+                "containers": [{"name": c.NODE, "securityContext": {"privileged": True}}]}}}}}]}}}}]
+    manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
+    field = ("spec.runtimePatches[manager: example.com/user].trainingRuntimeSpec.template.spec"
+             f".replicatedJobs[name: {c.NODE}].template.spec.template.spec"
+             f".containers[name: {c.NODE}].securityContext.privileged: Pod Security baseline "
+             "forbids privileged containers")
+    seen = eventually(lambda: rejections(manager.api, namespace, "privileged"),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    for message in seen.values():
+        assert "ValidatingAdmissionPolicy 'trainjob-dispatcher-worker-access'" in message, message
+        assert f"TrainJob {namespace}/privileged: {field}" in message, message
+    placed = eventually(lambda: condition(get(manager.api, namespace, "privileged"), "Placed"),
+                        lambda found: found.get("status") == "False" and all(
+                            f"lp-{n}" in found.get("message", "") for n in WORKERS),
+                        timeout=60, expected="Placed=False naming both workers' refusals")
+    assert field in placed["message"], placed
+    assert all(get(multicluster[n].api, namespace, "privileged") is None for n in WORKERS)
+
+
+def test_workers_refuse_a_namespace_without_pod_security(restricted, namespace):
+    """Opened by RBAC but enforcing no Pod Security level: each worker refuses the copy,
+    naming the namespace, the label and the level it needs."""
+    multicluster, _, _ = restricted
+    manager = multicluster.manager
+    for name in WORKERS:
+        fixtures.open_namespace_to_dispatcher(multicluster[name].api, namespace,
+                                              pod_security=None)
+    manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
+                                                   trainjob("unlabelled"))
+    seen = eventually(lambda: rejections(manager.api, namespace, "unlabelled"),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    for message in seen.values():
+        assert (f"namespace {namespace} has no label pod-security.kubernetes.io/enforce") in (
+            message) and "pod-security.kubernetes.io/enforce=baseline" in message, message
 
 
 def test_workers_refuse_a_namespace_not_opened_to_the_dispatcher(restricted, namespace):
