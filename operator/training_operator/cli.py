@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-port", type=int, default=9443,
                      help="HTTPS port of the validating admission webhook (default: %(default)s)")
     run.add_argument("--webhook-host", default="127.0.0.1",
-                     help="address the webhook binds to; 0.0.0.0 inside a Pod (default: %(default)s)")
+                     help="address the webhook binds to; inside a Pod :: (every interface, "
+                     "IPv6 and IPv4 alike; IPv4 alone where the Pod has no IPv6), as the "
+                     "shipped Deployment gives; 0.0.0.0 is IPv4 only, and refuses every "
+                     "review on an IPv6-only cluster (default: %(default)s)")
     run.add_argument("--webhook-cert-dir", default=None,
                      help="directory holding tls.crt and tls.key; with external certificates "
                      "the webhook server starts only when this is given (without it the "
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise  # the certificate files, not the address
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
-        log.info("webhook serving on https://%s:%d", args.webhook_host, server.port)
+        log.info("webhook serving on %s", server.url)
         servers.append(server)
         if args.enable_trainer_status:
             servers.append(trainer_status(server))

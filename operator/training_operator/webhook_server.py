@@ -3,6 +3,9 @@ in ``webhook.py`` and ``runtime_webhook.py``).
 
 Standard library only: ``http.server.ThreadingHTTPServer`` with TLS. The TLS handshake runs
 in the connection's own thread, so a slow or broken client never stalls the accept loop.
+A host of ``::`` listens on every interface, IPv6 and IPv4 alike (one dual-stack socket),
+or on IPv4 alone (``0.0.0.0``) where the kernel has no IPv6: the apiserver reaches the
+webhook's Service by whichever family the cluster gives it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from training_operator.webhook import Lookups, response, review_json
+from trainjob.observability import NO_IPV6, address
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +64,22 @@ class WebhookServer:
 
     @property
     def url(self) -> str:
-        return f"https://{self.host}:{self.port}{VALIDATE_PATH}"
+        return f"https://{address(self.host, self.port)}{VALIDATE_PATH}"
 
     def start(self) -> None:
         """Listen and serve in a background thread; returns once the socket is listening."""
         if self._server is not None:
             return
         self.tls_context()  # a missing or broken certificate fails here, not per request
-        server = _TLSServer((self.host, self.port), self.handler_class(), self)
+        try:
+            server = _TLSServer((self.host, self.port), self.handler_class(), self)
+        except OSError as err:
+            if self.host != "::" or err.errno not in NO_IPV6:
+                raise
+            log.info("no IPv6 here (%s): the %s listens on 0.0.0.0 (IPv4) only",
+                     err.strerror, self.description)
+            self.host = "0.0.0.0"
+            server = _TLSServer((self.host, self.port), self.handler_class(), self)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name=self.thread_name,
@@ -154,6 +166,9 @@ class _TLSServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6 and self.server_address[0] == "::":
+            # One socket for both families, whatever the kernel's bindv6only default.
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         # HTTPServer.server_bind would resolve the host's FQDN: a DNS round trip we never use.
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
