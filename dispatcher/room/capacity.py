@@ -18,6 +18,7 @@ those in flight could strand one another in some order of arrival waits for them
 
 from __future__ import annotations
 
+import ast
 import heapq
 import logging
 import threading
@@ -52,6 +53,8 @@ _NOTHING: dict = {}  # read only
 DELETED = "DELETED"
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# The kinds of change the index hands the picture (``WorkerCapacity._catch_up``).
+_NODE, _POD, _RESERVE, _RELEASE = "node", "pod", "reserve", "release"
 # How long the pods of a just-placed job count as in flight for the check of arrival
 # orders: enough for its copy's pods to be made and bound on a busy worker, and a bound on
 # how long a job waits for pods that never come (a copy held back on its worker, a
@@ -105,7 +108,37 @@ class Plan(dict):
 
 
 class WorkerCapacity:
-    """Incremental capacity picture of one worker cluster; thread-safe, no API calls."""
+    """Incremental capacity picture of one worker cluster; thread-safe, no API calls.
+
+    Two sides, two locks, and a handler never waits for a decision:
+
+    * **the index** (``_index_lock``, held for a few dict operations): what the informer
+      handlers and the ledger's writers (``reserve``, ``release``) last said, as
+      ``_seen_nodes``, ``_seen_pods`` and ``_seen_reserved``, and the changes not yet
+      taken in by the picture, in order (``_pending``). Handlers compare with the index
+      (a heartbeat, a status change and the same footprint again change nothing) and
+      append; they return at once.
+    * **the picture** (``_lock``, held through a decision): Nodes, bound pods' use,
+      reservations and their plans, and the caches derived from them. Every reader takes
+      in the pending changes first (``_catch_up``), in the order they were made; a handler
+      that finds ``_lock`` free takes them in itself, so an idle worker's picture is never
+      behind. The derived caches, each with its one rule of invalidation:
+
+      - ``_rooms[(node, held)]``: a Node's room; dropped when a pod, a plan or the Node
+        changes there (``_forget_room``, which also bumps ``_room_versions[node]``);
+      - ``_admitted[rules]``: the usable Nodes a rule set admits; cleared when any Node
+        changes (a heartbeat is not a change);
+      - ``_free_sums[rules]``: free room summed per rule set; brought up to date from
+        ``_room_log`` (the Nodes whose room changed) when read, cleared when a Node
+        changes or the log passes ``ROOM_LOG_LIMIT``;
+      - ``_heaps[key]``: Nodes scored per pod shape; entries of an older room version
+        are skipped and scored again, cleared when any Node changes;
+      - ``_short``: Nodes holding more room than their bound pods leave; brought up to
+        date for ``_short_stale`` (the Nodes whose room changed) when read;
+      - ``_totals``: ``totals()`` as of ``_changes`` changes.
+
+      ``check()`` works each of them out afresh and compares.
+    """
 
     def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED,
                  clock: Callable[[], float] = time.monotonic):
@@ -113,6 +146,12 @@ class WorkerCapacity:
         self.scoring = scoring
         self._clock = clock
         self._lock = threading.Lock()
+        # The index (see the class docstring).
+        self._index_lock = threading.Lock()
+        self._seen_nodes: dict[str, _Node] = {}
+        self._seen_pods: dict[tuple[str, str], _PodUse] = {}
+        self._seen_reserved: dict[JobKey, Resources] = {}
+        self._pending: list[tuple] = []
         self._nodes: dict[str, _Node] = {}
         # Only bound pods that are running or succeeded are recorded (``_PodUse``).
         # Removing a pod subtracts what was recorded for it, not what its last event says,
@@ -183,21 +222,16 @@ class WorkerCapacity:
             return False
         name = (obj.get("metadata") or {}).get("name") or ""
         node = None if gone else _node_from(new)
-        with self._lock:
-            if node == self._nodes.get(name):
+        with self._index_lock:
+            if node == self._seen_nodes.get(name):
                 return False  # a heartbeat: nothing placement reads has changed
-            self._changes += 1
-            self._admitted.clear()
-            self._free_sums.clear()
-            self._heaps.clear()
-            self._forget_room(name)
             if node is None:
-                self._nodes.pop(name, None)
-                # No heap is kept across a Node's change: its count may start again.
-                self._room_versions.pop(name, None)
+                self._seen_nodes.pop(name, None)
             else:
-                self._nodes[name] = node
-            return True
+                self._seen_nodes[name] = node
+            self._pending.append((_NODE, name, node))
+        self._take_in_if_free()
+        return True
 
     def on_pod(self, kind: str, old: dict | None, new: dict | None) -> bool:
         """Pod informer handler; whether what the Pod counts for changed (bound, finished,
@@ -210,22 +244,65 @@ class WorkerCapacity:
         use = None
         if kind != DELETED and new is not None:
             # A pod's spec rarely changes after it is bound (its status does): its
-            # requests, the costly part, are worked out again only when it does.
-            known = self._pods.get(key)
+            # requests, the costly part, are worked out again only when it does. (Read
+            # without the lock: one dict look-up, and a stale answer only costs the work.)
+            known = self._seen_pods.get(key)
             same = known is not None and old is not None and old.get("spec") == new.get("spec")
             use = _pod_use(new, known.requests if same else None)
-        with self._lock:
-            previous = self._pods.get(key)
+        with self._index_lock:
+            previous = self._seen_pods.get(key)
             if previous == use:
                 return False
-            self._changes += 1
-            if previous is not None:
-                del self._pods[key]
-                self._count(previous, -1)
-            if use is not None:
-                self._pods[key] = use
-                self._count(use, +1)
-            return True
+            if use is None:
+                del self._seen_pods[key]
+            else:
+                self._seen_pods[key] = use
+            self._pending.append((_POD, key, previous, use))
+        self._take_in_if_free()
+        return True
+
+    def _take_in_if_free(self) -> None:
+        """Take the pending changes in now unless a decision holds the picture (it takes
+        them in itself before it next reads)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._catch_up()
+            finally:
+                self._lock.release()
+
+    def _catch_up(self) -> None:
+        """Take in every change the index holds that the picture does not, in order.
+        Called under ``_lock``."""
+        with self._index_lock:
+            if not self._pending:
+                return
+            changes, self._pending = self._pending, []
+        for change in changes:
+            match change:
+                case (_POD, key, previous, use):
+                    self._changes += 1
+                    if previous is not None:
+                        del self._pods[key]
+                        self._count(previous, -1)
+                    if use is not None:
+                        self._pods[key] = use
+                        self._count(use, +1)
+                case (_NODE, name, node):
+                    self._changes += 1
+                    self._admitted.clear()
+                    self._free_sums.clear()
+                    self._heaps.clear()
+                    self._forget_room(name)
+                    if node is None:
+                        self._nodes.pop(name, None)
+                        # No heap is kept across a Node's change: its count may start again.
+                        self._room_versions.pop(name, None)
+                    else:
+                        self._nodes[name] = node
+                case (_RESERVE, job_key, amounts, planned, rules):
+                    self._reserve(job_key, amounts, planned, rules)
+                case (_RELEASE, job_key):
+                    self._release(job_key)
 
     def _forget_room(self, node: str, bound: bool = True) -> None:
         """The room kept for ``node`` is out of date: its pods (``bound``) or only the
@@ -259,39 +336,53 @@ class WorkerCapacity:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
         ``planned`` says on which Nodes its pods were packed (a ``Plan`` also says how,
         pod by pod), ``rules`` the nodeSelector and tolerations they were packed by.
-        Re-reserving the same
-        footprint without a plan (the copy's events do) keeps the plan; a reservation
-        re-made after a restart has none and counts against every selection of Nodes.
-        Only ``reservations.Reservations`` calls this and ``release``."""
+        Re-reserving the same footprint without a plan (the copy's events do) keeps the
+        plan; a reservation re-made after a restart has none and counts against every
+        selection of Nodes. Only ``reservations.Reservations`` calls this and ``release``.
+        Never waits for a decision: the copy's informer calls it on every event."""
         amounts = {**requests, PODS: Decimal(pods)}
-        with self._lock:
-            if planned:
-                self._planned[job_key] = planned
-                self._planned_pods[job_key] = dict(getattr(planned, "pods", {}))
-                self._rules[job_key] = rules
-            elif self._reserved.get(job_key) == amounts:
+        with self._index_lock:
+            if not planned and self._seen_reserved.get(job_key) == amounts:
                 return  # the same footprint again (each event of its copy): nothing moves
-            else:
-                self._forget_plan(job_key)  # another footprint: the plan is not its
-            self._reserved[job_key] = amounts
-            self._reserved_at[job_key] = self._clock()
-            self._recount(job_key)
+            self._seen_reserved[job_key] = amounts
+            self._pending.append((_RESERVE, job_key, amounts, planned, rules))
+        self._take_in_if_free()
+
+    def _reserve(self, job_key: JobKey, amounts: Resources, planned: dict | None,
+                 rules: tuple) -> None:
+        """``reserve`` taken in. Called under ``_lock``."""
+        if planned:
+            self._planned[job_key] = planned
+            self._planned_pods[job_key] = dict(getattr(planned, "pods", {}))
+            self._rules[job_key] = rules
+        elif self._reserved.get(job_key) == amounts:
+            return
+        else:
+            self._forget_plan(job_key)  # another footprint: the plan is not its
+        self._reserved[job_key] = amounts
+        self._reserved_at[job_key] = self._clock()
+        self._recount(job_key)
 
     def reserved(self, job_key: JobKey) -> bool:
         """Whether the job has a reservation here."""
-        with self._lock:
-            return job_key in self._reserved
+        with self._index_lock:
+            return job_key in self._seen_reserved
 
     def release(self, job_key: JobKey) -> bool:
         """Stop counting the job's reservation (job finished, deleted or moved); True when
-        there was one."""
-        with self._lock:
-            self._forget_plan(job_key)
-            self._reserved_at.pop(job_key, None)
-            if self._reserved.pop(job_key, None) is not None:
-                self._recount(job_key)
-                return True
-            return False
+        there was one. Never waits for a decision."""
+        with self._index_lock:
+            had = self._seen_reserved.pop(job_key, None) is not None
+            self._pending.append((_RELEASE, job_key))
+        self._take_in_if_free()
+        return had
+
+    def _release(self, job_key: JobKey) -> None:
+        """``release`` taken in. Called under ``_lock``."""
+        self._forget_plan(job_key)
+        self._reserved_at.pop(job_key, None)
+        if self._reserved.pop(job_key, None) is not None:
+            self._recount(job_key)
 
     def _forget_plan(self, job: JobKey) -> None:
         self._planned.pop(job, None)
@@ -302,6 +393,7 @@ class WorkerCapacity:
         """Whether the pods of some job stopped counting as in flight since the last call:
         jobs that wait on the order of arrival may fit now, and no event says so."""
         with self._lock:
+            self._catch_up()
             since, now = self._window_looked_at, self._clock()
             self._window_looked_at = now
             # In flight at ``since`` (``_order_problem``'s rule), not any longer now.
@@ -351,6 +443,7 @@ class WorkerCapacity:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
         with self._lock:
+            self._catch_up()
             return self._free(self._admitting(node_selector, tolerations).names,
                               _rules(node_selector, tolerations))
 
@@ -373,6 +466,7 @@ class WorkerCapacity:
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
         with self._lock:
+            self._catch_up()
             found = self._admitting(node_selector, tolerations)
             names, admitted, allocatable, rules = (found.names, found.set, found.allocatable,
                                                    found.rules)
@@ -417,6 +511,7 @@ class WorkerCapacity:
         job merely does not hold this worker for itself."""
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         with self._lock:
+            self._catch_up()
             room = {name: dict(self._nodes[name].allocatable)
                     for name in self._admitting(node_selector, tolerations).names}
         for pod in largest_first:
@@ -667,6 +762,7 @@ class WorkerCapacity:
         gpu=true:NoSchedule (not tolerated)"), or None when every Node admits them."""
         rules: Counter[str] = Counter()
         with self._lock:
+            self._catch_up()
             for node in self._nodes.values():
                 rule = ("not Ready or cordoned" if not node.usable else
                         exclusion(node.labels, node.taints, node_selector, tolerations))
@@ -710,6 +806,7 @@ class WorkerCapacity:
         the amounts by resource. The one computation the dashboard, the status command and
         the capacity metrics all read (``summary``, ``by_resource``)."""
         with self._lock:
+            self._catch_up()
             if self._totals is not None and self._totals[0] == self._changes:
                 return self._totals[1]  # nothing moved since: a scrape costs nothing
             usable = [name for name, node in self._nodes.items() if node.usable]
@@ -729,6 +826,98 @@ class WorkerCapacity:
             }
             self._totals = (self._changes, totals)
             return totals
+
+    def check(self) -> None:
+        """Work out every kept sum and cache afresh from the Nodes, the bound pods and the
+        reservations, and compare with what is kept: AssertionError naming the first that
+        differs (the randomized tests call it after each step)."""
+        with self._lock:
+            self._catch_up()
+            self._check()
+
+    def _check(self) -> None:
+        """``check``. Called under ``_lock``."""
+        def nonzero(table: dict) -> dict:
+            return {key: {r: a for r, a in row.items() if a}
+                    for key, row in table.items() if any(row.values())}
+
+        used: dict[str, Resources] = {}
+        job_used: dict[JobKey, Resources] = {}
+        job_node_used: dict[tuple[JobKey, str], Resources] = {}
+        for use in self._pods.values():
+            if not use.finished:
+                _accumulate(used.setdefault(use.node, {}), use.requests)
+            if use.job is not None:
+                _accumulate(job_used.setdefault(use.job, {}), use.requests)
+                _accumulate(job_node_used.setdefault((use.job, use.node), {}), use.requests)
+        assert nonzero(used) == self._used, f"{self.name}: used per Node"
+        assert nonzero(job_used) == self._job_used, f"{self.name}: used per job"
+        assert nonzero(job_node_used) == self._job_node_used, f"{self.name}: used per job/Node"
+        counted, planned_counted, node_planned = {}, {}, {}
+        counted_total: Resources = {}
+        unplanned: Resources = {}
+        for job, reserved in self._reserved.items():
+            left = _outstanding(reserved, job_used.get(job, {}))
+            if not left:
+                continue
+            counted[job] = left
+            _accumulate(counted_total, left)
+            plan = self._planned.get(job)
+            if not plan:
+                _accumulate(unplanned, left)
+                continue
+            per_node = {node: rest for node, amounts in plan.items() if (rest := _outstanding(
+                amounts, job_node_used.get((job, node), {})))}
+            planned_counted[job] = per_node
+            for node, amounts in per_node.items():
+                _accumulate(node_planned.setdefault(node, {}), amounts)
+        assert counted == self._counted, f"{self.name}: what each reservation counts"
+        assert nonzero({0: counted_total}) == nonzero({0: self._counted_total}), \
+            f"{self.name}: the reservations' total"
+        assert nonzero({0: unplanned}) == nonzero({0: self._unplanned_total}), \
+            f"{self.name}: the unplanned reservations' total"
+        assert planned_counted == self._planned_counted, f"{self.name}: planned per job"
+        assert nonzero(node_planned) == self._node_planned, f"{self.name}: planned per Node"
+
+        def room(name: str, held: bool) -> Resources:
+            fresh = dict(self._nodes[name].allocatable)
+            shift(fresh, used.get(name, _NOTHING), -1)
+            if held:
+                shift(fresh, node_planned.get(name, _NOTHING), -1)
+            return fresh
+
+        for (name, held), kept in self._rooms.items():
+            assert kept == room(name, held), f"{self.name}: room of {name} (held {held})"
+        for rules, admitted in self._admitted.items():
+            names = [name for name, node in self._nodes.items() if node.usable and admits(
+                node.labels, node.taints, dict(rules[0]) or None,
+                _tolerations_of(rules))]
+            assert admitted.names == names, f"{self.name}: Nodes admitted by {rules}"
+        for rules in list(self._free_sums):
+            members = self._free_sums[rules].members
+            kept_free = self._free(sorted(members), rules)
+            total: Resources = {}
+            for name in members:
+                _accumulate(total, {r: max(a, _ZERO) - node_planned.get(name, {}).get(r, _ZERO)
+                                    for r, a in room(name, False).items()})
+            shift(total, unplanned, -1)
+            assert kept_free == {r: max(a, _ZERO) for r, a in total.items()}, \
+                f"{self.name}: free room summed for {rules}"
+        short = {name for name in node_planned
+                 if name in self._nodes and _below_zero(room(name, True))}
+        assert self._short_nodes() == short, f"{self.name}: Nodes short of held room"
+        for (held, _, sign, shape), kept in self._heaps.items():
+            wanted = dict(shape)
+            for name, version in kept.seen.items():
+                if version != self._room_versions.get(name, 0) or name not in self._nodes:
+                    continue  # out of date: scored again when next asked
+                free = room(name, held)
+                fit = fits(free, wanted)
+                assert (name in kept.current) == fit, f"{self.name}: heap entry of {name}"
+                if fit:
+                    entry = (_rank(free, self._nodes[name].allocatable, wanted, sign), name,
+                             0, version)
+                    assert entry in kept.heap, f"{self.name}: heap score of {name}"
 
     def summary(self) -> dict[str, Any]:
         """``totals`` with the amounts as strings, for logs and tests."""
@@ -784,6 +973,11 @@ class _FreeSum:
 def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> tuple:
     """A hashable key for a pod's nodeSelector and tolerations."""
     return tuple(sorted((node_selector or {}).items())), repr(tolerations or [])
+
+
+def _tolerations_of(rules: tuple) -> list[dict] | None:
+    """The tolerations a ``_rules`` key was made from (for ``check``)."""
+    return ast.literal_eval(rules[1]) or None
 
 
 class _Rooms:
