@@ -33,7 +33,8 @@ WORKER_BASES = ("crds", "worker-namespace", "operator", "worker-access", "worker
                 "worker", "worker-kueue")
 RENDER_ONLY = ("operator-cert-manager",)
 COMPONENTS = ("worker-secrets", "kueue-config-access", "prometheus-dispatcher",
-              "prometheus-operator")
+              "prometheus-operator", "metrics-network-policy-dispatcher",
+              "metrics-network-policy-operator")
 # The dispatcher's Deployments, one per way to run it on a manager.
 DISPATCHER_OVERLAYS = ("manager", "manager-beside-kueue", "manager-kueue")
 # The namespaces the project creates for itself; any other is someone else's.
@@ -963,3 +964,59 @@ def test_compose_control_planes_use_the_files_init_writes(tmp_path):
     from dispatcher.workers.kubeconfig_policy import check_kubeconfig
 
     assert check_kubeconfig(yaml.safe_dump(access)).ok
+
+
+@pytest.mark.parametrize("overlay, component, cluster", [
+    ("manager", "metrics-network-policy-dispatcher", "manager"),
+    ("worker", "metrics-network-policy-operator", "worker-1")])
+def test_the_metrics_network_policy_admits_only_the_monitoring_namespace(
+        multicluster, tmp_path, overlay, component, cluster):
+    """The opt-in NetworkPolicy components: added to their overlay, the policy selects the
+    Deployment's Pods in their namespace and lets the metrics port be reached from the
+    namespace ``monitoring`` alone; the operator's webhook and trainer status ports stay
+    open to every source; no rule names the probes' port (the kubelet's probes come from
+    the node, which a policy does not filter); the apiserver accepts it (server dry run);
+    and the patch its kustomization documents names another monitoring namespace."""
+    def rendered(name: str, **settings) -> list[dict]:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+            "resources": [os.path.relpath(kustomize.base_path(overlay), directory)],
+            "components": [os.path.relpath(kustomize.base_path(component), directory)],
+            **settings}))
+        out = kustomize.kubectl(None, "kustomize", str(directory))
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    objects = rendered("with-component")
+    deployment, policy = one(objects, "Deployment"), one(objects, "NetworkPolicy")
+    pod = deployment["spec"]["template"]
+    ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= \
+        pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    sources = {port["port"]: rule.get("from") for rule in policy["spec"]["ingress"]
+               for port in rule["ports"]}
+    assert set(sources) <= ports, f"ports the Pod does not name: {set(sources) - ports}"
+    assert sources.pop("metrics") == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    assert sources == ({"webhook": None, "trainer-status": None} if "webhook" in ports
+                       else {}), sources  # no rule for the probes' port, "health"
+    assert by_kind(kustomize.render(overlay), "NetworkPolicy") == [], (
+        f"manifests/{overlay} admits everyone unless {component} is added")
+
+    target = multicluster[cluster]
+    try:
+        target.core.create_namespace({"metadata": {"name": policy["metadata"]["namespace"]}})
+    except ApiException as err:
+        assert err.status == 409, err.body
+    out = kustomize.apply(target.kubeconfig, [policy], "--dry-run=server")
+    assert "(server dry run)" in out, out
+
+    patched = one(rendered("patched", patches=[{
+        "target": {"kind": "NetworkPolicy", "name": policy["metadata"]["name"]},
+        "patch": "- op: replace\n  path: /spec/ingress/0/from/0/namespaceSelector/matchLabels\n"
+                 "  value: {kubernetes.io/metadata.name: observability}\n"}]), "NetworkPolicy")
+    assert patched["spec"]["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "observability"}}}]
