@@ -3,11 +3,12 @@ processes on loopback, with their PKI, kubeconfig, logs and data under one direc
 worker also runs kube-scheduler, the JobSet controller and kwok (``clusters.worker_stack``).
 
 kube-controller-manager runs a deliberate subset of controllers. Every cluster has the
-garbage collector (ownerReference cascading deletion) and the namespace controller. A worker
-adds what running pods needs: the job controller, node lifecycle (kwok renews each Node's
-Lease, so its Nodes stay Ready and lose the apiserver's not-ready taint; a Node whose kwok
-stops turns NotReady as a real one would), taint eviction, pod garbage collection (pods
-of a deleted Node go away) and PVC protection (it takes ``kubernetes.io/pvc-protection`` off
+garbage collector (ownerReference cascading deletion) and the namespace controller; a manager
+the ClusterRole aggregation controller (view, edit and admin take in the remote view's
+rules). A worker adds what running pods needs: the job controller, node lifecycle (kwok
+renews each Node's Lease, so its Nodes stay Ready and lose the apiserver's not-ready taint;
+a Node whose kwok stops turns NotReady as a real one would), taint eviction, pod garbage
+collection (pods of a deleted Node go away) and PVC protection (it takes ``kubernetes.io/pvc-protection`` off
 a claim no pod uses; without it the claims JobSet makes from ``volumeClaimPolicies`` hold
 their namespace in Terminating for ever).
 """
@@ -27,12 +28,14 @@ import yaml
 
 from clusters import kueue, nodes, processes, worker_stack
 from clusters.binaries import ControlPlaneBinaries
-from clusters.pki import ClusterPKI
+from clusters.pki import FRONT_PROXY_CLIENT, ClusterPKI
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 _EVERY_CLUSTER_CONTROLLERS = "garbage-collector-controller,namespace-controller"
 KCM_CONTROLLERS = {
-    "manager": _EVERY_CLUSTER_CONTROLLERS,
+    # The view, edit and admin ClusterRoles take in the rules of ClusterRoles labelled to
+    # aggregate to them (the remote view's, manifests/remote-api), as on any cluster.
+    "manager": _EVERY_CLUSTER_CONTROLLERS + ",clusterrole-aggregation-controller",
     "worker": _EVERY_CLUSTER_CONTROLLERS + ",job-controller,node-lifecycle-controller,"
                                            "taint-eviction-controller,"
                                            "pod-garbage-collector-controller,"
@@ -147,6 +150,7 @@ class ControlPlane:
         """Create PKI (once; a restart reuses it) and write the kubeconfig."""
         if not self.pki.exists():
             self.pki.generate(self.name, self.bind_address)
+        self.pki.ensure_front_proxy()
         self.write_kubeconfig()
 
     def write_kubeconfig(self) -> None:
@@ -220,6 +224,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self._aggregation_flags(),
                 *self._audit_flags(),
             ]
         if component == "kube-controller-manager":
@@ -268,9 +273,13 @@ class ControlPlane:
             return [
                 str(binaries.kwok),
                 f"--kubeconfig={self.kubeconfig_path}",
-                f"--config={worker_stack.write_kwok_config(self.directory)}",
+                f"--config={self._write_kwok_config()}",
                 f"--manage-nodes-with-annotation-selector={nodes.KWOK_SELECTOR}",
                 f"--server-address={self.bind_address}:{self.port('kwok')}",
+                # HTTPS, as a kubelet serves: the apiserver reaches a Node's kubelet port
+                # (pods/log) over TLS only.
+                f"--tls-cert-file={self.pki.serving_cert}",
+                f"--tls-private-key-file={self.pki.serving_key}",
                 "--node-lease-duration-seconds=40",
             ]
         if component == kueue.COMPONENT:
@@ -278,6 +287,51 @@ class ControlPlane:
             return [str(binaries.kueue), f"--kubeconfig={self.kubeconfig_path}",
                     f"--config={config}", "--zap-log-level=2"]
         raise ValueError(f"unknown component {component!r}")
+
+    @property
+    def kwok_logs_file(self) -> Path:
+        """What kwok serves as every container's log, in the CRI log format (``<RFC 3339
+        time> stdout F <line>``), followed as it grows. The apiserver asks kwok for it only
+        for a Node whose address and kubelet port are kwok's (a test's own Node: the
+        harness's Nodes have no address, so their pods' logs are refused before any
+        connection is made)."""
+        return self.directory / "kwok" / "container.log"
+
+    def _write_kwok_config(self) -> Path:
+        """The worker stack's kwok configuration, with kwok's kubelet debugging handlers on
+        (containerLogs) and every container's log served from ``kwok_logs_file``."""
+        documents = list(yaml.safe_load_all(
+            worker_stack.write_kwok_config(self.directory).read_text()))
+        for document in documents:
+            if document.get("kind") == "KwokConfiguration":
+                document.setdefault("options", {})["enableDebuggingHandlers"] = True
+        self.kwok_logs_file.parent.mkdir(parents=True, exist_ok=True)
+        self.kwok_logs_file.touch()
+        documents.append({
+            "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs",
+            "metadata": {"name": "every-container"},
+            "spec": {"logs": [{"logsFile": str(self.kwok_logs_file),
+                               "previousLogsFile": str(self.kwok_logs_file),
+                               "follow": True}]}})
+        path = self.kwok_logs_file.parent / "kwok-with-logs.yaml"
+        path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+        return path
+
+    def _aggregation_flags(self) -> list[str]:
+        """The aggregation layer, as kubeadm sets it up: requests proxied to an aggregated
+        API server (an APIService) carry the user in X-Remote-* headers, trusted there
+        because they come with the front proxy's client certificate. Routing stays on the
+        Service (no --enable-aggregator-routing): an endpoint may not be a loopback address,
+        and an ExternalName Service naming this machine is how a test reaches a server
+        running here (the ``remote_view`` fixture of tests/dispatcher/test_remote_view.py)."""
+        pki = self.pki
+        return [f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-username-headers=X-Remote-User",
+                f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+                f"--proxy-client-key-file={pki.front_proxy_client_key}"]
 
     @property
     def audit_log(self) -> Path:
@@ -358,7 +412,7 @@ class ControlPlane:
         return worker_stack.http_ok(self.bind_address, self.port("jobset-health"), "/readyz")
 
     def kwok_healthy(self) -> bool:
-        return worker_stack.http_ok(self.bind_address, self.port("kwok"), "/healthz")
+        return self._probe("/healthz", self.port("kwok"))
 
     def healthy(self, component: str) -> bool:
         """The readiness probe of ``component``."""

@@ -1,7 +1,9 @@
 """Throwaway PKI for one local cluster: a CA, the apiserver's serving certificate, an admin
 client certificate (organisation ``system:masters``) and the service-account signing key;
 plus client certificates for any other user, e.g. a ServiceAccount, so RBAC bindings can be
-exercised exactly as shipped.
+exercised exactly as shipped. The aggregation layer has a CA of its own (the front proxy's,
+as kubeadm makes it): the client certificate the apiserver presents to an aggregated API
+server, which trusts the user headers of requests signed by that CA only.
 
 ECDSA P-256 keys: the apiserver accepts them everywhere and they are generated in
 milliseconds, which matters for bringing several clusters up quickly.
@@ -19,8 +21,12 @@ from cryptography.hazmat.primitives import serialization
 from trainjob import certificates
 from trainjob.certificates import cert_pem, key_pem, new_key
 
-__all__ = ["CertificateAuthority", "ClusterPKI", "cert_pem", "client_kubeconfig", "key_pem",
-           "service_account_user"]
+__all__ = ["FRONT_PROXY_CLIENT", "CertificateAuthority", "ClusterPKI", "cert_pem",
+           "client_kubeconfig", "key_pem", "service_account_user"]
+
+# The common name of the apiserver's front-proxy client certificate: the one name
+# --requestheader-allowed-names lets assert a user (kubeadm's).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 def service_account_user(namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
@@ -96,6 +102,42 @@ class ClusterPKI:
         return self.directory / "admin.key"
 
     @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.directory / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_ca_key(self) -> Path:
+        return self.directory / "front-proxy-ca.key"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.directory / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.directory / "front-proxy-client.key"
+
+    def front_proxy_authority(self) -> CertificateAuthority:
+        """The front proxy's CA: what an aggregated API server trusts user headers from."""
+        return CertificateAuthority.load(self.front_proxy_ca_cert, self.front_proxy_ca_key)
+
+    def ensure_front_proxy(self) -> None:
+        """The front proxy's CA and the apiserver's client certificate under it
+        (``FRONT_PROXY_CLIENT``), made once; PKI made before they existed gets them on its
+        next start."""
+        if self.front_proxy_ca_cert.is_file() and self.front_proxy_client_cert.is_file():
+            return
+        ca = CertificateAuthority.create("front-proxy-ca")
+        key, cert = ca.issue(FRONT_PROXY_CLIENT, client=True)
+        for path, data in ((self.front_proxy_ca_key, key_pem(ca.key)),
+                           (self.front_proxy_client_key, key_pem(key)),
+                           (self.front_proxy_ca_cert, cert_pem(ca.cert)),
+                           (self.front_proxy_client_cert, cert_pem(cert))):
+            path.write_bytes(data)
+            if path.suffix == ".key":
+                path.chmod(0o600)
+
+    @property
     def service_account_key(self) -> Path:
         return self.directory / "service-account.key"
 
@@ -143,3 +185,4 @@ class ClusterPKI:
             path.write_bytes(data)
             if path.suffix == ".key":
                 path.chmod(0o600)
+        self.ensure_front_proxy()
