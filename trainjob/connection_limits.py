@@ -44,37 +44,40 @@ class ConnectionLimits:
 
 
 class Deadlines:
-    """One thread that cuts the connections whose deadline has passed: their socket is shut
-    down (a duplicate of it, so that wrapping the original in TLS, which takes its file
-    descriptor over, changes nothing), which ends any read or write blocked on it."""
+    """One thread that cuts the connections whose deadline has passed (waiting in line, or
+    being served): their socket is shut down (a duplicate of it, so that wrapping the
+    original in TLS, which takes its file descriptor over, changes nothing), which ends any
+    read or write blocked on it and tells the caller."""
 
     def __init__(self, name: str):
         self._lock = threading.Condition()
-        self._heap: list[tuple[float, int, socket.socket]] = []
-        self._watched: dict[int, socket.socket] = {}
+        self._heap: list[tuple[float, int]] = []
+        self._watched: dict[int, tuple[socket.socket, Callable[[], None] | None]] = {}
         self._ids = itertools.count()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-deadlines",
                                         daemon=True)
         self._thread.start()
 
-    def watch(self, sock: socket.socket, seconds: float) -> int:
-        """Cut ``sock`` in ``seconds`` unless ``release`` comes first; returns the ticket."""
+    def watch(self, sock: socket.socket, seconds: float,
+              on_cut: Callable[[], None] | None = None) -> int:
+        """Cut ``sock`` in ``seconds`` (then call ``on_cut``) unless ``release`` comes
+        first; returns the ticket."""
         duplicate = sock.dup()
         ticket = next(self._ids)
         with self._lock:
-            self._watched[ticket] = duplicate
-            heapq.heappush(self._heap, (time.monotonic() + seconds, ticket, duplicate))
+            self._watched[ticket] = (duplicate, on_cut)
+            heapq.heappush(self._heap, (time.monotonic() + seconds, ticket))
             self._lock.notify()
         return ticket
 
     def release(self, ticket: int) -> bool:
         """The connection is done; False when its deadline had already cut it."""
         with self._lock:
-            duplicate = self._watched.pop(ticket, None)
-        if duplicate is None:
+            watched = self._watched.pop(ticket, None)
+        if watched is None:
             return False
-        duplicate.close()
+        watched[0].close()
         return True
 
     def close(self) -> None:
@@ -90,21 +93,26 @@ class Deadlines:
                 now = time.monotonic()
                 due = []
                 while self._heap and self._heap[0][0] <= now:
-                    _, ticket, _ = heapq.heappop(self._heap)
-                    duplicate = self._watched.pop(ticket, None)
-                    if duplicate is not None:
-                        due.append(duplicate)
+                    _, ticket = heapq.heappop(self._heap)
+                    watched = self._watched.pop(ticket, None)
+                    if watched is not None:
+                        due.append(watched)
                 if not due:
                     # Released tickets stay in the heap until their time: at most one per
-                    # connection served in the last deadline, a handful.
+                    # connection accepted in the last deadline.
                     self._lock.wait(self._heap[0][0] - now if self._heap else None)
                     continue
-            for duplicate in due:
+            for duplicate, on_cut in due:
                 try:
                     duplicate.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass  # the caller has gone already
                 duplicate.close()
+                if on_cut is not None:
+                    try:
+                        on_cut()
+                    except Exception:  # noqa: BLE001 - counting must not stop the cutting
+                        log.exception("on_cut failed")
 
 
 class ConnectionPool:
@@ -128,11 +136,15 @@ class ConnectionPool:
 
     def submit(self, sock: socket.socket, address) -> bool:
         """Hand over an accepted connection; False (and the connection closed) when the
-        line is full."""
+        line is full. One that waits in line longer than ``wait_seconds`` is shut down then,
+        not when a thread comes to it: its caller learns at once."""
+        ticket = self._deadlines.watch(sock, self.limits.wait_seconds,
+                                       lambda: self._told(BUSY))
         try:
-            self._line.put_nowait((sock, address, time.monotonic()))
+            self._line.put_nowait((sock, address, ticket))
             return True
         except queue.Full:
+            self._deadlines.release(ticket)
             self._drop(sock, BUSY)
             return False
 
@@ -172,18 +184,18 @@ class ConnectionPool:
             item = self._line.get()
             if item is None:
                 return
-            sock, address, accepted = item
-            if time.monotonic() - accepted > self.limits.wait_seconds:
-                self._drop(sock, BUSY)
+            sock, address, waiting = item
+            if not self._deadlines.release(waiting):  # shut down, and told, as its wait ended
+                _close(sock)
                 continue
-            ticket = self._deadlines.watch(sock, self.limits.deadline_seconds)
+            ticket = self._deadlines.watch(sock, self.limits.deadline_seconds,
+                                           lambda: self._told(DEADLINE))
             try:
                 self._serve(sock, address)
             except Exception:  # noqa: BLE001 - one connection must not end a thread
                 log.debug("connection from %s failed", address, exc_info=True)
             finally:
-                if not self._deadlines.release(ticket):
-                    self._told(DEADLINE)
+                self._deadlines.release(ticket)
                 _close(sock)
 
 

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from clusters.testing import eventually, holds_for, plain_get
 from trainjob.observability import ObservabilityServer
@@ -56,7 +55,7 @@ def test_keys_no_worker_takes_fail_liveness_until_they_are_taken(probes):
     try:
         for i in range(5):  # two held by the blocked workers, three waiting
             queue.add(("ns", f"job-{i}"))
-        code, detail = eventually(lambda: healthz(probes), lambda answer: answer[0] == 500,
+        _, detail = eventually(lambda: healthz(probes), lambda answer: answer[0] == 500,
                                   expected="/healthz 500 while the workers are stuck",
                                   timeout=10 * BOUND)
         assert "reconcile workers of stuck stuck: 3 keys queued and none taken for" in detail
