@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT,
                                PLAIN_METRICS_PORT, ConfigError, DispatcherConfig, is_loopback,
                                load_config)
+from dispatcher.remote_view import flags as remote_view_flags
 from dispatcher.room.capacity import SCORING_STRATEGIES
 from trainjob import command_line, listeners, logs
 from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=command_line.at_least(1), default=8,
                      help="concurrent reconciles (default: %(default)s); more shorten the "
                      "queue when the workers' apiservers answer slowly (docs/benchmarks.md)")
+    remote_view_flags.add_arguments(run)
     logs.add_arguments(run)
     # Config key -> the flag that sets it, so a refused value is named as it was typed
     # (argparse keeps its actions in a private list; there is no public way).
@@ -161,6 +163,7 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         "lease_duration_seconds": args.lease_duration_seconds,
         "renew_deadline_seconds": args.renew_deadline_seconds,
         "retry_period_seconds": args.retry_period_seconds,
+        **remote_view_flags.overrides(args),
     }
     return load_config(args.config, overrides, build_parser().run_flags)
 

@@ -150,6 +150,13 @@ class DispatcherConfig(_Strict):
     dashboard_port: int | None = Field(
         None, ge=0, le=65535, description=f"default {DEFAULT_DASHBOARD_PORT}; see "
                                           "dashboard_address")
+    # The remote view (dispatcher/remote_view, docs/remote-view.md): off without a port.
+    remote_api_port: int | None = Field(None, ge=0, le=65535)
+    remote_api_host: str = Field("127.0.0.1", min_length=1)
+    remote_api_cert_dir: Path | None = None
+    remote_api_service: str = Field("trainjob-dispatcher-remote-api", min_length=1)
+    remote_api_max_streams: int = Field(50, ge=1)
+    remote_api_stream_idle_timeout_seconds: float = Field(300.0, gt=0)
 
     @property
     def worker_secrets_namespace(self) -> str:

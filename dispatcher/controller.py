@@ -32,6 +32,7 @@ from dispatcher.kueue.nominator import WorkloadNominator
 from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
 from dispatcher.placement.placer import Placer
 from dispatcher.placement.priority import PriorityClasses
+from dispatcher.remote_view.server import start_remote_view
 from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES
 from dispatcher.standalone import garbage_collection
 from dispatcher.standalone.beside_kueue import KueueOnManager
@@ -133,6 +134,7 @@ class DispatcherController:
         self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
         self._started = False
         self._stopping = False
+        self.remote_view = None  # dispatcher/remote_view, started with the caches
         self.lost_leadership = threading.Event()
         self.stop_requested = stop_requested
         self.elector = None
@@ -297,6 +299,9 @@ class DispatcherController:
                 return self
             raise TimeoutError("manager TrainJob cache not synced")
         self.registry.start(sync_timeout)
+        # Every replica serves the remote view: reads need no leadership.
+        self.remote_view = start_remote_view(self.manager, self.config, self.trainjobs,
+                                             self.registry, self.ready)
         if self.nominator is not None:
             self.nominator.start(sync_timeout)
         if self.priority_classes is not None:
@@ -370,6 +375,8 @@ class DispatcherController:
 
     def stop(self) -> None:
         self._stopping = True
+        if self.remote_view is not None:
+            self.remote_view.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self.queue.shutdown()

@@ -1,0 +1,170 @@
+"""The remote view's pure parts: discovery documents, items and tables, the log options,
+who a request is from (the front proxy's headers), the serving certificate's plan, and
+the kubectl plugin's choices and messages."""
+
+from __future__ import annotations
+
+import datetime
+from email.message import Message
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from dispatcher import kubectl_plugin
+from dispatcher.remote_view import TRAINJOB_LABEL, WORKER_LABEL, certificate, discovery, items
+from dispatcher.remote_view.authn import (RequestHeaderConfig, Unauthenticated,
+                                          authenticate)
+from dispatcher.remote_view.logs import BadLogOption, as_query, log_options
+
+CONFIGMAP = {"requestheader-client-ca-file": "-----BEGIN CERTIFICATE-----\n...",
+             "requestheader-allowed-names": '["front-proxy-client"]',
+             "requestheader-username-headers": '["X-Remote-User"]',
+             "requestheader-group-headers": '["X-Remote-Group"]',
+             "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]'}
+PEER = {"subject": ((("commonName", "front-proxy-client"),),)}
+
+
+def headers(*pairs: tuple[str, str]) -> Message:
+    message = Message()
+    for name, value in pairs:
+        message[name] = value
+    return message
+
+
+def test_discovery_serves_the_group_the_version_and_the_log_subresource():
+    assert discovery.document("/apis")["groups"][0]["name"] == "remote.trainjob-dispatcher.io"
+    assert discovery.document("/apis/remote.trainjob-dispatcher.io/")["kind"] == "APIGroup"
+    resources = discovery.document("/apis/remote.trainjob-dispatcher.io/v1alpha1")["resources"]
+    assert [r["name"] for r in resources] == ["trainjobpods", "trainjobpods/log",
+                                              "trainjobevents"]
+    assert all(r["namespaced"] for r in resources)
+    assert discovery.document("/apis/other") is None
+
+
+def test_a_pod_is_shown_with_its_worker_node_restarts_and_last_termination():
+    pod = {"metadata": {"name": "j-node-0-0-abc", "namespace": "ns"},
+           "spec": {"nodeName": "n1", "containers": [{"name": "node"}]},
+           "status": {"phase": "Running", "startTime": "2024-01-01T00:00:00Z",
+                      "containerStatuses": [{
+                          "name": "node", "ready": True, "restartCount": 2,
+                          "state": {"running": {}},
+                          "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137,
+                                                       "finishedAt": "2024-01-01T00:01:00Z"}}}]}}
+    item = items.pod_item(pod, "j", "worker-1")
+    assert item["metadata"]["labels"] == {TRAINJOB_LABEL: "j", WORKER_LABEL: "worker-1"}
+    assert item["status"] | {"lastTermination": None} == {
+        "trainJob": "j", "worker": "worker-1", "node": "n1", "phase": "Running",
+        "ready": "1/1", "restarts": 2, "lastTermination": None,
+        "startTime": "2024-01-01T00:00:00Z", "containers": ["node"]}
+    assert item["status"]["lastTermination"] == {
+        "container": "node", "reason": "OOMKilled", "exitCode": 137,
+        "finishedAt": "2024-01-01T00:01:00Z"}
+    table = items.table("TrainJobPod", [item])
+    assert table["rows"][0]["cells"][:8] == ["j-node-0-0-abc", "j", "worker-1", "n1", "1/1",
+                                             "Running", 2, "OOMKilled (137)"]
+    assert table["rows"][0]["object"]["metadata"]["name"] == "j-node-0-0-abc"
+
+
+def test_only_the_jobs_own_events_are_its():
+    def event(kind, name):
+        return {"involvedObject": {"kind": kind, "name": name}}
+    assert items.belongs_to(event("Pod", "j-node-0-0-x"), "j")
+    assert items.belongs_to(event("TrainJob", "j"), "j")
+    assert not items.belongs_to(event("Pod", "jj-node-0-0-x"), "j")
+    assert not items.belongs_to(event("ConfigMap", "j-x"), "j")
+
+
+def test_kubectl_asks_for_a_table_first():
+    assert items.wants_table("application/json;as=Table;v=v1;g=meta.k8s.io,"
+                             "application/json;as=Table;v=v1beta1;g=meta.k8s.io,"
+                             "application/json")
+    assert not items.wants_table("application/json")
+    assert not items.wants_table(None)
+
+
+def test_a_refusal_is_a_status_naming_the_object_and_the_reason():
+    body = items.status(404, "TrainJob ns/j: not found", name="j", kind="TrainJob")
+    assert (body["kind"], body["code"], body["reason"]) == ("Status", 404, "NotFound")
+    assert body["details"] == {"name": "j", "group": "remote.trainjob-dispatcher.io",
+                               "kind": "TrainJob"}
+
+
+def test_log_options_are_checked_and_passed_on():
+    options = log_options({"container": ["node"], "follow": ["true"], "tailLines": ["10"],
+                           "timestamps": ["false"], "previous": ["1"], "limitBytes": ["5"],
+                           "insecureSkipTLSVerifyBackend": ["true"]})
+    assert options == {"container": "node", "follow": True, "tailLines": 10,
+                       "timestamps": False, "previous": True, "limitBytes": 5}
+    assert ("follow", "true") in as_query(options)
+    for query, says in (({"tailLines": ["-1"]}, "tailLines=-1: must be 0 or more"),
+                        ({"limitBytes": ["0"]}, "limitBytes=0: must be 1 or more"),
+                        ({"follow": ["maybe"]}, "follow='maybe': must be true or false"),
+                        ({"sinceTime": ["yesterday"]}, "sinceTime='yesterday'"),
+                        ({"sinceSeconds": ["5"], "sinceTime": ["2024-01-01T00:00:00Z"]},
+                         "at most one of them"),
+                        ({"exec": ["x"]}, "exec: not an option of the log subresource")):
+        with pytest.raises(BadLogOption, match=says.replace("(", r"\(").replace(")", r"\)")):
+            log_options(query)
+
+
+def test_the_user_comes_from_the_front_proxys_headers_only():
+    config = RequestHeaderConfig.from_configmap(CONFIGMAP)
+    user = authenticate(config, PEER, headers(
+        ("X-Remote-User", "alice"), ("X-Remote-Group", "team-a"),
+        ("X-Remote-Group", "system:authenticated"),
+        ("X-Remote-Extra-Authentication.kubernetes.io%2fcredential-Id", "X509SHA256=ab")))
+    assert (user.name, user.groups) == ("alice", ("team-a", "system:authenticated"))
+    assert user.extra == {"authentication.kubernetes.io/credential-id": ["X509SHA256=ab"]}
+    with pytest.raises(Unauthenticated, match="no client certificate"):
+        authenticate(config, None, headers(("X-Remote-User", "alice")))
+    with pytest.raises(Unauthenticated, match="CN 'someone' is not among"):
+        authenticate(config, {"subject": ((("commonName", "someone"),),)},
+                     headers(("X-Remote-User", "alice")))
+    with pytest.raises(Unauthenticated, match="no user in the X-Remote-User header"):
+        authenticate(config, PEER, headers())
+    with pytest.raises(Unauthenticated, match="has no requestheader-client-ca-file"):
+        authenticate(RequestHeaderConfig.from_configmap({}), PEER,
+                     headers(("X-Remote-User", "alice")))
+
+
+def test_the_serving_certificate_is_made_once_and_renewed_at_two_thirds():
+    hosts = certificate.hosts_of("svc", "ns")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    first, why = certificate.plan({}, hosts, now)
+    assert first is not None and "no CA yet" in why
+    assert certificate.plan(first, hosts, now) == (None, "")
+    later = now + datetime.timedelta(days=250)  # past 2/3 of the serving year
+    renewed, why = certificate.plan(first, hosts, later)
+    assert renewed[certificate.CA_CRT] == first[certificate.CA_CRT], "the CA is kept"
+    assert renewed[certificate.TLS_CRT] != first[certificate.TLS_CRT] and "serving" in why
+    moved, why = certificate.plan(first, certificate.hosts_of("other", "ns"), now)
+    assert moved[certificate.TLS_CRT] != first[certificate.TLS_CRT]
+    aged, why = certificate.plan(first, hosts, now + datetime.timedelta(days=2500))
+    assert "a new CA" in why and aged[certificate.CA_CRT].startswith(b"-----BEGIN")
+    assert aged[certificate.CA_CRT].count(b"BEGIN CERTIFICATE") == 2, "old CA kept in bundle"
+
+
+def test_the_plugin_reads_the_trainers_log_unless_told():
+    pods = [{"metadata": {"name": n}} for n in
+            ("j-dataset-initializer-0-0-a", "j-node-0-1-b", "j-node-0-0-c")]
+    assert kubectl_plugin.choose_pod(pods, "j", None) == "j-node-0-0-c"
+    assert kubectl_plugin.choose_pod(pods, "j", "j-node-0-1-b") == "j-node-0-1-b"
+    with pytest.raises(kubectl_plugin.PluginError, match="has no Pod x"):
+        kubectl_plugin.choose_pod(pods, "j", "x")
+    with pytest.raises(kubectl_plugin.PluginError, match="no Pods on its worker yet"):
+        kubectl_plugin.choose_pod([], "j", None)
+
+
+def test_the_plugin_says_what_to_do_about_a_refusal():
+    def err(status, message):
+        error = ApiException(status=status, reason="x")
+        error.body = ('{"message": "%s"}' % message).encode()
+        return error
+    forbidden = kubectl_plugin.explain(err(403, "User bob cannot list"), "list trainjobpods",
+                                       "ns")
+    assert "lacks the RBAC" in forbidden and "kubectl auth can-i list" in forbidden
+    unavailable = kubectl_plugin.explain(err(503, "service unavailable"), "list x", "ns")
+    assert "kubectl get apiservice v1alpha1.remote.trainjob-dispatcher.io" in unavailable
+    missing = kubectl_plugin.explain(
+        err(404, "the server could not find the requested resource"), "list x", "ns")
+    assert "not installed" in missing
