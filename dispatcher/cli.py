@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
+    run.add_argument("--mirror-worker-events", action=argparse.BooleanOptionalAction,
+                     default=None, help="standalone mode: record the workers' Warning Events "
+                     "about a placed job (its copy's, its Pods': FailedScheduling, "
+                     "BackoffLimitExceeded, ...) as Events of the manager's TrainJob, naming "
+                     "the worker and the object; needs list and watch of events in the "
+                     "namespaces opened on each worker (default: on)")
     command_line.add_python_gc_sweep_argument(run, None)  # the config's default
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "
@@ -158,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         "dashboard_port": args.dashboard_port, "dashboard_host": args.dashboard_host,
         "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
         "gc_interval_seconds": args.gc_interval_seconds,
+        "mirror_worker_events": args.mirror_worker_events,
         "python_gc_sweep_seconds": args.python_gc_sweep_seconds,
         "leader_elect": args.leader_elect,
         "lease_duration_seconds": args.lease_duration_seconds,

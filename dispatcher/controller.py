@@ -39,8 +39,10 @@ from dispatcher.standalone.beside_kueue import KueueOnManager
 from dispatcher.standalone.job_timing import JobTimings
 from dispatcher.standalone.reconciler import DispatchReconciler
 from dispatcher.standalone.waiting_order import PlacementOrder
+from dispatcher.standalone.worker_event_mirror import WorkerEventMirror
 from dispatcher.workers.cluster import RELISTED, WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
+from dispatcher.workers.warning_events import EVENTS
 from trainjob import constants as c
 from trainjob import managed_by
 from trainjob import required_apis
@@ -117,6 +119,12 @@ class DispatcherController:
                                              self.placer, self.timings, config, self.recorder,
                                              self.metrics, self.kueue,
                                              queued_for=self.queue.waited, order=self.order)
+        # The workers' Warning Events about placed jobs, shown on the manager's jobs
+        # (standalone mode: in Kueue mode the copies are Kueue's).
+        self.worker_events = WorkerEventMirror(
+            manager, self.registry, self.trainjobs, config.origin, self.metrics,
+            may_write=lambda: self.leading, instance=instance) \
+            if config.mirror_worker_events and config.mode == "standalone" else None
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
                                            self.recorder, self.metrics, self.kueue_mode_idle,
@@ -171,6 +179,10 @@ class DispatcherController:
 
     def _on_worker_event(self, worker_name: str, resource: str, kind: str,
                          old: dict | None, new: dict | None) -> None:
+        if resource == EVENTS:
+            if self.worker_events is not None:
+                self.worker_events.on_event(worker_name, kind, old, new)
+            return
         if resource == c.TRAINJOBS:
             if self._echo(old, new):
                 return
@@ -306,6 +318,8 @@ class DispatcherController:
             self.nominator.start(sync_timeout)
         if self.priority_classes is not None:
             self.priority_classes.start()
+        if self.worker_events is not None:
+            self.worker_events.start()
         # Placement decisions need the workers' caches, so the first decisions are not made
         # against empty pictures: wait until each connected worker's caches have synced or
         # failed. A worker that does not answer must not hold up dispatching to the rest.
@@ -386,6 +400,8 @@ class DispatcherController:
             thread.join(5)  # finish in-flight writes before the lease is given up
         if self.elector is not None:
             self.elector.stop(release=not self.lost_leadership.is_set())
+        if self.worker_events is not None:
+            self.worker_events.stop()
         self.trainjobs.stop()
         if self.priority_classes is not None:
             self.priority_classes.stop()

@@ -63,6 +63,13 @@ class DispatcherMetrics:
         self.api_requests = Counter(
             "dispatcher_api_requests_total", "API requests by cluster, verb and HTTP code",
             ["cluster", "verb", "code"], registry=self.registry)
+        self.worker_events = Counter(
+            "dispatcher_worker_events_total",
+            "Occurrences of workers' Warning Events about placed jobs, by what became of them "
+            "on the manager: mirrored (counted in a manager Event of their own), limited "
+            "(over a job's limit of new Events a minute: counted in its WorkerEventsLimited "
+            "Event), dropped (the manager refused the Event)", ["cluster", "outcome"],
+            registry=self.registry)
 
     def observer(self, cluster: str):
         """A request observer for one cluster's client: dispatcher_api_requests_total by

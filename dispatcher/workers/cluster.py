@@ -14,6 +14,7 @@ from kubernetes import client
 from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers.sent_deletes import SentDeletes
+from dispatcher.workers.warning_events import WarningEvents
 from trainjob.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class WorkerCluster:
     capacity: WorkerCapacity = field(default_factory=WorkerCapacity)
     # Kueue mode: the worker Kueue's queues and quota (None in standalone mode).
     quota: WorkerQuota | None = None
+    # Its Warning Events where it holds copies, for the manager's jobs (None: not mirrored).
+    warnings: WarningEvents | None = None
     active: bool = False
     reason: str = REASON_CONNECTION_FAILED
     message: str = "not probed yet"
@@ -102,5 +105,7 @@ class WorkerCluster:
             informer.stop(timeout=1)
         if self.quota is not None:
             self.quota.stop()
+        if self.warnings is not None:
+            self.warnings.stop()
         if self.api is not None:
             self.api.close()

@@ -17,6 +17,7 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers import projections
 from dispatcher.workers.cluster import ROOM_CACHES, RELISTED, WorkerCluster, WorkerEvent
+from dispatcher.workers.warning_events import WarningEvents
 from trainjob import constants as c
 from trainjob.informer import Informer
 from trainjob.kubeclient import api_client
@@ -65,6 +66,12 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
             informer.add_synced_handler(functools.partial(
                 on_event, worker.name, resource, RELISTED, None, None))
         worker.informers[resource] = informer
+    if config.mirror_worker_events and config.mode == "standalone":
+        # Kept apart from the caches above: opened per namespace as copies come, and
+        # never waited for (nothing is placed by them).
+        worker.warnings = WarningEvents(worker.name, core, on_event)
+        worker.informers[c.TRAINJOBS].add_handler(worker.warnings.follow_copy)
+        worker.informers["namespaces"].add_handler(worker.warnings.follow_namespace)
     for informer in worker.informers.values():
         informer.start()
     if config.mode == "kueue":

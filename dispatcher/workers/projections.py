@@ -5,6 +5,7 @@ A large worker has tens of thousands of Pods. Kept whole, a Pod costs about 12 K
 memory (its volumes, status, conditions...); placement reads its Node, its requests, its
 phase and the labels that name its job, a tenth of that. Nodes keep their allocatable, the
 labels and taints a job's rules match, and whether they are Ready and schedulable.
+Warning Events keep what their mirror onto the manager reads (``event``).
 
 Anything that reads these caches reads only the fields kept here: adding a reader of
 another field means keeping that field too.
@@ -61,3 +62,26 @@ def node(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": _metadata(obj.get("metadata") or {}, None), "spec": kept_spec,
             "status": {"allocatable": dict(status.get("allocatable") or {}),
                        "conditions": ready}}
+
+
+# What the worker-event mirror reads of a Warning Event (``standalone/worker_events.py``):
+# what it is about, why, how often and when. An Event's source, related object and
+# managedFields are most of its size.
+_EVENT_FIELDS = ("reason", "message", "count", "firstTimestamp", "lastTimestamp", "eventTime",
+                 "type")
+
+
+def event(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Warning Event as its mirror onto the manager reads it."""
+    meta = obj.get("metadata") or {}
+    involved = obj.get("involvedObject") or {}
+    kept = {key: obj[key] for key in _EVENT_FIELDS if obj.get(key) is not None}
+    kept["metadata"] = {key: meta[key] for key in (
+        "name", "namespace", "resourceVersion", "creationTimestamp") if key in meta}
+    kept["involvedObject"] = {key: involved[key] for key in (
+        "kind", "name", "namespace", "uid") if key in involved}
+    series = obj.get("series") or {}
+    if series:
+        kept["series"] = {key: series[key] for key in ("count", "lastObservedTime")
+                          if key in series}
+    return kept
