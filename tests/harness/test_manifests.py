@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # harness does not install: it is rendered and checked, not dry-run. The components are
 # parts of the manager overlays, checked there.
 MANAGER_BASES = ("crds", "multikueue-crds", "dispatcher", "manager", "manager-beside-kueue",
-                 "manager-kueue", "samples")
+                 "manager-kueue", "samples", "remote-api")
 WORKER_BASES = ("crds", "worker-namespace", "operator", "worker-access", "worker-reader",
                 "worker", "worker-kueue")
 RENDER_ONLY = ("operator-cert-manager",)
