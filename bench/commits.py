@@ -5,8 +5,9 @@ here changes speed by a third for minutes at a time. This tells the two apart by
 both commits on the same machine, in the same minutes, alternately (A, B, A, B, ...), each
 from a clean tree of its own:
 
-* each commit is checked out in a git worktree under ``--output`` with a virtualenv of its
-  own (its own ``pyproject.toml``'s packages), so the run measures that commit's code;
+* each commit is checked out in a git worktree under ``--trees`` with a virtualenv of its
+  own (its own ``pyproject.toml``'s packages), so the run measures that commit's code; a
+  later comparison of the same commit reuses them;
 * every run uses the binaries the harness cached (``python -m clusters provision``): the
   clusters are the same for both;
 * each run is ``python -m bench`` with the same arguments (``--quick --suite dispatcher``
@@ -130,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2,
                         help="runs of each commit, alternately A, B, A, B... (default 2)")
     parser.add_argument("--output", type=Path, default=Path("bench-results/commits"),
-                        help="worktrees, runs and table.md (default bench-results/commits)")
+                        help="the runs and table.md (default bench-results/commits)")
+    parser.add_argument("--trees", type=Path, default=Path("bench-results/trees"),
+                        help="one worktree and virtualenv per commit, kept and reused by "
+                        "later comparisons (default bench-results/trees)")
     parser.epilog = ("After --: the arguments of every python -m bench run (default "
                      f"{' '.join(DEFAULT_BENCH_ARGS)}).")
     return parser
@@ -155,17 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     output = args.output.resolve()
     output.mkdir(parents=True, exist_ok=True)
-    pythons = {}
+    pythons, trees = {}, {}
     for label, commit in commits.items():
-        print(f"{label} = {commit[:12]}: worktree and virtualenv in {output / label}",
+        trees[label] = args.trees.resolve() / commit
+        print(f"{label} = {commit[:12]}: worktree and virtualenv in {trees[label]}",
               flush=True)
-        pythons[label] = prepare(commit, output / label)
+        pythons[label] = prepare(commit, trees[label])
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     for round_ in range(1, args.rounds + 1):
         for label in ("A", "B"):
             where = output / f"{label}-{round_}"
             print(f"round {round_}: {label} ({commits[label][:12]}) into {where}", flush=True)
-            if not run_once(pythons[label], output / label, where, bench_args):
+            if not run_once(pythons[label], trees[label], where, bench_args):
                 print(f"error: the run of {label} ({commits[label][:12]}) failed; its "
                       f"output: {where.with_suffix('.log')}", file=sys.stderr)
                 return 1
