@@ -271,7 +271,7 @@ class _PoolWatch:
             window = [by_kind.get(kind, {}) for at, by_kind in self.kind_samples
                       if start <= at <= end]
         if not window:
-            return {resource: None for resource in self.allocatable}
+            return dict.fromkeys(self.allocatable)
         return {resource: round(float(sum(u.get(resource, Decimal(0)) for u in window)
                                       / len(window) / total), 3)
                 for resource, total in self.allocatable.items() if total > 0}

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _constrained(ctx: scenarios.BenchContext, workers: list[str]) -> dict:

@@ -54,8 +54,13 @@ from bench.settings import BenchSettings
 from bench.stats import percentile
 from bench.timeline import Timelines
 from clusters import fixtures, worker_stack
-from clusters.nodes import (GPU, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, NOT_READY_TAINT,
-                            UNREACHABLE_TAINT)
+from clusters.nodes import (
+    GPU,
+    KWOK_ANNOTATION,
+    KWOK_ANNOTATION_VALUE,
+    NOT_READY_TAINT,
+    UNREACHABLE_TAINT,
+)
 from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 from trainjob import writes

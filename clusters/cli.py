@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 from clusters import binaries, crds, nodes, state_owner
-from clusters.images import IMAGE_NAMES
-from trainjob import command_line
 from clusters.controlplane import ControlPlaneError
 from clusters.engine import EngineError
+from clusters.images import IMAGE_NAMES
 from clusters.local import ClusterInfo, LocalClusters, cluster_names
+from trainjob import command_line
 
 DESCRIPTION = """\
 Run one manager and N worker Kubernetes clusters on this machine.

@@ -110,12 +110,12 @@ def check_integrations(integrations: tuple[str, ...] | list[str]) -> tuple[str, 
     return names
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module_dir() -> Path:
     return provisioning.module_dir(COMPONENT)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(path: Path) -> tuple[dict, ...]:
     # Kueue's Workload CRD is 1.4 MB of YAML: parsed once per process, with libyaml when
     # PyYAML has it (seconds faster than the pure-Python parser).
@@ -245,7 +245,7 @@ class KueueCertificates:
             return self
         import ipaddress
 
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kueue"),
                              x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])

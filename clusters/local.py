@@ -24,8 +24,12 @@ import yaml
 from pydantic import BaseModel, Field
 
 from clusters import crds, kueue, nodes, processes, state_owner, worker_stack
-from clusters.binaries import (HARNESS_BINARIES, KUBERNETES_VERSION, ControlPlaneBinaries,
-                               find_binaries)
+from clusters.binaries import (
+    HARNESS_BINARIES,
+    KUBERNETES_VERSION,
+    ControlPlaneBinaries,
+    find_binaries,
+)
 from clusters.controlplane import (
     WORKER_PORTS,
     ControlPlane,

@@ -13,11 +13,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-from collections.abc import Callable
-from typing import TypeVar
-
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -10,14 +10,24 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from dispatcher.config import (DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT,
-                               PLAIN_METRICS_PORT, ConfigError, DispatcherConfig, is_loopback,
-                               load_config)
+from dispatcher.config import (
+    DEFAULT_DASHBOARD_HOST,
+    DEFAULT_DASHBOARD_PORT,
+    PLAIN_METRICS_PORT,
+    ConfigError,
+    DispatcherConfig,
+    is_loopback,
+    load_config,
+)
 from dispatcher.remote_view import flags as remote_view_flags
 from dispatcher.room.capacity import SCORING_STRATEGIES
 from trainjob import command_line, listeners, logs
-from trainjob.constants import (DEFAULT_ORIGIN, DISPATCHER_USER_AGENT, KUEUE_DEFAULT_ORIGIN,
-                                KUEUE_NAMESPACE)
+from trainjob.constants import (
+    DEFAULT_ORIGIN,
+    DISPATCHER_USER_AGENT,
+    KUEUE_DEFAULT_ORIGIN,
+    KUEUE_NAMESPACE,
+)
 from trainjob.kubeclient import KubeconfigError, api_client, describe_error, find_kubeconfig
 from trainjob.required_apis import ClusterUnusable
 from trainjob.service import RoutesListener, serve

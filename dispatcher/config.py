@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainjob import listeners
 from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMESPACE

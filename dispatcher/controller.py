@@ -44,8 +44,7 @@ from dispatcher.workers.cluster import RELISTED, WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from dispatcher.workers.warning_events import EVENTS
 from trainjob import constants as c
-from trainjob import managed_by
-from trainjob import required_apis
+from trainjob import managed_by, required_apis
 from trainjob.events import EventRecorder
 from trainjob.informer import Informer
 from trainjob.kubeclient import describe_error
@@ -139,7 +138,7 @@ class DispatcherController:
         self._workers = workers
         self._threads: list[threading.Thread] = []
         # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
-        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
+        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.UTC)
         self._started = False
         self._stopping = False
         self.remote_view = None  # dispatcher/remote_view, started with the caches

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.job_state import job_summary, workloads_by_job
-from dispatcher.room.capacity import capacity_by_resource
 from dispatcher.placement.waiting_line import Waiting
+from dispatcher.room.capacity import capacity_by_resource
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob import managed_by

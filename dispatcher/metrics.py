@@ -8,10 +8,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dispatcher.job_state import job_state
 from trainjob import constants as c
-from trainjob import managed_by
-from trainjob import step_timing
-from trainjob.controller_metrics import (ApiRequest, ControllerMetrics, children,
-                                         process_registry)
+from trainjob import managed_by, step_timing
+from trainjob.controller_metrics import ApiRequest, ControllerMetrics, children, process_registry
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

@@ -22,9 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dispatcher.job_state import age, condition, job_summary, workloads_by_job
 from trainjob import constants as c
-from trainjob import managed_by
-from trainjob import required_apis
-
+from trainjob import managed_by, required_apis
 
 # Where the dashboard serves its JSON; how long the status command waits for it.
 STATE_PATH = "/api/state"

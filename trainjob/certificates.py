@@ -62,7 +62,7 @@ class CertificateAuthority:
                validity: datetime.timedelta = VALIDITY) -> CertificateAuthority:
         """A new self-signed CA, valid for ``validity`` from now."""
         key = new_key()
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         name = _name(common_name)
         cert = (
             x509.CertificateBuilder()
@@ -112,7 +112,7 @@ class CertificateAuthority:
                              "1 to 64 bytes long (X.509), so the apiserver can take it as the "
                              "user name")
         key = new_key()
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         usages = []
         if server:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)

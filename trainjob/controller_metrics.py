@@ -16,8 +16,15 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
-                               PlatformCollector, ProcessCollector)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 # Upstream's buckets, so histograms aggregate with those of Go controllers.
 # client-go work queues: prometheus.ExponentialBuckets(10e-9, 10, 12).

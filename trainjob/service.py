@@ -18,16 +18,16 @@ from typing import Any, Protocol
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
-from trainjob import logs
 from trainjob import controller_metrics as results
+from trainjob import logs
 from trainjob.controller_metrics import ReconcileMetrics
 from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
 from trainjob.listeners import LIMITS, Listeners
 from trainjob.metrics_auth import EndpointMetrics, MetricsAuthorizer, review_client
 from trainjob.observability import Check, ObservabilityServer, Route, address
+from trainjob.required_apis import ClusterUnusable
 from trainjob.serving_certificate import ServingCertificate
 from trainjob.workqueue import ShutDown, WorkQueue
-from trainjob.required_apis import ClusterUnusable
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,10 @@ import yaml
 
 from clusters import upstream_trainer
 from clusters.conformance import refused, updated
-from clusters.conformance.objects import Case, job as _job, runtime as _runtime, \
-    torch_runtime, trainjob as _trainjob
+from clusters.conformance.objects import Case, torch_runtime
+from clusters.conformance.objects import job as _job
+from clusters.conformance.objects import runtime as _runtime
+from clusters.conformance.objects import trainjob as _trainjob
 from trainjob import constants as c
 
 RUNTIME_KINDS = (c.TRAININGRUNTIME_KIND, c.CLUSTERTRAININGRUNTIME_KIND)

@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 from clusters import crds
-from clusters.conformance import cases as case_sources, report, run
+from clusters.conformance import cases as case_sources
+from clusters.conformance import report, run
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from trainjob import constants as c
 
-
 # When a case's update is sent: at once after the create; once the controller has built the
 # suspended job (its JobSet exists, its Suspended condition is True), so the update meets
 # the same state on both sides; or once the JobSet reports a replicated job with active

@@ -14,8 +14,15 @@ field and reason upstream gives (in the comment), compared by meaning like the c
 
 from __future__ import annotations
 
-from clusters.conformance.objects import UPDATE_WHEN_ACTIVE, UPDATE_WHEN_SUSPENDED, Case, \
-    job, runtime, torch_runtime, trainjob
+from clusters.conformance.objects import (
+    UPDATE_WHEN_ACTIVE,
+    UPDATE_WHEN_SUSPENDED,
+    Case,
+    job,
+    runtime,
+    torch_runtime,
+    trainjob,
+)
 from trainjob import constants as c
 
 QUEUE = "example.com/queue"

@@ -50,16 +50,14 @@ import yaml
 from kubernetes import client
 from pydantic import BaseModel, Field
 
-from clusters import (binaries, crds, images, kind_node, kueue as local_kueue, nodes,
-                      state_owner, worker_stack)
+from clusters import binaries, crds, images, kind_node, local, nodes, state_owner, worker_stack
+from clusters import kueue as local_kueue
 from clusters.controlplane import ControlPlaneError
-from clusters.state_dir import lock_state_dir, save_state
 from clusters.engine import Engine, ensure_engine, find_engine
 from clusters.kind import config as kind_config
-from clusters.kind import jobset
-from clusters.kind import kueue
-from clusters import local
+from clusters.kind import jobset, kueue
 from clusters.local import ClusterInfo, cluster_names
+from clusters.state_dir import lock_state_dir, save_state
 from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,6 @@ first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
 from __future__ import annotations
 
 import base64
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,7 +48,6 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import stream
 
 from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError

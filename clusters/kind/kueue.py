@@ -46,7 +46,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters import binaries, kueue as local_kueue, kustomize
+from clusters import binaries, kustomize
+from clusters import kueue as local_kueue
 from clusters.controlplane import ControlPlaneError
 from clusters.kind import jobset, waits
 from trainjob.kubeclient import api_client

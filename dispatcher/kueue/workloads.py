@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from dispatcher.room.capacity import PODS, pod_requests
 from dispatcher.placement.need import Need
+from dispatcher.room.capacity import PODS, pod_requests
 from trainjob.conditions import parse_time
 
 Obj = dict[str, Any]

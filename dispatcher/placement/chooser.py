@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from dispatcher.placement.policy import POLICIES, Candidate, PlacementPolicy, Resources
 from dispatcher.room.amounts import format_amount
 from dispatcher.room.capacity import PODS
-from dispatcher.placement.policy import POLICIES, Candidate, PlacementPolicy, Resources
 
 
 @dataclass

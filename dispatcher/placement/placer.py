@@ -31,9 +31,8 @@ from dispatcher.placement.policy import POLICIES, Candidate
 from dispatcher.placement.reservations import Reservations
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
-from trainjob import conditions
+from trainjob import conditions, runtime_ref
 from trainjob import constants as c
-from trainjob import runtime_ref
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info
 

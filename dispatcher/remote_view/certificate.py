@@ -179,7 +179,7 @@ class SecretCertificate:
     def __init__(self, api: client.ApiClient, namespace: str, secret: str,
                  hosts: tuple[str, ...], apiservice: str,
                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
-                     datetime.timezone.utc)):
+                     datetime.UTC)):
         self.api, self.namespace, self.secret = api, namespace, secret
         self.hosts, self.apiservice, self._clock = hosts, apiservice, clock
         self._pair: Pair | None = None

@@ -25,13 +25,26 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import orjson
 
 from dispatcher.placement import cluster_selector
-from dispatcher.remote_view import (APISERVICE, EVENTS, GROUP, GROUP_VERSION, LOG, PODS,
-                                    SERVICE, TRAINJOB_LABEL, discovery, items)
-from dispatcher.remote_view.authn import (FrontProxySettings, Unauthenticated, User,
-                                          authenticate)
+from dispatcher.remote_view import (
+    APISERVICE,
+    EVENTS,
+    GROUP,
+    GROUP_VERSION,
+    LOG,
+    PODS,
+    SERVICE,
+    TRAINJOB_LABEL,
+    discovery,
+    items,
+)
+from dispatcher.remote_view.authn import FrontProxySettings, Unauthenticated, User, authenticate
 from dispatcher.remote_view.authz import AccessReviews, Attributes
-from dispatcher.remote_view.certificate import (DirectoryCertificate, SecretCertificate,
-                                                hosts_of, load_pair)
+from dispatcher.remote_view.certificate import (
+    DirectoryCertificate,
+    SecretCertificate,
+    hosts_of,
+    load_pair,
+)
 from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem
 from dispatcher.remote_view.logs import BadLogOption, log_options
 from dispatcher.remote_view.worker_reads import USER_AGENT, WorkerAnswer, WorkerReads

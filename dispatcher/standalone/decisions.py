@@ -17,16 +17,32 @@ on them). A job whose worker is unreachable or left the registry is decided by
 from __future__ import annotations
 
 from dispatcher.standalone import mirror, worker_loss
+
 # Every action, those only ``worker_loss`` returns included: the reconciler and the tests
 # read them as ``decisions.<Action>``.
-from dispatcher.standalone.actions import (Action, CopyStatus, CreateRemote, DeleteRemote,
-                                          Exclude, Forget, Ignore, InSync, LeaveToKueue,
-                                          MarkRemoved, MarkUnreachable, Obj, Place,
-                                          RemoveFinalizer, Replace, Settings, Unplace, Wait,
-                                          WorkerState)
-from trainjob import conditions
+from dispatcher.standalone.actions import (
+    Action,
+    CopyStatus,
+    CreateRemote,
+    DeleteRemote,
+    Exclude,
+    Forget,
+    Ignore,
+    InSync,
+    LeaveToKueue,
+    Obj,
+    Place,
+    RemoveFinalizer,
+    Replace,
+    Settings,
+    Unplace,
+    Wait,
+    WorkerState,
+)
+from dispatcher.standalone.actions import MarkRemoved as MarkRemoved
+from dispatcher.standalone.actions import MarkUnreachable as MarkUnreachable
+from trainjob import conditions, managed_by
 from trainjob import constants as c
-from trainjob import managed_by
 from trainjob.conditions import find
 
 CONDITION_PLACED = c.CONDITION_PLACED

@@ -38,10 +38,8 @@ from dispatcher.standalone.status_sync import StatusSync
 from dispatcher.standalone.waiting_order import PlacementOrder
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
-from trainjob import conditions
+from trainjob import conditions, logs, step_timing, writes
 from trainjob import constants as c
-from trainjob import logs
-from trainjob import step_timing, writes
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.informer import Informer
 from trainjob.runtime.podsets import format_quantity

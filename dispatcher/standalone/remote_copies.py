@@ -12,8 +12,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.workers.sent_deletes import SentDeletes
 from dispatcher.standalone import mirror
+from dispatcher.workers.sent_deletes import SentDeletes
 from trainjob import constants as c
 from trainjob import writes
 from trainjob.kubeclient import error_message, namespace_terminating

@@ -14,9 +14,8 @@ from kubernetes.client.exceptions import ApiException
 
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone.job_timing import JobTimings
-from trainjob import conditions
+from trainjob import conditions, writes
 from trainjob import constants as c
-from trainjob import writes
 from trainjob.informer import Informer
 from trainjob.service import Requeue
 

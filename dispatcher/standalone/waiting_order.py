@@ -12,16 +12,23 @@ nothing is asked at all.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from dispatcher.placement import cluster_selector
 from dispatcher.placement.chooser import shortfalls
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer, content_digest
 from dispatcher.placement.priority import PriorityClasses
-from dispatcher.placement.waiting_line import (JobKey, Rank, Waiting, WaitingLine, job_of,
-                                               priority_of, rank_of)
+from dispatcher.placement.waiting_line import (
+    JobKey,
+    Rank,
+    Waiting,
+    WaitingLine,
+    job_of,
+    priority_of,
+    rank_of,
+)
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions
 from trainjob import constants as c

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dispatcher.standalone import mirror
-from trainjob import conditions
+from trainjob import conditions, managed_by
 from trainjob import constants as c
-from trainjob import managed_by
 
 # New manager Events (distinct reason, object and message) per job in any minute; the occurrences of any more are counted in one Event of REASON_LIMITED. Counted
 # rather than only dropped and told by a metric: whoever reads `kubectl describe trainjob`

@@ -15,9 +15,19 @@ Which workers answer is the registry's business (``workers/probing.py``).
 from __future__ import annotations
 
 from dispatcher.standalone import mirror
-from dispatcher.standalone.actions import (Action, DeleteRemote, Ignore, MarkRemoved,
-                                          MarkUnreachable, Obj, RemoveFinalizer, Replace,
-                                          Settings, Wait, WorkerState)
+from dispatcher.standalone.actions import (
+    Action,
+    DeleteRemote,
+    Ignore,
+    MarkRemoved,
+    MarkUnreachable,
+    Obj,
+    RemoveFinalizer,
+    Replace,
+    Settings,
+    Wait,
+    WorkerState,
+)
 from trainjob import conditions
 from trainjob import constants as c
 from trainjob.conditions import find, format_time, parse_time

@@ -16,7 +16,7 @@ from kubernetes import client
 from dispatcher.config import DispatcherConfig
 from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers import projections
-from dispatcher.workers.cluster import ROOM_CACHES, RELISTED, WorkerCluster, WorkerEvent
+from dispatcher.workers.cluster import RELISTED, ROOM_CACHES, WorkerCluster, WorkerEvent
 from dispatcher.workers.warning_events import WarningEvents
 from trainjob import constants as c
 from trainjob.informer import Informer

@@ -52,7 +52,7 @@ class Prober:
         self.each_round = each_round
         self.on_result = on_result
         # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
-        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.timezone.utc)
+        self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.UTC)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="probe")
         self._probing: set[str] = set()
 

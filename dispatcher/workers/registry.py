@@ -31,8 +31,13 @@ from dispatcher.config import DispatcherConfig
 from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.workers import draining
 from dispatcher.workers.active_condition import ActiveConditions
-from dispatcher.workers.cluster import (REASON_ACTIVE, REASON_CONNECTION_FAILED, REASON_PENDING,
-                                        WorkerCluster, WorkerEvent)
+from dispatcher.workers.cluster import (
+    REASON_ACTIVE,
+    REASON_CONNECTION_FAILED,
+    REASON_PENDING,
+    WorkerCluster,
+    WorkerEvent,
+)
 from dispatcher.workers.connection import Observer, connect
 from dispatcher.workers.duplicates import Duplicates
 from dispatcher.workers.kubeconfig_policy import check_kubeconfig

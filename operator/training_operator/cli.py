@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 from trainjob import command_line, listeners, logs
-from trainjob import constants as c, trainer_status as ts
+from trainjob import constants as c
+from trainjob import trainer_status as ts
 from trainjob.gc_pauses import SWEEP_SECONDS
 from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
 from trainjob.service import ListenError, serve

@@ -28,7 +28,7 @@ def seconds_left(job: TrainJob, raw: dict[str, Any],
         started = _parse(resumed.last_transition_time) or started
     if started is None:
         return None
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     return job.spec.active_deadline_seconds - (now - started).total_seconds()
 
 

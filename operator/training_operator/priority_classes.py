@@ -10,7 +10,8 @@ cluster and end the check; any other name must resolve. Upstream names the field
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FIELD = "spec.templateSpec.priorityClassName"
 BUILT_IN = ("system-cluster-critical", "system-node-critical")

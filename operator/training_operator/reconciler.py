@@ -6,8 +6,8 @@ with the same world writes at most once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -19,10 +19,13 @@ from training_operator import (
     deadline,
     jobset_builder,
     runtime_snapshot,
+)
+from training_operator import (
     status as status_mod,
 )
 from training_operator.metrics import OperatorMetrics
-from trainjob import constants as c, runtime_ref
+from trainjob import constants as c
+from trainjob import runtime_ref
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.events import NORMAL, WARNING, EventRecorder
 from trainjob.kubeclient import (

@@ -38,7 +38,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from training_operator.webhook_server import WebhookServer, _Handler
-from trainjob import constants as c, trainer_status as ts
+from trainjob import constants as c
+from trainjob import trainer_status as ts
 from trainjob.kubeclient import APPLY_PATCH, describe_error
 from trainjob.managed_by import managed_by, operator_manages
 

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from kubernetes.utils.quantity import parse_quantity
 
 from training_operator import priority_classes, runtime_webhook
-from trainjob import constants as c, runtime_ref
+from trainjob import constants as c
+from trainjob import runtime_ref
 from trainjob.managed_by import ALLOWED_VALUES, allowed, managed_by, operator_manages
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"

@@ -11,7 +11,6 @@ import pytest
 
 from clusters.testing import machine_load, stretched
 
-
 # How long a program told to stop (SIGTERM) may take to stop its clusters and write results.
 STOP_SECONDS = 180
 

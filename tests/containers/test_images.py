@@ -23,8 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, images
 from clusters.controlplane import free_port
 from clusters.testing import eventually
-from trainjob import constants as c
 from training_operator.webhook_server import VALIDATE_PATH
+from trainjob import constants as c
 
 IMAGE_BUDGET_BYTES = 250 * 1000 * 1000
 CONFIG = "containers"

@@ -22,7 +22,12 @@ from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    CONFIG, PYTHON_GC_SWEEP_SECONDS, QUICK_RUNTIME, RUNTIME, WORKER_LOST_TIMEOUT)
+    CONFIG,
+    PYTHON_GC_SWEEP_SECONDS,
+    QUICK_RUNTIME,
+    RUNTIME,
+    WORKER_LOST_TIMEOUT,
+)
 
 # Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
 LEASE_ARGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")

@@ -17,8 +17,17 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    active, complete_jobset, condition, create, get, idle_workers, placement, remotes, trainjob,
-    wait_placed)
+    active,
+    complete_jobset,
+    condition,
+    create,
+    get,
+    idle_workers,
+    placement,
+    remotes,
+    trainjob,
+    wait_placed,
+)
 
 
 def faults(env, cluster, tmp_path, namespace: str, resource: str, operations: tuple[str, ...],

@@ -14,8 +14,18 @@ import pytest
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import (MK, TRAINER, condition, create, get, idle_workers,  # noqa: E402
-                              placement, remotes, trainjob, wait_placed)
+from dispatch_helpers import (  # noqa: E402
+    MK,
+    TRAINER,
+    condition,
+    create,
+    get,
+    idle_workers,
+    placement,
+    remotes,
+    trainjob,
+    wait_placed,
+)
 
 ANNOTATION = "trainjob-dispatcher.io/cluster-selector"
 MERGE = "application/merge-patch+json"

@@ -25,8 +25,14 @@ from dispatcher.dashboard import display_amount
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    RUNTIME, QUICK_RUNTIME, trainjob, create, get, wait_placed, complete_jobset)
-
+    QUICK_RUNTIME,
+    RUNTIME,
+    complete_jobset,
+    create,
+    get,
+    trainjob,
+    wait_placed,
+)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 INSTALL_HINT = ("install them with `make browser` (Debian/Ubuntu: "

@@ -18,8 +18,23 @@ from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    MK, PYTHON_GC_SWEEP_SECONDS, QUICK_RUNTIME, TRAINER, active, complete_jobset, condition, create, get, placement,
-    remotes, trainjob, wait_no_namespace_terminating, wait_pending, wait_placed)
+    MK,
+    PYTHON_GC_SWEEP_SECONDS,
+    QUICK_RUNTIME,
+    TRAINER,
+    active,
+    complete_jobset,
+    condition,
+    create,
+    get,
+    placement,
+    remotes,
+    trainjob,
+    wait_no_namespace_terminating,
+    wait_pending,
+    wait_placed,
+)
+
 
 def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
     env = dispatch_env

@@ -14,7 +14,18 @@ from clusters import fixtures
 from clusters.testing import eventually, holds_for
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    trainjob, create, get, placement, remotes, wait_pending, wait_placed, wait_no_namespace_terminating, MK, CONFIG, active)
+    CONFIG,
+    MK,
+    active,
+    create,
+    get,
+    placement,
+    remotes,
+    trainjob,
+    wait_no_namespace_terminating,
+    wait_pending,
+    wait_placed,
+)
 
 
 def test_the_manager_apiserver_restarting(dispatch_env, namespace):

@@ -31,8 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, kueue, kueue_queues, kustomize, worker_stack
 from clusters.pki import service_account_user
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
-from clusters.testing import (ServiceProcess, audited_writes, eventually,
-                              holds_for)
+from clusters.testing import ServiceProcess, audited_writes, eventually, holds_for
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
@@ -110,7 +109,7 @@ def finished(obj: dict | None) -> bool:
 def kueue_dispatcher(kueue_env):
     """The dispatcher as Kueue's external dispatcher (the manager's Kueue starts with
     ``dispatcherName: KUEUE_TEST_DISPATCHER``)."""
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     process = ServiceProcess(
         "dispatcher", kueue_env.manager.kubeconfig, kueue_env.log_dir / "kueue-mode.log",
         ("--mode", "kueue", "--dispatcher-name", KUEUE_TEST_DISPATCHER,

@@ -16,9 +16,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    create, get, condition, wait_pending, wait_placed)
-
+from dispatch_helpers import condition, create, get, wait_pending, wait_placed  # noqa: E402 - this directory's helpers
 
 GPU = "nvidia.com/gpu"
 

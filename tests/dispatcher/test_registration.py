@@ -13,8 +13,19 @@ from clusters.testing import eventually
 from trainjob import constants as c
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    CONFIG, MK, active, copies_at_once, create, get, idle_workers, look_at_copies,
-    placement, remotes, trainjob, wait_placed)
+    CONFIG,
+    MK,
+    active,
+    copies_at_once,
+    create,
+    get,
+    idle_workers,
+    look_at_copies,
+    placement,
+    remotes,
+    trainjob,
+    wait_placed,
+)
 
 WORKERS = ["worker-1", "worker-2"]
 

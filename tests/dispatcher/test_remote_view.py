@@ -178,7 +178,7 @@ def kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _cri_line(text: str) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return f"{now} stdout F {text}\n"
 
 

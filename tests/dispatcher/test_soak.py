@@ -11,9 +11,7 @@ import pytest
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    QUICK_RUNTIME, trainjob, create, get, wait_placed, complete_jobset)
-
+from dispatch_helpers import QUICK_RUNTIME, complete_jobset, create, get, trainjob, wait_placed  # noqa: E402 - this directory's helpers
 
 JOBS = 80
 KILLS = 5

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 
 from clusters.testing import eventually
-from dispatch_helpers import TRAINER, create, get, trainjob, wait_placed
 from trainjob import constants as c
 from trainjob import trainer_status as ts
+
+from dispatch_helpers import TRAINER, create, get, trainjob, wait_placed
 
 PROGRESS = {"progressPercentage": 55, "estimatedRemainingSeconds": 120,
             "metrics": [{"name": "loss", "value": "0.42"}],

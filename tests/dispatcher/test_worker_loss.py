@@ -12,8 +12,18 @@ from clusters.testing import eventually
 from trainjob.conditions import parse_time
 
 from dispatch_helpers import (  # noqa: E402 - this directory's helpers
-    WORKER_LOST_TIMEOUT, active, complete_jobset, condition, create, get, idle_workers, placement,
-    remotes, trainjob, wait_placed)
+    WORKER_LOST_TIMEOUT,
+    active,
+    complete_jobset,
+    condition,
+    create,
+    get,
+    idle_workers,
+    placement,
+    remotes,
+    trainjob,
+    wait_placed,
+)
 
 
 def test_a_short_outage_moves_nothing_and_sync_resumes(dispatch_env, namespace):

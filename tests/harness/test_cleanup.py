@@ -11,6 +11,7 @@ import pytest
 from clusters.processes import harness_processes
 from clusters.testing import eventually
 
+
 def _default_sigint() -> None:
     # A shell that starts a job in the background leaves SIGINT ignored, and Python keeps
     # an ignored SIGINT ignored; the child here must be interruptible wherever the suite

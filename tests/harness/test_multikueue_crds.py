@@ -12,7 +12,6 @@ import yaml
 
 from clusters import kueue
 from clusters.crds import manifests_dir
-from clusters.testing import eventually
 
 NAMES = ("multikueueclusters.kueue.x-k8s.io", "multikueueconfigs.kueue.x-k8s.io")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from clusters.local import LocalClusters
-from clusters.nodes import GPU, layout_from_file, NodeSpecError
+from clusters.nodes import GPU, NodeSpecError, layout_from_file
 from clusters.processes import harness_processes
 from trainjob.kubeclient import api_client
 

@@ -16,7 +16,9 @@ import pytest
 
 from clusters import images
 from clusters.kind import KindClusters
+
 from kind_layout import LAYOUT
+
 
 @pytest.fixture(scope="session")
 def kind_clusters(docker_engine, tmp_path_factory):

@@ -404,7 +404,7 @@ def test_the_standby_dispatcher_takes_over_and_no_job_gets_a_second_copy(
     finally:
         for api in apis.values():
             api.close()
-    assert {n: len(w) for n, w in seen.items()} == {n: 1 for n in names}, (
+    assert {n: len(w) for n, w in seen.items()} == dict.fromkeys(names, 1), (
         f"expected each job on one worker; saw {seen} (Lease holders in turn: {holders})")
     assert not any(h.startswith(leader) for h in holders), (
         f"the deleted Pod {leader} held the Lease again: {holders}")
@@ -453,7 +453,7 @@ def test_an_operator_rollout_and_certificate_rotations_refuse_no_trainjob_create
             "spec": {"template": {
                 "metadata": {"annotations": {
                     "kubectl.kubernetes.io/restartedAt":
-                        datetime.datetime.now(datetime.timezone.utc).isoformat()}},
+                        datetime.datetime.now(datetime.UTC).isoformat()}},
                 "spec": {"containers": [{"name": container.name, "args": [
                     *container.args, f"--webhook-cert-validity={SHORT_VALIDITY}"]}]}}}})
         certificates = [tls_crt(core, shipped)]

@@ -35,6 +35,8 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from test_deployed_product import create, get, is_true, trainjob, workload_runtime
+from test_kueue_on_kind import Deployed, Removal, kueue_inventory
 
 from clusters import fixtures, images, kueue, kueue_queues, kustomize, nodes
 from clusters.kind import KindClusters
@@ -43,9 +45,6 @@ from clusters.kind.deploy import KUEUE_MODE, deploy
 from clusters.testing import eventually
 from trainjob import constants as c
 from trainjob.kubeclient import api_client, apply_custom_object
-
-from test_deployed_product import create, get, is_true, trainjob, workload_runtime
-from test_kueue_on_kind import Deployed, Removal, kueue_inventory
 
 NAMES = ("manager", "worker-1", "worker-2")
 WORKERS = NAMES[1:]

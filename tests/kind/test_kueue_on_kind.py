@@ -22,6 +22,18 @@ import time
 
 import pytest
 from kubernetes import client
+from test_deployed_product import (
+    conditions,
+    create,
+    get,
+    inventory,
+    is_true,
+    objects,
+    trainjob,
+    trainjob_names,
+    worker_of,
+    workload_runtime,
+)
 
 from clusters import fixtures, kustomize, nodes
 from clusters.kind import KindClusters
@@ -30,10 +42,6 @@ from clusters.kind.deploy import BESIDE_KUEUE, deploy
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
-
-from test_deployed_product import (
-    conditions, create, get, inventory, is_true, objects, trainjob, trainjob_names,
-    workload_runtime, worker_of)
 
 NAMES = ("manager", "worker-1")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

@@ -22,7 +22,6 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from clusters import fixtures, worker_stack
-
 from clusters.testing import apiserver_writes, eventually, holds_for
 from trainjob import constants as c
 

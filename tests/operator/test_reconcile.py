@@ -150,7 +150,7 @@ def patch_jobset_status(cluster, namespace: str, name: str, status: dict) -> dic
 
 
 def jobset_condition(type_: str, reason: str, message: str) -> dict:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"type": type_, "status": "True", "reason": reason, "message": message,
             "lastTransitionTime": now}
 

@@ -29,7 +29,8 @@ from clusters.controlplane import free_port
 from clusters.crds import manifests_dir
 from clusters.pki import service_account_user
 from clusters.testing import eventually
-from trainjob import constants as c, trainer_status as ts
+from trainjob import constants as c
+from trainjob import trainer_status as ts
 
 WORKER = "worker-2"
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)

@@ -11,8 +11,15 @@ from http import HTTPStatus
 import pytest
 from kubernetes import client
 
-from trainjob.metrics_auth import (Decision, DecisionCache, MetricsAuthorizer, ReviewBudget,
-                                   ReviewBudgetSpent, review_client, token_key)
+from trainjob.metrics_auth import (
+    Decision,
+    DecisionCache,
+    MetricsAuthorizer,
+    ReviewBudget,
+    ReviewBudgetSpent,
+    review_client,
+    token_key,
+)
 
 ALLOWED = Decision(HTTPStatus.OK, "user reader may get /metrics")
 UNAUTHORIZED = Decision(HTTPStatus.UNAUTHORIZED, "not valid")

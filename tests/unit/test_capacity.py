@@ -7,8 +7,14 @@ from decimal import Decimal as D
 import pytest
 
 from dispatcher.room import arrival
-from dispatcher.room.capacity import (ARRIVAL_WINDOW_SECONDS, MOST_ALLOCATED, WorkerCapacity,
-                                          admits, pod_requests, tolerates)
+from dispatcher.room.capacity import (
+    ARRIVAL_WINDOW_SECONDS,
+    MOST_ALLOCATED,
+    WorkerCapacity,
+    admits,
+    pod_requests,
+    tolerates,
+)
 from trainjob.constants import JOBSET_NAME_LABEL
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"

@@ -8,14 +8,21 @@ import copy
 import random
 from decimal import Decimal as D
 
+from test_capacity import GPU, node, pod
+
 from dispatcher.room import capacity as capacity_module
 from dispatcher.room.amounts import fits, shift
-from dispatcher.room.capacity import (_SCORED, _ZERO, PODS, Resources, WorkerCapacity,
-                                          admits, pod_requests)
+from dispatcher.room.capacity import (
+    _SCORED,
+    _ZERO,
+    PODS,
+    Resources,
+    WorkerCapacity,
+    admits,
+    pod_requests,
+)
 from dispatcher.workers import projections
 from trainjob.constants import JOBSET_NAME_LABEL
-
-from test_capacity import GPU, node, pod
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]

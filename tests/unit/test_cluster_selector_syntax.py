@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.placement.cluster_selector import (REASON_INVALID_SELECTOR,
-                                                   REASON_NO_WORKER_MATCHES, InvalidSelector,
-                                                   parse, select)
+from dispatcher.placement.cluster_selector import (
+    REASON_INVALID_SELECTOR,
+    REASON_NO_WORKER_MATCHES,
+    InvalidSelector,
+    parse,
+    select,
+)
 
 EU = {"region": "eu-west", "tier": "standard", "gpus": "8"}
 US = {"region": "us-east", "tier": "spot"}

@@ -3,8 +3,8 @@ dispatcher's condition writes and the operator's status use it."""
 
 from __future__ import annotations
 
-from trainjob.conditions import finished, upsert
 from training_operator.status import set_condition
+from trainjob.conditions import finished, upsert
 
 
 def _condition(type_: str, status: str, when: str, reason: str = "R") -> dict:

@@ -6,7 +6,7 @@ from training_operator import deadline
 from trainjob.api import TrainJob
 
 CREATED = "2026-01-01T00:00:00Z"
-T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
 def job(conditions=(), **spec) -> tuple[TrainJob, dict]:

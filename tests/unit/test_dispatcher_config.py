@@ -4,9 +4,12 @@ import pytest
 import yaml
 
 from dispatcher.config import ConfigError, load_config
+from dispatcher.workers.kubeconfig_policy import (
+    BAD_KUBECONFIG,
+    INSECURE_KUBECONFIG,
+    check_kubeconfig,
+)
 from trainjob import constants as c
-from dispatcher.workers.kubeconfig_policy import (BAD_KUBECONFIG, INSECURE_KUBECONFIG,
-                                                 check_kubeconfig)
 
 
 def test_defaults_follow_multikueue():

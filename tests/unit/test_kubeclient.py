@@ -11,9 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainjob.kubeclient import (FROM_ENVIRONMENT, FROM_FLAG, FROM_HOME, IN_CLUSTER,
-                                 KubeconfigError, ThrottledTokenHook, TokenBucket, api_client,
-                                 find_kubeconfig)
+from trainjob.kubeclient import (
+    FROM_ENVIRONMENT,
+    FROM_FLAG,
+    FROM_HOME,
+    IN_CLUSTER,
+    KubeconfigError,
+    ThrottledTokenHook,
+    TokenBucket,
+    api_client,
+    find_kubeconfig,
+)
 
 
 def test_token_bucket_spends_the_burst_then_paces():

@@ -7,12 +7,13 @@ from __future__ import annotations
 from decimal import Decimal as D
 
 from dispatcher.kueue import workloads as wl
-from dispatcher.room import kueue_quota as kq
-from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
+from dispatcher.room import kueue_quota as kq
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
 from dispatcher.workers.cluster import WorkerCluster
+
 from worker_fakes import Cache, Registry
 
 WHERE = "ClusterQueue cq (LocalQueue ns/q)"

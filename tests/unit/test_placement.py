@@ -4,10 +4,10 @@ from decimal import Decimal as D
 
 import pytest
 
-from dispatcher.room.amounts import format_amount
-from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.chooser import Placement, describe_reasons, place_trainjob
 from dispatcher.placement.policy import POLICIES, BestFit, Candidate, FirstFit, WorstFit
+from dispatcher.room.amounts import format_amount
+from dispatcher.room.capacity import WorkerCapacity
 from trainjob import constants as c
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info

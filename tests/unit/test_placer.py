@@ -8,10 +8,11 @@ from decimal import Decimal as D
 import pytest
 
 from dispatcher.placement import placer as placer_module
-from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.placer import Placer
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
+
 from worker_fakes import Cache, Registry
 
 

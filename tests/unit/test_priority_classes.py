@@ -3,9 +3,17 @@ which names are looked up, and the refusal a missing one gets, through the whole
 
 import copy
 
+from test_webhook_review import (
+    TableLookups,
+    allowed,
+    causes_of,
+    refused,
+    replicated_job,
+    runtime,
+    trainjob,
+)
+
 from training_operator import priority_classes
-from test_webhook_review import TableLookups, causes_of, refused, allowed, replicated_job, \
-    runtime, trainjob
 
 
 def _volcano(*names: str | None, policy: dict | None = None) -> dict:

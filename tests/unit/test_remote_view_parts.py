@@ -12,8 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dispatcher import kubectl_plugin
 from dispatcher.remote_view import TRAINJOB_LABEL, WORKER_LABEL, certificate, discovery, items
-from dispatcher.remote_view.authn import (RequestHeaderConfig, Unauthenticated,
-                                          authenticate)
+from dispatcher.remote_view.authn import RequestHeaderConfig, Unauthenticated, authenticate
 from dispatcher.remote_view.logs import BadLogOption, as_query, log_options
 
 CONFIGMAP = {"requestheader-client-ca-file": "-----BEGIN CERTIFICATE-----\n...",
@@ -129,7 +128,7 @@ def test_the_user_comes_from_the_front_proxys_headers_only():
 
 def test_the_serving_certificate_is_made_once_and_renewed_at_two_thirds():
     hosts = certificate.hosts_of("svc", "ns")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     first, why = certificate.plan({}, hosts, now)
     assert first is not None and "no CA yet" in why
     assert certificate.plan(first, hosts, now) == (None, "")

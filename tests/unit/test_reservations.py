@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from decimal import Decimal as D
 
-from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.need import Need
 from dispatcher.placement.placer import Placer
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES, WorkerQuota
 from dispatcher.workers.cluster import WorkerCluster
+
 from worker_fakes import Cache, Registry
 
 WORKLOAD = ("ns", "job-j-1")

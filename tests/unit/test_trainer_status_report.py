@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainjob import constants as c, trainer_status as ts
+from trainjob import constants as c
+from trainjob import trainer_status as ts
 from trainjob.api import TrainingRuntime, TrainJob
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.plugins import registered

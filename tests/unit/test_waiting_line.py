@@ -8,13 +8,14 @@ from __future__ import annotations
 import time
 from decimal import Decimal as D
 
-from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.placement.placer import Placer
 from dispatcher.placement.priority import PriorityClasses
 from dispatcher.placement.waiting_line import WaitingLine, job_of, rank_of
+from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.standalone.waiting_order import PlacementOrder
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
+
 from worker_fakes import Cache, Registry
 
 T0, T1, T2 = "2025-01-01T00:00:00Z", "2025-01-01T00:00:01Z", "2025-01-01T00:00:02Z"

@@ -6,7 +6,6 @@ import time
 import pytest
 
 from clusters.testing import eventually
-
 from trainjob.controller_metrics import ControllerMetrics, process_registry
 from trainjob.workqueue import ShutDown, WorkQueue
 

@@ -24,6 +24,7 @@ from typing import Any
 from trainjob import constants as c
 from trainjob.api import ContainerOverride, Initializer, TrainingRuntime, TrainJob
 from trainjob.runtime.extension_points import Plugin, Problems
+
 # Importing the package registers the built-in plug-ins.
 from trainjob.runtime.plugins import registered
 from trainjob.runtime.pod_template import apply_node_settings, merge_by_name, merge_env

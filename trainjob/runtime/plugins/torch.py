@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node, whole_number
-from trainjob.runtime.pod_template import merge_env
 from trainjob.runtime.extension_points import Problems
+from trainjob.runtime.node_resources import cpus_per_node, gpus_per_node, whole_number
 from trainjob.runtime.plugin_registry import register
 from trainjob.runtime.plugins import rendezvous, torchtune
+from trainjob.runtime.pod_template import merge_env
 from trainjob.runtime.podsets import RuntimeInfo, RuntimePolicy
 
 MASTER_PORT = rendezvous.PORT

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainjob import constants as c, trainer_status as ts
+from trainjob import constants as c
+from trainjob import trainer_status as ts
 from trainjob.api import TrainJob
 from trainjob.runtime.extension_points import ExtraObject
 from trainjob.runtime.pod_template import merge_env
