@@ -108,7 +108,7 @@ class Scraper:
 
 def _unverified() -> ssl.SSLContext:
     # The dispatcher's certificate is self-signed, as shipped: nothing to verify it with.
-    return ssl._create_unverified_context()  # noqa: SLF001
+    return ssl._create_unverified_context()
 
 
 def histogram(samples: list, name: str, **labels: str) -> dict[float, float]:
@@ -133,7 +133,7 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
         return None
     rank = q * total
     lower, below = 0.0, 0.0
-    for bound, cumulative in zip(bounds, counts):
+    for bound, cumulative in zip(bounds, counts, strict=True):
         if cumulative >= rank:
             if math.isinf(bound):
                 return lower  # above the largest finite bucket: its bound is all we know

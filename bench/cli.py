@@ -83,8 +83,9 @@ per contender) takes minutes. The clusters and processes are removed at the end,
 def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from err
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
@@ -111,8 +112,8 @@ def _sizes(text: str) -> tuple[tuple[int, int], ...]:
     try:
         sizes = tuple(tuple(int(x) for x in part.split(":")) for part in text.split(",")
                       if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NODES:PODS,..., got {text!r}")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected NODES:PODS,..., got {text!r}") from err
     if any(len(s) != 2 or min(s) < 1 for s in sizes):
         raise argparse.ArgumentTypeError(f"expected NODES:PODS,... of positive integers, "
                                          f"got {text!r}")
@@ -137,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-dir", type=Path,
                         help="use clusters already running under this harness state "
                         "directory (python -m clusters up --workers N) and leave them running;"
-                        " default: start fresh ones and remove them at the end; the comparison always "
-                        "starts clusters of its own, with Kueue")
+                        " default: start fresh ones and remove them at the end; the comparison "
+                        "always starts clusters of its own, with Kueue")
     scale = parser.add_argument_group("scale (override the preset)")
     scale.add_argument("--jobs", type=int, dest="burst_jobs",
                        help=f"jobs in the burst and each ceiling run (full {FULL.burst_jobs})")
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         "burst_jobs", "burst_workers", "concurrency", "rates", "rate_seconds", "step_samples",
         "sync_jobs",
         "sync_rate", "fill_to", "idle_seconds", "repeats", "scaling_workers", "scaling_jobs",
-        "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite", "contenders",
+        "constrained_jobs", "constrained_timeout", "placement_policy", "profile", "suite",
+        "contenders",
         "compare_jobs", "compare_rates", "compare_rate_seconds", "drain_timeout",
         "dispatcher_args", "compare_scenarios", "constrained_kinds", "workers_axis",
         "scale_workers", "scale_nodes", "scale_pods", "scale_axis", "scale_placement_jobs",

@@ -8,9 +8,9 @@ as running when all its pods have run on kwok); then the constrained-placement w
 runs to the end under each contender. After each burst and
 each steady step its jobs are deleted and waited for (what a contender has not removed
 after ``drain_timeout`` is cleared by force and every Kueue restarted), so a contender's
-backlog never queues ahead of its next step's jobs; everything a contender made is removed before the
-next one starts. Figures land in ``results`` as they
-are measured, so a run that stops half-way still has them.
+backlog never queues ahead of its next step's jobs; everything a contender made is removed
+before the next one starts. Figures land in ``results`` as they are measured, so a run that
+stops half-way still has them.
 
 ``settings.compare_scenarios`` chooses among the burst (with the create ceiling), the
 steady steps and the constrained run; ``settings.constrained_kinds`` makes the constrained

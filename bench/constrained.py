@@ -293,7 +293,8 @@ def prepare(env, workers: list[str], namespace: str | None = None) -> None:
     run, would otherwise all start at once and bury the workload)."""
     if getattr(env, "kueue", False):
         _install_runtimes(env.apis["manager"])
-    for worker, sizes in zip(workers, POOL_NODES):
+    # Workers past the pool's sizes get no pool, and no operator below.
+    for worker, sizes in zip(workers, POOL_NODES, strict=False):
         api = env.apis[worker]
         for index, size in enumerate(sizes):
             fixtures.add_node(api, f"{worker}-pool-{index}", {**NODE_BASE, **size},
@@ -316,7 +317,7 @@ def _install_runtimes(api) -> None:
 def tear_down(env, workers: list[str]) -> None:
     """The operators stopped; the pool's Nodes and runtimes removed."""
     env.stop_operators()
-    for worker, sizes in zip(workers, POOL_NODES):
+    for worker, sizes in zip(workers, POOL_NODES, strict=False):
         core = client.CoreV1Api(env.apis[worker])
         custom = client.CustomObjectsApi(env.apis[worker])
         for index in range(len(sizes)):
@@ -355,7 +356,7 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
     # its batch Jobs (only those: the workers' JobSets make Jobs of their own).
     batch = _batch_job_timelines(ctx, clusters, namespace, batch_names) if batch_names else {}
     seen = {key: (batch if job.kind == BATCH_JOB else ctx.timelines.clusters)
-            for job, key in zip(jobs, keys)}
+            for job, key in zip(jobs, keys, strict=True)}
     calls = [(ctx.kubeconfig("manager"),
               (create_batch_job_call if job.kind == BATCH_JOB else create_call)(
                   namespace, submit(job.body())))
@@ -395,7 +396,7 @@ def constrained(ctx, namespace: str, workers: list[str], count: int,
 
     def measure(kind: str | None) -> dict:
         """The figures of the jobs of ``kind`` (None: every job)."""
-        mine = [(job, key) for job, key in zip(jobs, keys) if kind in (None, job.kind)]
+        mine = [(job, key) for job, key in zip(jobs, keys, strict=True) if kind in (None, job.kind)]
         my_ends = [ends[key] for _, key in mine if key in ends]
         my_missing = [key for _, key in mine if key in missing]
         makespan = (max(my_ends) - run.first_start) if my_ends and not my_missing else None

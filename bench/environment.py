@@ -270,7 +270,7 @@ class BenchClusters:
         log_file = self.control_plane("manager").log_file(kueue.COMPONENT)
         try:
             self.harness.use_kueue_dispatcher("manager", dispatcher, timeout=120)
-        except Exception as err:  # noqa: BLE001 - reported as the controller that failed
+        except Exception as err:  # reported as the controller that failed
             raise ControllerStartError(f"Kueue on the manager ({dispatcher})", log_file,
                                        err) from err
 
@@ -306,7 +306,7 @@ class BenchClusters:
             log_file = self.control_plane(name).log_file(kueue.COMPONENT)
             try:
                 self.harness.restart_kueue(name, timeout=120)
-            except Exception as err:  # noqa: BLE001 - reported as the controller that failed
+            except Exception as err:  # reported as the controller that failed
                 raise ControllerStartError(f"Kueue on {name}", log_file, err) from err
 
     def stop_dispatcher(self) -> None:

@@ -39,7 +39,7 @@ def _correlation(xs: list[float], ys: list[float]) -> float | None:
 def _with_cpu(rows: list[tuple], values: list[float | None]) -> str:
     """The correlation of ``values`` (one per row) with the rows' CPU per unit, over the
     rows that have one; "n/a" with fewer than ``MIN_RUNS`` or a constant series."""
-    pairs = [(row[0], v) for row, v in zip(rows, values) if v is not None]
+    pairs = [(row[0], v) for row, v in zip(rows, values, strict=True) if v is not None]
     r = _correlation([c for c, _ in pairs], [v for _, v in pairs]) \
         if len(pairs) >= MIN_RUNS else None
     return "n/a" if r is None else f"{r:.2f}"

@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
-from bench.report import copies  # noqa: E402
+from bench.report import copies
 
 
 def _cdf(axis, samples_ms: list[float], label: str) -> None:
@@ -33,7 +33,8 @@ def latency_plot(results: dict, path: Path) -> Path:
          f"burst of {results['burst']['jobs']}")
     for step in results["steady"]:
         _cdf(dispatch, step["latency_samples_ms"], f"steady {step['rate']} jobs/s")
-    dispatch.set(title="Dispatch latency (manager ADDED -> remote ADDED)", xlabel="ms", ylabel="fraction of jobs")
+    dispatch.set(title="Dispatch latency (manager ADDED -> remote ADDED)", xlabel="ms",
+                 ylabel="fraction of jobs")
     _log_ms_axis(dispatch)
     dispatch.axvline(100, color="grey", linestyle=":", label="100 ms target")
     dispatch.legend(fontsize=8)
@@ -115,7 +116,7 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
              # The Workloads a dispatcher has made on the workers: AllAtOnce's grow with them.
              (lambda b: copies(b)["Workload created"],
               "Workers: Workload create requests per job"))
-    for panel, (value, title) in zip(panels[:3], shown):
+    for panel, (value, title) in zip(panels[:3], shown, strict=True):
         for key in keys:
             points = [(n, value(c["contenders"][key]["burst"]))
                       for n, c in axis
@@ -124,7 +125,7 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
             if points:
                 title_of = next(c["contenders"][key]["title"] for _, c in axis
                                 if key in c["contenders"])
-                panel.plot(*zip(*points), marker="o", label=f"{key}: {title_of}")
+                panel.plot(*zip(*points, strict=True), marker="o", label=f"{key}: {title_of}")
         panel.set(title=title, xlabel="workers", ylabel="per submitted job", ylim=(0, None))
         panel.set_xticks([n for n, _ in axis])
         if panel.get_legend_handles_labels()[0]:
@@ -148,7 +149,7 @@ def workers_axis_plot(results: dict, path: Path) -> Path:
                       and "burst" in c["contenders"].get("A", {})
                       and value(c["contenders"]["A"]["burst"])]
             if points:
-                ratio.plot(*zip(*points), marker="o", linestyle=style, color=colour,
+                ratio.plot(*zip(*points, strict=True), marker="o", linestyle=style, color=colour,
                            label=f"{key}/A, {what} per job")
     ratio.axhline(1, color="grey", linestyle=":")
     ratio.set(title="Ratio to A per job: writes (solid), CPU (dashed)",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from bench import host_speed
 from bench.apicost import DRY_RUN
 from bench.repeats import host_speeds
@@ -254,7 +256,7 @@ def _dispatcher_targets(results: dict) -> list[dict]:
     steps = results["scaling"]
     series = [s["throughput_jobs_per_second"] for s in steps]
     manager_ceiling = results["ceiling"]["manager"]["creates_per_second"]
-    grows = bool(series) and all(b >= 0.9 * a for a, b in zip(series, series[1:])) and (
+    grows = bool(series) and all(b >= 0.9 * a for a, b in pairwise(series)) and (
         series[-1] >= 1.2 * series[0] or series[0] >= 0.8 * manager_ceiling)
     rows.append({"target": "throughput grows with workers until the manager apiserver is "
                            "the limit",
@@ -748,7 +750,10 @@ def _ratio_table(axis: list[tuple[int, dict]]) -> str:
              "job, and the steady steps' latency", "",
              "| Figure | " + " | ".join(f"{key}/A, {n} workers" for n, key, _ in pairs) + " |",
              "|---|" + "---|" * len(pairs)]
-    per_job = lambda name: lambda b: b["api"]["per_job"][name]  # noqa: E731
+
+    def per_job(name):
+        return lambda b: b["api"]["per_job"][name]
+
     figures = [
         ("throughput", lambda b: b["throughput_jobs_per_second"]),
         ("latency p50", lambda b: b["latency"]["p50_ms"]),

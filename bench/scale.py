@@ -438,7 +438,7 @@ def create_pods(env: BenchClusters, fleets: list[Fleet], runner: LoadRunner,
                            _any(env.apis[f.worker], "status.phase!=Running"))
                 for f in fleets}
         return (all(total == len(f.pods) and not waiting
-                    for f, (total, waiting) in zip(fleets, seen.values())),
+                    for f, (total, waiting) in zip(fleets, seen.values(), strict=True)),
                 {w: {"pods": total, "some_not_running": waiting}
                  for w, (total, waiting) in seen.items()})
 
@@ -929,7 +929,7 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                     results["steady_churn"].append(figures)
                     drop_jobs(env, timelines, namespace, workers)
                 results["churn"]["drivers"] = {f.worker: churn.stop()
-                                               for f, churn in zip(fleets, churns)}
+                                               for f, churn in zip(fleets, churns, strict=True)}
                 churns = []
             size["seconds"] = round(time.monotonic() - step_started, 1)
             if not last:

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.scale import SHAPES  # noqa: E402
+from bench.scale import SHAPES
 
 PLOT = "scale.png"
 
@@ -94,7 +94,8 @@ def render(results: dict) -> str:
         memory = size.get("memory") or {}
         full = memory.get("with_pods") or {}
         lines.append(
-            f"| {size['pods_per_worker']} | {_v((memory.get('empty') or {}).get('settled_rss_mb'))} "
+            f"| {size['pods_per_worker']} "
+            f"| {_v((memory.get('empty') or {}).get('settled_rss_mb'))} "
             f"| {_v((memory.get('with_nodes') or {}).get('settled_rss_mb'))} "
             f"| {_v(full.get('settled_rss_mb'))} | {_v(full.get('peak_rss_mb'))} "
             f"| {_kb(memory.get('bytes_per_node'))} | {_kb(memory.get('bytes_per_pod'))} "
@@ -131,7 +132,8 @@ def render(results: dict) -> str:
         drivers = churn.get("drivers") or {}
         achieved = ", ".join(f"{w} {_v(d.get('achieved_per_second'))}/s"
                              f" ({d.get('errors', 0)} errors)" for w, d in drivers.items())
-        lines += ["", f"Pod churn: target {_v(next(iter(drivers.values()), {}).get('target_per_second'))}"
+        target = next(iter(drivers.values()), {}).get("target_per_second")
+        lines += ["", f"Pod churn: target {_v(target)}"
                   f" Pods/s per worker, achieved {achieved or 'n/a'}. Dispatcher CPU "
                   f"{_v(churn['idle_cpu_per_second'])} s/s idle, "
                   f"{_v(churn['churn_cpu_per_second'])} s/s churning "

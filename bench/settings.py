@@ -81,8 +81,8 @@ FULL = BenchSettings()
 # largest: one stall does not decide it. The repeats alone take the mirrored count past 3,000.
 QUICK = BenchSettings(burst_jobs=500, rates=(10, 50), rate_seconds=10.0, sync_jobs=500,
                       fill_to=2000, idle_seconds=3.0, scaling_workers=(1, 2, 4),
-                      scaling_jobs=100, constrained_jobs=24, compare_jobs=40, constrained_timeout=120.0,
-                      compare_rates=(10,), compare_rate_seconds=3.0,
+                      scaling_jobs=100, constrained_jobs=24, compare_jobs=40,
+                      constrained_timeout=120.0, compare_rates=(10,), compare_rate_seconds=3.0,
                       scale_axis=(), scale_placement_jobs=30, scale_rate_seconds=10.0,
                       scale_window_seconds=8.0)
 

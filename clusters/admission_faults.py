@@ -95,7 +95,7 @@ class AdmissionFaults:
         answer = self._answer
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 reply = json.dumps(answer(json.loads(body))).encode()
                 self.send_response(200)

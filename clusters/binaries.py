@@ -247,7 +247,8 @@ def find_binaries(build: bool = True, names: Iterable[str] = HARNESS_BINARIES,
     names = list(names)
     unknown = [n for n in names if n not in COMPONENTS]
     if unknown:
-        raise ProvisioningError(f"unknown binary {', '.join(unknown)}; known: {', '.join(COMPONENTS)}")
+        raise ProvisioningError(f"unknown binary {', '.join(unknown)}; "
+                                f"known: {', '.join(COMPONENTS)}")
     found: dict[str, Path] = {}
     # A broken explicit override is reported before anything is looked up or built.
     overrides = {name: _from_environment(name) for name in names}
@@ -260,7 +261,8 @@ def find_binaries(build: bool = True, names: Iterable[str] = HARNESS_BINARIES,
                 raise ProvisioningError(
                     f"{name} not found: set {ENV_OVERRIDES[name]}"
                     + (" or KUBEBUILDER_ASSETS" if COMPONENTS[name].kind != "module" else "")
-                    + f", or run `python -m clusters provision` to build it into {cached_path(name)}"
+                    + ", or run `python -m clusters provision` to build it into "
+                    + f"{cached_path(name)}"
                 )
             missing.append(name)
             continue
@@ -353,7 +355,8 @@ def generated_crds(name: str, module: str, package: str,
             progress(f"generating CRDs of {source}")
             with tempfile.TemporaryDirectory(prefix="crds-", dir=cache_root()) as tmp:
                 workdir = Path(tmp)
-                (workdir / "go.mod").write_text(f"module trainjob.local/crds\n\ngo {GO_DIRECTIVE}\n")
+                (workdir / "go.mod").write_text(
+                    f"module trainjob.local/crds\n\ngo {GO_DIRECTIVE}\n")
                 _run_go(["get", f"{package}@{version}"], workdir, what="CRDs", source=source,
                         progress=progress, started=started)
                 out = workdir / "out"
@@ -397,7 +400,8 @@ def _go() -> str:
     if go is None:
         raise ProvisioningError(
             "Go is needed to build the harness binaries and is not on PATH. Install Go "
-            f">= {GO_DIRECTIVE[:4]}, or point KUBEBUILDER_ASSETS / TEST_ASSET_* at existing binaries."
+            f">= {GO_DIRECTIVE[:4]}, or point KUBEBUILDER_ASSETS / TEST_ASSET_* at existing "
+            "binaries."
         )
     return go
 

@@ -193,10 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run upstream Kubeflow Trainer's controller (with its CRDs) on one worker "
         "and this operator on another, apply the same runtimes and TrainJobs to both (upstream's "
         "shipped runtimes and examples, and the project's own cases) and print, per object, "
-        "whether what the two made is equal after the intended differences docs/conformance.md lists "
-        "are removed, and the paths that differ. Uses the clusters in --state-dir when two "
-        "workers run there, else starts and removes its own. Exit status 1 when anything "
-        "differs.")
+        "whether what the two made is equal after the intended differences "
+        "docs/conformance.md lists are removed, and the paths that differ. Uses the clusters "
+        "in --state-dir when two workers run there, else starts and removes its own. Exit "
+        "status 1 when anything differs.")
     conformance.add_argument("--case", action="append", default=[], metavar="NAME",
                              help="run only this case (repeatable)")
     conformance.add_argument("--operator-crds", choices=crds.TRAINER_CRD_FLAVOURS,
@@ -264,7 +264,7 @@ def _print_clusters(infos: list[ClusterInfo], as_json: bool, extra: dict | None 
     rows += [(i.name, i.role, i.state, i.server, i.kubeconfig) for i in infos]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for info in infos:
         for problem in info.problems:
             print(f"{info.name}: {problem}")

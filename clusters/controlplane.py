@@ -8,9 +8,9 @@ the ClusterRole aggregation controller (view, edit and admin take in the remote 
 rules). A worker adds what running pods needs: the job controller, node lifecycle (kwok
 renews each Node's Lease, so its Nodes stay Ready and lose the apiserver's not-ready taint;
 a Node whose kwok stops turns NotReady as a real one would), taint eviction, pod garbage
-collection (pods of a deleted Node go away) and PVC protection (it takes ``kubernetes.io/pvc-protection`` off
-a claim no pod uses; without it the claims JobSet makes from ``volumeClaimPolicies`` hold
-their namespace in Terminating for ever).
+collection (pods of a deleted Node go away) and PVC protection (it takes
+``kubernetes.io/pvc-protection`` off a claim no pod uses; without it the claims JobSet makes
+from ``volumeClaimPolicies`` hold their namespace in Terminating for ever).
 """
 
 from __future__ import annotations
@@ -253,7 +253,8 @@ class ControlPlane:
         if component == "kube-scheduler":
             return [
                 str(binaries.kube_scheduler),
-                f"--config={worker_stack.write_scheduler_config(self.directory, self.kubeconfig_path)}",
+                "--config="
+                f"{worker_stack.write_scheduler_config(self.directory, self.kubeconfig_path)}",
                 f"--bind-address={self.bind_address}",
                 f"--secure-port={self.port('kube-scheduler')}",
                 f"--tls-cert-file={self.pki.serving_cert}",
@@ -480,7 +481,8 @@ def wait_until(
             return
         if alive is not None and not alive():
             tail = processes.log_tail(log_file) if log_file else ""
-            raise ControlPlaneError(f"{what}: process exited before it was ready. Log tail:\n{tail}")
+            raise ControlPlaneError(
+                f"{what}: process exited before it was ready. Log tail:\n{tail}")
         if time.monotonic() >= deadline:
             tail = processes.log_tail(log_file) if log_file else ""
             raise ControlPlaneError(f"{what}: not ready after {timeout:.0f}s. Log tail:\n{tail}")

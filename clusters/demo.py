@@ -67,12 +67,14 @@ def _table(jobs: list[dict]) -> str:
     rows = [("TRAINJOB", "WORKER", "STATE", "PODS ACTIVE/SUCCEEDED")]
     for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
         status = (job.get("status") or {}).get("jobsStatus") or []
-        pods = f"{sum(j.get('active', 0) for j in status)}/{sum(j.get('succeeded', 0) for j in status)}"
+        pods = (f"{sum(j.get('active', 0) for j in status)}/"
+                f"{sum(j.get('succeeded', 0) for j in status)}")
         worker = (job["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION, "-")
         rows.append((f"{job['metadata']['namespace']}/{job['metadata']['name']}", worker,
                      _state(job)[:90], pods))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     for row in rows)
 
 
 def _interrupt(*_) -> None:

@@ -56,10 +56,10 @@ class Engine:
         return {**os.environ, "DOCKER_HOST": self.host}
 
     def docker(self, *args: str, check: bool = True, capture: bool = True,
-               timeout: float | None = None, input: bytes | None = None
+               timeout: float | None = None, stdin: bytes | None = None
                ) -> subprocess.CompletedProcess:
         """Run ``docker ARGS`` against this engine; a failure raises with its output."""
-        result = subprocess.run(["docker", *args], env=self.env(), input=input,
+        result = subprocess.run(["docker", *args], env=self.env(), input=stdin,
                                 capture_output=capture, timeout=timeout)
         if check and result.returncode != 0:
             output = (result.stderr or b"").decode(errors="replace").strip()

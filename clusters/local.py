@@ -529,9 +529,10 @@ class LocalClusters:
                     plane.kueue_dir / "pki").ensure(), plane.kueue_configuration())
             crds.install_crds(client, documents, timeout)
             if record.role == "worker":
-                worker_stack.install_webhook_configurations(client, worker_stack.jobset_webhook_configurations(
-                    f"https://{BIND_ADDRESS}:{plane.port('jobset-webhook')}",
-                    plane.pki.ca_cert.read_bytes()))
+                worker_stack.install_webhook_configurations(
+                    client, worker_stack.jobset_webhook_configurations(
+                        f"https://{BIND_ADDRESS}:{plane.port('jobset-webhook')}",
+                        plane.pki.ca_cert.read_bytes()))
 
     def _info(self, state: HarnessState) -> list[ClusterInfo]:
         infos = []

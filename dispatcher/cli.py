@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(NodeResourcesFit): where the dispatcher expects each pod of a job when "
                      "it checks that every pod fits on a Node (default: LeastAllocated, the "
                      "scheduler's default; MostAllocated for bin-packing schedulers)")
-    run.add_argument("--worker-lost-timeout", type=command_line.seconds, dest="worker_lost_timeout_seconds",
+    run.add_argument("--worker-lost-timeout", type=command_line.seconds,
+                     dest="worker_lost_timeout_seconds",
                      help="seconds a worker may be unreachable before its jobs are placed "
                      "again elsewhere (default: 900)")
     run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_arguments(run)
     # Config key -> the flag that sets it, so a refused value is named as it was typed
     # (argparse keeps its actions in a private list; there is no public way).
-    parser.run_flags = {action.dest: action.option_strings[0] for action in run._actions  # noqa: SLF001
+    parser.run_flags = {action.dest: action.option_strings[0] for action in run._actions
                         if action.option_strings and action.dest != "help"}
     status = sub.add_parser(
         "status", help="show clusters and multicluster TrainJobs (no dispatcher needed)",

@@ -43,5 +43,5 @@ class Coalesced:
             self._armed = False
         try:
             self._action()
-        except Exception:  # noqa: BLE001 - a timer thread has no caller to raise to
+        except Exception:  # a timer thread has no caller to raise to
             log.exception("coalesced %s failed", getattr(self._action, "__name__", "action"))

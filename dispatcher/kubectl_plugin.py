@@ -170,8 +170,8 @@ def explain(err: ApiException, what: str, namespace: str, remote: bool = True) -
 def _table(rows: list[list[str]], out) -> None:
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        out.write("   ".join(str(cell).ljust(width) for cell, width in zip(row, widths))
-                  .rstrip() + "\n")
+        cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        out.write("   ".join(cells).rstrip() + "\n")
 
 
 def _ended(pod: dict) -> str:

@@ -111,7 +111,7 @@ class Deadlines:
                 if on_cut is not None:
                     try:
                         on_cut()
-                    except Exception:  # noqa: BLE001 - counting must not stop the cutting
+                    except Exception:  # counting must not stop the cutting
                         log.exception("on_cut failed")
 
 
@@ -176,7 +176,7 @@ class ConnectionPool:
         if self._on_drop is not None:
             try:
                 self._on_drop(reason)
-            except Exception:  # noqa: BLE001 - counting must not stop serving
+            except Exception:  # counting must not stop serving
                 log.exception("on_drop failed")
 
     def _work(self) -> None:
@@ -192,7 +192,7 @@ class ConnectionPool:
                                            lambda: self._told(DEADLINE))
             try:
                 self._serve(sock, address)
-            except Exception:  # noqa: BLE001 - one connection must not end a thread
+            except Exception:  # one connection must not end a thread
                 log.debug("connection from %s failed", address, exc_info=True)
             finally:
                 self._deadlines.release(ticket)

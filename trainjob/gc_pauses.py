@@ -136,5 +136,5 @@ class GcPauses:
         while not self._stop.wait(self._sweep_seconds):
             try:
                 self.sweep()
-            except Exception:  # noqa: BLE001 - the next sweep must still come
+            except Exception:  # the next sweep must still come
                 log.exception("full garbage collection failed")

@@ -263,7 +263,7 @@ class Informer:
         for handler in self._synced_handlers:
             try:
                 handler()
-            except Exception:  # noqa: BLE001 - one bad handler must not stop the cache
+            except Exception:  # one bad handler must not stop the cache
                 log.exception("%s: synced handler failed", self.name)
 
     def _watch(self) -> None:
@@ -397,7 +397,7 @@ class Informer:
         for handler in self._handlers:
             try:
                 handler(kind, old, new)
-            except Exception:  # noqa: BLE001 - one bad handler must not stop the cache
+            except Exception:  # one bad handler must not stop the cache
                 log.exception("%s: event handler failed", self.name)
 
 

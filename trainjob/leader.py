@@ -190,7 +190,7 @@ class LeaderElector:
                     self._end_term()
                     continue
                 self._stop.wait(self.retry_period * (1 + random.uniform(0, JITTER)))
-        except Exception:  # noqa: BLE001 - a bug here must not leave a stale leader behind
+        except Exception:  # a bug here must not leave a stale leader behind
             log.exception("%s: leader elector failed", self.identity)
         finally:
             self._end_term()
@@ -247,7 +247,7 @@ class LeaderElector:
     def _call(self, callback: Callable[[], None], what: str) -> None:
         try:
             callback()
-        except Exception:  # noqa: BLE001 - a callback's failure must not stop the elector
+        except Exception:  # a callback's failure must not stop the elector
             log.exception("%s: %s failed", self.identity, what)
 
     # --- one attempt ----------------------------------------------------------------------

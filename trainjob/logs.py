@@ -8,13 +8,17 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 
 # The object a thread is working on (namespace, name, cluster). Every log line written
 # while it is set carries it, so a line never has to repeat it by hand to be findable.
 FIELDS = ("namespace", "name", "cluster")
-_context: ContextVar[dict[str, str]] = ContextVar("log_context", default={})
+# The default is shared by every context that sets nothing: read-only (a change sets a new
+# mapping, never alters the one it read).
+_context: ContextVar[Mapping[str, str]] = ContextVar("log_context",
+                                                     default=MappingProxyType({}))
 _process: dict[str, str] = {}  # fields true of the whole process, e.g. its cluster
 
 

@@ -77,7 +77,7 @@ class ObservabilityServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = CONNECTION_TIMEOUT
 
-            def do_GET(self):  # noqa: N802 - http.server's naming
+            def do_GET(self):
                 url = urlsplit(self.path)
                 if authorize is not None:
                     decision = authorize(self.headers.get("Authorization"), url.path)
@@ -96,7 +96,7 @@ class ObservabilityServer:
                 elif url.path in routes_ref:
                     try:
                         code, content_type, body = routes_ref[url.path](parse_qs(url.query))
-                    except Exception as err:  # noqa: BLE001 - one bad page must not kill the server
+                    except Exception as err:  # one bad page must not kill the server
                         log.exception("GET %s failed", url.path)
                         code, content_type, body = 500, "text/plain", (
                             f"GET {url.path}: {type(err).__name__}: {err}".encode())

@@ -105,7 +105,7 @@ class ServingCertificate:
             if self._clock() >= self._renew_at:  # not renewed meanwhile by another thread
                 try:
                     self._loaded = (None, self._self_signed())
-                except Exception:  # noqa: BLE001 - the current one is still valid: retry later
+                except Exception:  # the current one is still valid: retry later
                     log.exception("cannot renew the self-signed %s certificate; serving the "
                                   "current one", self.what)
                     self._renew_at = self._clock() + 1.0

@@ -65,8 +65,8 @@ def upstream_runtime_cases() -> list[Case]:
                 continue
             name = runtime["metadata"]["name"]
             job_name = "rt-" + name.replace(".", "-")
-            cases.append(Case(job_name, f"{upstream_trainer.RUNTIMES_DIR}/"
-                                        f"{path.relative_to(module / upstream_trainer.RUNTIMES_DIR)}",
+            source = path.relative_to(module / upstream_trainer.RUNTIMES_DIR)
+            cases.append(Case(job_name, f"{upstream_trainer.RUNTIMES_DIR}/{source}",
                               _trainjob(job_name, name, {"numNodes": 2}, kind=runtime["kind"]),
                               [runtime]))
     return cases

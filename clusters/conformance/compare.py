@@ -177,7 +177,7 @@ def differing_paths(left: Any, right: Any, path: str = "") -> list[str]:
         if len(left) != len(right):
             return [path or "."]
         found = []
-        for i, (a, b) in enumerate(zip(left, right)):
+        for i, (a, b) in enumerate(zip(left, right, strict=True)):
             found += differing_paths(a, b, f"{path}[{i}]")
         return found
     return [] if left == right else [path or "."]

@@ -20,7 +20,8 @@ def table(rows: list[Row], verbose: bool = False) -> str:
         result = "equal" if row.equal else "intended" if row.intended else "different"
         lines.append((row.case, row.label, result, ", ".join(shown)))
     widths = [max(len(line[i]) for line in lines) for i in range(3)]
-    out = ["  ".join([*(cell.ljust(w) for cell, w in zip(line[:3], widths)), line[3]]).rstrip()
+    out = ["  ".join([*(cell.ljust(w) for cell, w in zip(line[:3], widths, strict=True)),
+                      line[3]]).rstrip()
            for line in lines]
     if verbose:
         for row in rows:

@@ -243,7 +243,7 @@ def snapshot(side: Side, namespace: str, case: Case) -> dict[str, Any]:
             if _owned_by(item, name):
                 label = f"{kind} {item.metadata.name.replace(name, '<job>', 1)}"
                 shot[label] = api.sanitize_for_serialization(item)
-    shot.update({k: v for k, v in _podgroups(side, namespace, name).items()})
+    shot.update(_podgroups(side, namespace, name))
     return shot
 
 

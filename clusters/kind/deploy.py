@@ -33,8 +33,9 @@ state directory, as a team deploys it, from the shipped manifests:
 The queues are the team's own, never deploy's: in Kueue mode, the MultiKueueConfig,
 AdmissionCheck, ClusterQueues and LocalQueues (Kueue's MultiKueue guide) come from the team.
 
-Safe to repeat: apply is declarative, and a registration already in place is kept. ``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs
-first, while the dispatcher runs to clear its finalizers; see docs/kind.md).
+Safe to repeat: apply is declarative, and a registration already in place is kept.
+``kubectl delete -k`` of the same two bases removes it all (delete the TrainJobs first, while
+the dispatcher runs to clear its finalizers; see docs/kind.md).
 """
 
 from __future__ import annotations
@@ -362,7 +363,8 @@ def deploy(kind: KindClusters, timeout: float = 300,
     unlisted = [w for w in workers if f"{w}-kubeconfig" not in shipped.worker_secrets]
     if unlisted:
         raise ControlPlaneError(
-            f"worker(s) {', '.join(unlisted)}: their Secrets ({', '.join(f'{w}-kubeconfig' for w in unlisted)}) "
+            f"worker(s) {', '.join(unlisted)}: their Secrets "
+            f"({', '.join(f'{w}-kubeconfig' for w in unlisted)}) "
             f"are not among those manifests/worker-secrets lets the dispatcher read "
             f"({', '.join(shipped.worker_secrets)}); add them there")
     report = DeployReport()

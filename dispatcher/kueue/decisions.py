@@ -223,7 +223,8 @@ def decide(workload: Obj | None, *, sized: Sizes | None, checks: set[str],
                      f"within {timeout:.0f}s; nominating the next")
     least = sized.least if isinstance(sized.least, Need) else None
     return Choose(need=need, least=least, tried=tuple(tried),
-                  skip=dict.fromkeys(tried, f"nominated before and did not admit within {timeout:.0f}s"),
+                  skip=dict.fromkeys(
+                      tried, f"nominated before and did not admit within {timeout:.0f}s"),
                   timed_out=timed_out,
                   every_worker_tried=bool(tried and workers and set(workers) <= set(tried)))
 

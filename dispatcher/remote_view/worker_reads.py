@@ -136,7 +136,7 @@ class WorkerReads:
                                                       self.idle_timeout))
         except ApiException as err:
             raise answer_of(err, copy.worker.name, what) from None
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - not reaching the worker is its 504
             raise WorkerAnswer(504, f"worker {copy.worker.name} did not answer {what}: "
                                     f"{str(err).splitlines()[0][:200]}") from None
         raw = response.response

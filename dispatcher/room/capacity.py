@@ -53,8 +53,14 @@ _NOTHING: dict = {}  # read only
 DELETED = "DELETED"
 # PreferNoSchedule only steers the scheduler; these two keep a pod off the node.
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
-# The kinds of change the index hands the picture (``WorkerCapacity._catch_up``).
-_NODE, _POD, _RESERVE, _RELEASE = "node", "pod", "reserve", "release"
+
+
+class _Change:
+    """The kinds of change the index hands the picture (``WorkerCapacity._catch_up``),
+    dotted so that ``match`` compares them (a bare name there would capture anything)."""
+    NODE, POD, RESERVE, RELEASE = "node", "pod", "reserve", "release"
+
+
 # How long the pods of a just-placed job count as in flight for the check of arrival
 # orders: enough for its copy's pods to be made and bound on a busy worker, and a bound on
 # how long a job waits for pods that never come (a copy held back on its worker, a
@@ -229,7 +235,7 @@ class WorkerCapacity:
                 self._seen_nodes.pop(name, None)
             else:
                 self._seen_nodes[name] = node
-            self._pending.append((_NODE, name, node))
+            self._pending.append((_Change.NODE, name, node))
         self._take_in_if_free()
         return True
 
@@ -257,7 +263,7 @@ class WorkerCapacity:
                 del self._seen_pods[key]
             else:
                 self._seen_pods[key] = use
-            self._pending.append((_POD, key, previous, use))
+            self._pending.append((_Change.POD, key, previous, use))
         self._take_in_if_free()
         return True
 
@@ -279,7 +285,7 @@ class WorkerCapacity:
             changes, self._pending = self._pending, []
         for change in changes:
             match change:
-                case (_POD, key, previous, use):
+                case (_Change.POD, key, previous, use):
                     self._changes += 1
                     if previous is not None:
                         del self._pods[key]
@@ -287,7 +293,7 @@ class WorkerCapacity:
                     if use is not None:
                         self._pods[key] = use
                         self._count(use, +1)
-                case (_NODE, name, node):
+                case (_Change.NODE, name, node):
                     self._changes += 1
                     self._admitted.clear()
                     self._free_sums.clear()
@@ -299,9 +305,9 @@ class WorkerCapacity:
                         self._room_versions.pop(name, None)
                     else:
                         self._nodes[name] = node
-                case (_RESERVE, job_key, amounts, planned, rules):
+                case (_Change.RESERVE, job_key, amounts, planned, rules):
                     self._reserve(job_key, amounts, planned, rules)
-                case (_RELEASE, job_key):
+                case (_Change.RELEASE, job_key):
                     self._release(job_key)
 
     def _forget_room(self, node: str, bound: bool = True) -> None:
@@ -345,7 +351,7 @@ class WorkerCapacity:
             if not planned and self._seen_reserved.get(job_key) == amounts:
                 return  # the same footprint again (each event of its copy): nothing moves
             self._seen_reserved[job_key] = amounts
-            self._pending.append((_RESERVE, job_key, amounts, planned, rules))
+            self._pending.append((_Change.RESERVE, job_key, amounts, planned, rules))
         self._take_in_if_free()
 
     def _reserve(self, job_key: JobKey, amounts: Resources, planned: dict | None,
@@ -373,7 +379,7 @@ class WorkerCapacity:
         there was one. Never waits for a decision."""
         with self._index_lock:
             had = self._seen_reserved.pop(job_key, None) is not None
-            self._pending.append((_RELEASE, job_key))
+            self._pending.append((_Change.RELEASE, job_key))
         self._take_in_if_free()
         return had
 

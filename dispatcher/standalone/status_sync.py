@@ -49,7 +49,7 @@ class StatusSync:
         ``mirrored``: the wall-clock time the copied change was seen (``JobTimings``)."""
         meta = manager["metadata"]
         body = manager
-        for attempt in range(ATTEMPTS):
+        for _ in range(ATTEMPTS):
             # A shallow copy: only the status is replaced, and the cached object stays
             # as the server sent it.
             body = {**body, "status": status}

@@ -113,7 +113,7 @@ class WorkerEventMirror:
                 return
             try:
                 self._pass()
-            except Exception:  # noqa: BLE001 - the mirror must outlive any one bad pass
+            except Exception:  # the mirror must outlive any one bad pass
                 log.exception("mirroring worker Events failed; trying again")
                 self._stop.wait(RETRY_SECONDS)
                 self._wake.set()

@@ -27,11 +27,12 @@ from dispatcher.standalone import mirror
 from trainjob import conditions, managed_by
 from trainjob import constants as c
 
-# New manager Events (distinct reason, object and message) per job in any minute; the occurrences of any more are counted in one Event of REASON_LIMITED. Counted
-# rather than only dropped and told by a metric: whoever reads `kubectl describe trainjob`
-# learns that more went wrong than is shown and where to look, which a metric of the
-# dispatcher's would tell only its operators; and the one Event's count grows, so it can
-# never be a storm itself.
+# New manager Events (distinct reason, object and message) per job in any minute; the
+# occurrences of any more are counted in one Event of REASON_LIMITED. Counted rather than
+# only dropped and told by a metric: whoever reads `kubectl describe trainjob` learns that
+# more went wrong than is shown and where to look, which a metric of the dispatcher's would
+# tell only its operators; and the one Event's count grows, so it can never be a storm
+# itself.
 MAX_NEW_PER_MINUTE = 10
 WINDOW_SECONDS = 60.0
 REASON_LIMITED = "WorkerEventsLimited"
@@ -100,7 +101,10 @@ def job_name(event: dict[str, Any], copy_named: Callable[[str, str], dict | None
     involved = event.get("involvedObject") or {}
     namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
     kind, name = involved.get("kind"), involved.get("name") or ""
-    exists = lambda job: copy_named(namespace, job) is not None  # noqa: E731
+
+    def exists(job: str) -> bool:
+        return copy_named(namespace, job) is not None
+
     if kind in (c.TRAINJOB_KIND, c.JOBSET_KIND):
         return name or None
     if kind == "Job":

@@ -1,9 +1,10 @@
 """The Secrets MultiKueueClusters name, and no other: one small cache per named Secret.
 
 The namespace is often shared: ``kueue-system`` (the program's default, and where kueue
-mode reads them) holds Kueue's webhook certificates and other controllers' credentials. Caching the whole namespace would need
-``list``/``watch`` on every Secret there, so each Secret is watched by name instead
-(``fieldSelector=metadata.name=<name>``), which RBAC can limit with ``resourceNames``.
+mode reads them) holds Kueue's webhook certificates and other controllers' credentials.
+Caching the whole namespace would need ``list``/``watch`` on every Secret there, so each
+Secret is watched by name instead (``fieldSelector=metadata.name=<name>``), which RBAC can
+limit with ``resourceNames``.
 
 Why a watch per name and not a GET per name with a periodic resync: a watch picks up a
 rotated kubeconfig as soon as it is written (a resync only at its next tick), costs nothing

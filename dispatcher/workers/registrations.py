@@ -182,7 +182,8 @@ class Registrations:
             try:
                 return Path(location).read_text(), "", ""
             except OSError as err:
-                return None, BAD_KUBECONFIG, f"cannot read kubeconfig file {location}: {err.strerror}"
+                return (None, BAD_KUBECONFIG,
+                        f"cannot read kubeconfig file {location}: {err.strerror}")
         self._named.add(location)
         secret, unknown = self.secrets.state(location)
         if unknown:

@@ -46,5 +46,5 @@ def write(api: client.ApiClient, obj: ExtraObject, owner: dict[str, Any],
             if err.status != 409:  # exists: created once, never rewritten
                 raise
         return
-    _request(api, "PATCH", f"{collection}/{body['metadata']['name']}", apply_body(body), APPLY_PATCH,
-             [("fieldManager", field_manager), ("force", "true")])
+    _request(api, "PATCH", f"{collection}/{body['metadata']['name']}", apply_body(body),
+             APPLY_PATCH, [("fieldManager", field_manager), ("force", "true")])

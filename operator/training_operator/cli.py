@@ -30,9 +30,9 @@ PLAIN_METRICS_PORT = 8080
 
 DESCRIPTION = """\
 Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
-kubeflow.org/training-operator or trainer.kubeflow.org/trainjob-controller) into JobSets, report their status, and validate
-TrainJobs in an admission webhook. TrainJobs managed by anyone else (for example
-kueue.x-k8s.io/multikueue) are never touched.
+kubeflow.org/training-operator or trainer.kubeflow.org/trainjob-controller) into JobSets,
+report their status, and validate TrainJobs in an admission webhook. TrainJobs managed by
+anyone else (for example kueue.x-k8s.io/multikueue) are never touched.
 """
 
 
@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CA certificate pods verify the endpoint with, copied into each "
                         "job's ConfigMap (default: ca.crt in --webhook-cert-dir, as "
                         "cert-manager and the internal certificate management write it)")
-    run.add_argument("--workers", type=command_line.at_least(1), default=4, help="concurrent reconciles (default: %(default)s)")
+    run.add_argument("--workers", type=command_line.at_least(1), default=4,
+                     help="concurrent reconciles (default: %(default)s)")
     election = run.add_argument_group(
         "leader election",
         "With several replicas (so that a rollout never leaves the fail-closed webhook "
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             from training_operator.webhook_certificates import WebhookCertificates
 
             keeper = WebhookCertificates(
-                api, certificates, Path(args.webhook_cert_dir), registry=controller.metrics.registry,
+                api, certificates, Path(args.webhook_cert_dir),
+                registry=controller.metrics.registry,
                 is_leader=lambda: controller.elector is None or controller.elector.is_leader)
             servers.append(keeper.start())
             # Listening starts once the Secret's certificate is in place; /readyz says no

@@ -61,7 +61,8 @@ def build_jobset(job: TrainJob, info: RuntimeInfo) -> dict[str, Any]:
     # The hash covers what the operator decides apart from the suspend flag, which is
     # applied on its own while the job runs.
     annotations[SPEC_HASH_ANNOTATION] = spec_hash(
-        {"spec": spec, "labels": labels, "annotations": annotations, "objects": [o.body for o in info.objects]}
+        {"spec": spec, "labels": labels, "annotations": annotations,
+         "objects": [o.body for o in info.objects]}
     )
     spec["suspend"] = job.spec.suspend
     return {

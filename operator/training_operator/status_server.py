@@ -121,7 +121,7 @@ class StatusServer(WebhookServer):
         if self.on_update is not None:
             try:
                 self.on_update(int(code))
-            except Exception:  # noqa: BLE001 - metrics must not break the endpoint
+            except Exception:  # metrics must not break the endpoint
                 log.exception("on_update hook failed")
         return code, answer
 
@@ -234,12 +234,12 @@ def _message(err: ApiException) -> str:
 class _StatusHandler(_Handler):
     server_version = "training-operator-trainer-status"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._answer_path(urlsplit(self.path).path, allowed=False)
 
-    do_PUT = do_PATCH = do_DELETE = do_GET  # noqa: N815
+    do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         key = ts.parse_status_path(urlsplit(self.path).path)
         if key is None:
             self._answer_path(urlsplit(self.path).path, allowed=True)
@@ -266,5 +266,5 @@ class _StatusHandler(_Handler):
                                [("(body)", message)], *key)
         self._send(code, json.dumps(answer).encode(), "application/json")
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
         log.debug("trainer status %s: " + format, self.address_string(), *args)

@@ -746,7 +746,7 @@ def _validation_problems(err: Any, prefix: str) -> list[Problem]:
 def _lookup(read, described: str):
     try:
         return read()
-    except Exception as err:  # noqa: BLE001 - fail closed with the reason
+    except Exception as err:  # fail closed with the reason
         raise _LookupFailed(f"cannot read {described}: {type(err).__name__}: "
                             f"{_short(err)}") from err
 

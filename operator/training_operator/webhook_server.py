@@ -231,13 +231,13 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "training-operator-webhook"
     server: _TLSServer
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         if urlsplit(self.path).path in HEALTH_PATHS:
             self._send(HTTPStatus.OK, b"ok", "text/plain")
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if urlsplit(self.path).path not in (VALIDATE_PATH, *RUNTIME_PATHS):
             self._drain_or_close()
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
@@ -255,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         if webhook.on_review is not None:
             try:
                 webhook.on_review(elapsed, allowed, reason)
-            except Exception:  # noqa: BLE001 - metrics must not break admission
+            except Exception:  # metrics must not break admission
                 log.exception("on_review hook failed")
         # A body that is not an AdmissionReview is the caller's fault: say so in HTTP too.
         code = HTTPStatus.BAD_REQUEST if reason == "BadRequest" else HTTPStatus.OK

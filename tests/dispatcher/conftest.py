@@ -21,7 +21,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import ServiceProcess, eventually
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     CONFIG,
     PYTHON_GC_SWEEP_SECONDS,
     QUICK_RUNTIME,
@@ -97,8 +97,9 @@ def dispatch_env(multicluster, tmp_path_factory):
         # Namespaces deleted by the module's last fixtures still hold jobs with our
         # finalizer: let this dispatcher release them, so no later module's dispatcher
         # inherits them.
+        custom = client.CustomObjectsApi(manager.api)
         eventually(lambda: [f"{j['metadata']['namespace']}/{j['metadata']['name']}"
-                            for j in client.CustomObjectsApi(manager.api).list_cluster_custom_object(
+                            for j in custom.list_cluster_custom_object(
                                 c.TRAINER_GROUP, c.TRAINER_VERSION, c.TRAINJOBS)["items"]
                             if c.DISPATCH_FINALIZER in (j["metadata"].get("finalizers") or [])
                             and j["metadata"].get("deletionTimestamp")],

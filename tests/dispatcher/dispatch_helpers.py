@@ -181,7 +181,7 @@ def copies_at_once(looks: list[Look]) -> list[str]:
     uid) seen on one worker both before and after a look found another worker's copy. A
     look pairs a sent and an answered time, so only such a bracket proves it."""
     proofs = []
-    for worker, _, answered, uid in looks:
+    for worker, _, _, uid in looks:
         if uid is None:
             continue
         for other, sent, other_answered, other_uid in looks:

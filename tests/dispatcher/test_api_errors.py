@@ -16,7 +16,7 @@ from clusters.admission_faults import AdmissionFaults
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     active,
     complete_jobset,
     condition,

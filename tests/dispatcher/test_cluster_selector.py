@@ -14,7 +14,7 @@ import pytest
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402
+from dispatch_helpers import (
     MK,
     TRAINER,
     condition,

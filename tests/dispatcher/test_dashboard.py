@@ -24,7 +24,7 @@ from clusters.testing import eventually
 from dispatcher.dashboard import display_amount
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     QUICK_RUNTIME,
     RUNTIME,
     complete_jobset,
@@ -125,7 +125,8 @@ def _manager_state(env, namespace: str, name: str, wanted: str) -> None:
     def check(obj):
         conditions = {x["type"]: x for x in (obj or {}).get("status", {}).get("conditions") or []}
         if wanted == "Running":
-            return any(j.get("active") for j in (obj or {}).get("status", {}).get("jobsStatus") or [])
+            return any(j.get("active")
+                       for j in (obj or {}).get("status", {}).get("jobsStatus") or [])
         if wanted == "Pending":
             return conditions.get("Placed", {}).get("reason") == "NoWorkerFits"
         return conditions.get(wanted, {}).get("status") == "True"
@@ -278,7 +279,8 @@ def test_filters_narrow_the_rows(dispatch_env, browser, jobs, namespaces):
 
     _page(browser, env)
     _choose(browser, "filter-state", "Running")
-    narrowed({f"{team_a}/running", f"{team_b}/live"}, lambda _, row: row["state"].startswith("Running"))
+    narrowed({f"{team_a}/running", f"{team_b}/live"},
+             lambda _, row: row["state"].startswith("Running"))
     assert "state=Running" in browser.current_url
 
     _choose(browser, "filter-state", "")

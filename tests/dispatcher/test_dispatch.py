@@ -17,7 +17,7 @@ from clusters import fixtures
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     MK,
     PYTHON_GC_SWEEP_SECONDS,
     QUICK_RUNTIME,
@@ -51,7 +51,8 @@ def test_full_path_from_manager_to_worker_and_back(dispatch_env, namespace):
     assert remote["spec"]["trainer"] == manager_job["spec"]["trainer"]
 
     worker = env.multicluster[worker_name]
-    eventually(lambda: get(worker, namespace, "full", c.JOBSETS, (c.JOBSET_GROUP, c.JOBSET_VERSION)),
+    eventually(lambda: get(worker, namespace, "full", c.JOBSETS,
+                           (c.JOBSET_GROUP, c.JOBSET_VERSION)),
                lambda js: js is not None,
                expected=f"the operator on {worker_name} to create JobSet {namespace}/full")
     manager_obj = eventually(

@@ -13,7 +13,7 @@ from kubernetes import client
 from clusters import fixtures
 from clusters.testing import eventually, holds_for
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     CONFIG,
     MK,
     active,
@@ -191,8 +191,9 @@ def test_a_broken_kubeconfig_never_echoes_its_content(dispatch_env, tmp_path):
         places = {
             "MultiKueueClusters": json.dumps(env.manager.custom.list_cluster_custom_object(
                 *MK)["items"]),
-            "Events": json.dumps([e.to_dict() for e in env.manager.core.list_event_for_all_namespaces(
-            ).items], default=str),
+            "Events": json.dumps([e.to_dict() for e in
+                                  env.manager.core.list_event_for_all_namespaces().items],
+                                 default=str),
             "dispatcher log": env.dispatcher.log_file.read_text(),
             "dashboard /api/state": state,
         }

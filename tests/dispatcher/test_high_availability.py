@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clusters.testing import ServiceProcess, eventually
 
-from dispatch_helpers import create, trainjob, wait_placed  # noqa: E402 - this directory's helpers
+from dispatch_helpers import create, trainjob, wait_placed
 
 
 def writes(process: ServiceProcess) -> float:

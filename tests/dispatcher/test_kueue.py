@@ -35,7 +35,7 @@ from clusters.testing import ServiceProcess, audited_writes, eventually, holds_f
 from trainjob import constants as c
 from trainjob.kubeclient import api_client
 
-from dispatch_helpers import TRAINER, condition, get, placement, trainjob  # noqa: E402
+from dispatch_helpers import TRAINER, condition, get, placement, trainjob
 
 CONFIG = "kueue-e2e"
 RUNTIME = "torch-kueue"  # its pods run for RUN_FOR, then succeed

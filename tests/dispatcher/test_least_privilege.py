@@ -101,7 +101,8 @@ def issue(multicluster, cluster: str, account: tuple[str, str], path) -> object:
 def forbidden(call) -> ApiException:
     with pytest.raises(ApiException) as err:
         call()
-    assert err.value.status == 403, f"expected 403 Forbidden; got {err.value.status}: {err.value.body}"
+    assert err.value.status == 403, (
+        f"expected 403 Forbidden; got {err.value.status}: {err.value.body}")
     return err.value
 
 

@@ -12,7 +12,7 @@ from clusters.testing import ServiceProcess, eventually
 from clusters.trainer_controller import TrainerController
 from trainjob import constants as c
 
-from dispatch_helpers import condition, create, get, placement  # noqa: E402 - this directory's helpers
+from dispatch_helpers import condition, create, get, placement
 
 CONFIG = "mixed"
 RUNTIME = "torch-distributed"

@@ -21,7 +21,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import TRAINER, create, get, placement, trainjob, wait_pending, wait_placed  # noqa: E402
+from dispatch_helpers import TRAINER, create, get, placement, trainjob, wait_pending, wait_placed
 
 HIGH, LOW = "dispatch-order-high", "dispatch-order-low"
 PRIORITIES = {HIGH: 1000, LOW: 10}

@@ -16,7 +16,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import condition, create, get, wait_pending, wait_placed  # noqa: E402 - this directory's helpers
+from dispatch_helpers import condition, create, get, wait_pending, wait_placed
 
 GPU = "nvidia.com/gpu"
 
@@ -35,7 +35,8 @@ def _trainer_only_runtime(name: str, namespace: str, pod_annotations: dict[str, 
                              "metadata": {"annotations": pod_annotations},
                              "spec": {"restartPolicy": "Never", "containers": [{
                                  "name": c.NODE, "image": "pytorch/pytorch:2.5.0",
-                                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}}]}}},
+                                 "resources": {"requests": {"cpu": "1",
+                                                            "memory": "1Gi"}}}]}}}}}]}}},
     }
 
 

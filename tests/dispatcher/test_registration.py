@@ -12,7 +12,7 @@ from clusters import fixtures
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     CONFIG,
     MK,
     active,

@@ -11,7 +11,7 @@ import pytest
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import QUICK_RUNTIME, complete_jobset, create, get, trainjob, wait_placed  # noqa: E402 - this directory's helpers
+from dispatch_helpers import QUICK_RUNTIME, complete_jobset, create, get, trainjob, wait_placed
 
 JOBS = 80
 KILLS = 5

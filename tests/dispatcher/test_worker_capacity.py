@@ -13,7 +13,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually
 from trainjob import constants as c
 
-from dispatch_helpers import RUNTIME, TRAINER, create, wait_placed  # noqa: E402
+from dispatch_helpers import RUNTIME, TRAINER, create, wait_placed
 
 STATES = ("allocatable", "used", "reserved", "free")
 

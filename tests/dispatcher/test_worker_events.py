@@ -22,7 +22,7 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import RUNTIME, create, get, placement, wait_placed  # noqa: E402 - this directory's helpers
+from dispatch_helpers import RUNTIME, create, get, placement, wait_placed
 
 UNBOUND = "needs-a-missing-claim"  # its Pods need a PersistentVolumeClaim that is not there
 MISSING_CLAIM = "no-such-claim"

@@ -11,7 +11,7 @@ import time
 from clusters.testing import eventually
 from trainjob.conditions import parse_time
 
-from dispatch_helpers import (  # noqa: E402 - this directory's helpers
+from dispatch_helpers import (
     WORKER_LOST_TIMEOUT,
     active,
     complete_jobset,

@@ -52,7 +52,8 @@ def test_kubebuilder_assets_then_cache(empty_environment, monkeypatch):
 
 def test_a_broken_override_is_refused_by_name(empty_environment, monkeypatch):
     monkeypatch.setenv("TEST_ASSET_KUBE_APISERVER", str(empty_environment / "nope"))
-    with pytest.raises(binaries.ProvisioningError, match="TEST_ASSET_KUBE_APISERVER=.*nope: not an executable"):
+    with pytest.raises(binaries.ProvisioningError,
+                       match="TEST_ASSET_KUBE_APISERVER=.*nope: not an executable"):
         binaries.find_binaries(build=False)
 
 
@@ -117,6 +118,7 @@ def test_cached_binaries_report_the_pinned_versions():
         component = binaries.COMPONENTS[name]
         if component.kind == "module" and not os.environ.get(component.env_var):
             assert binaries.binary_version(found.paths[name]) == component.source
-    assert binaries.binary_version(found.kubectl) == f"Client Version: {binaries.KUBERNETES_VERSION}"
+    assert (binaries.binary_version(found.kubectl)
+            == f"Client Version: {binaries.KUBERNETES_VERSION}")
     if not os.environ.get("TEST_ASSET_ETCD") and not os.environ.get("KUBEBUILDER_ASSETS"):
         assert binaries.ETCD_VERSION.lstrip("v") in binaries.binary_version(found.etcd)

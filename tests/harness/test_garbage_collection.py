@@ -21,7 +21,8 @@ def _exists(read) -> bool:
 
 def test_deleting_a_trainjob_removes_the_jobset_it_owns(multicluster, namespace):
     worker = multicluster["worker-1"]
-    trainjob = worker.custom.create_namespaced_custom_object(*TRAINJOBS[:2], namespace, TRAINJOBS[2], {
+    trainjob = worker.custom.create_namespaced_custom_object(*TRAINJOBS[:2], namespace,
+                                                             TRAINJOBS[2], {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": "owner"},
         "spec": {"runtimeRef": {"name": "torch-distributed"}},

@@ -25,8 +25,8 @@ def test_kueue_runs_and_serves_its_multikueue_crds(kueue_multicluster):
     assert served.spec.conversion.strategy == "Webhook", (
         f"expected conversion through Kueue's webhook; saw {served.spec.conversion.strategy}")
 
-    fixtures.register_worker(manager.api, "harness-probe", kueue_multicluster["worker-1"].kubeconfig,
-                             namespace=kueue.NAMESPACE)
+    fixtures.register_worker(manager.api, "harness-probe",
+                             kueue_multicluster["worker-1"].kubeconfig, namespace=kueue.NAMESPACE)
     try:
         old = eventually(
             lambda: manager.custom.get_cluster_custom_object(

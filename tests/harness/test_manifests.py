@@ -840,7 +840,8 @@ def _compose() -> dict:
 
 
 def _compose_init():
-    spec = importlib.util.spec_from_file_location("compose_init", ROOT / "deploy" / "compose_init.py")
+    spec = importlib.util.spec_from_file_location("compose_init",
+                                                  ROOT / "deploy" / "compose_init.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

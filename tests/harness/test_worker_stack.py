@@ -26,8 +26,10 @@ def _clusters(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("content, named", [
     ("default:\n  - count: 1\n    resources: {cpus: '4'}\n", "unknown resource name 'cpus'"),
-    ("default:\n  - count: 1\n    resources: {cpu: four}\n", "resources.cpu: 'four' is not a quantity"),
-    ("default:\n  - count: 1\n    resources: {memory: -1Gi}\n", "resources.memory: '-1Gi' is negative"),
+    ("default:\n  - count: 1\n    resources: {cpu: four}\n",
+     "resources.cpu: 'four' is not a quantity"),
+    ("default:\n  - count: 1\n    resources: {memory: -1Gi}\n",
+     "resources.memory: '-1Gi' is negative"),
     ("workers:\n  worker-9:\n    - count: 1\n", "workers.worker-9: no such worker"),
     ("default:\n  - count: 1\n    colour: blue\n", "default.0.colour"),
     ("default: [\n", "not valid YAML at line"),

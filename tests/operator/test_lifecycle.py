@@ -279,7 +279,8 @@ def test_orphaning_delete_keeps_the_jobset_the_operator_never_deletes_it(
                expected="the garbage collector to orphan JobSet orphaner (ownerReferences "
                         "removed)", timeout=60)
     holds_for(lambda: get_jobset(worker, namespace, "orphaner"),
-              lambda found: found is not None and found["metadata"]["uid"] == jobset["metadata"]["uid"],
+              lambda found: (found is not None
+                             and found["metadata"]["uid"] == jobset["metadata"]["uid"]),
               seconds=3, expected="orphaned JobSet orphaner still there, same uid, with the "
                                   "operator running (it never deletes JobSets itself)")
     assert operator.metric("training_operator_reconcile_errors_total") == 0, operator.log_tail()
@@ -366,7 +367,10 @@ def test_crash_between_steps_is_resumed_after_restart(
     wait_created(worker, namespace, "while-down")
     now = get_jobset(worker, namespace, "half-done")
     # Same object, same spec (the JobSet controller may have updated its status meanwhile).
-    kept = lambda js: (js["metadata"]["uid"], js["metadata"]["generation"])  # noqa: E731
+
+    def kept(js):
+        return js["metadata"]["uid"], js["metadata"]["generation"]
+
     assert kept(now) == kept(half_done), (
         f"expected JobSet half-done kept as it was (uid, generation) {kept(half_done)}; "
         f"saw {kept(now)}")

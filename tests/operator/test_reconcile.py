@@ -6,9 +6,9 @@ subresource and watch what the operator does with it. So that the worker's real 
 controller does not overwrite what they write, their runtime's JobSet names another
 controller in ``spec.managedBy`` (``worker_stack.JOBSET_MANAGED_BY_TEST``): JobSet's own
 delegation, the one MultiKueue uses, which makes the JobSet controller skip those JobSets.
-JobSet's webhooks still validate every write. ``test_pods_on_kwok.py`` runs the real controller end to end.
-Waits use ``eventually``; "nothing happens" is an observation window in which every read is
-checked.
+JobSet's webhooks still validate every write. ``test_pods_on_kwok.py`` runs the real
+controller end to end. Waits use ``eventually``; "nothing happens" is an observation window
+in which every read is checked.
 """
 
 from __future__ import annotations
@@ -551,7 +551,8 @@ def test_suspend_resume_and_which_spec_changes_reach_the_jobset(
     # While running, a spec change (the JobSet labels) must not reach the JobSet.
     before_view = running_view(worker1, namespace, name)
     before = get_trainjob(worker1, namespace, name)["metadata"]["generation"]
-    changed = patch_trainjob(worker1, namespace, name, {"spec": {"labels": {"example.com/stage": "running"}}})
+    changed = patch_trainjob(worker1, namespace, name,
+                             {"spec": {"labels": {"example.com/stage": "running"}}})
     assert changed["metadata"]["generation"] > before, (
         f"expected the labels change to bump generation past {before}, "
         f"saw {changed['metadata']['generation']}")

@@ -50,7 +50,7 @@ def listener():
 
 def scrape(port: int, token: str = TOKEN, timeout: float = 5) -> int:
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
-                                       context=ssl._create_unverified_context())  # noqa: SLF001
+                                       context=ssl._create_unverified_context())
     try:
         conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
         response = conn.getresponse()
@@ -83,7 +83,7 @@ def pool_threads() -> list[str]:
 
 def test_headers_dripped_a_byte_at_a_time_are_cut_at_the_deadline(listener):
     raw = socket.create_connection(("127.0.0.1", listener.port), timeout=5)
-    tls = ssl._create_unverified_context().wrap_socket(raw)  # noqa: SLF001
+    tls = ssl._create_unverified_context().wrap_socket(raw)
     request = f"GET /metrics HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n".encode()
     started = time.monotonic()
     cut = None

@@ -72,7 +72,7 @@ def reader_token(multicluster, namespace):
 
 def get(port: int, token: str | None, timeout: float = 10) -> tuple[int, str]:
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
-                                       context=ssl._create_unverified_context())  # noqa: SLF001
+                                       context=ssl._create_unverified_context())
     try:
         conn.request("GET", "/metrics",
                      headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -101,7 +101,7 @@ def drip(port: int, seconds: float) -> float | None:
     started = time.monotonic()
     raw = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        tls = ssl._create_unverified_context().wrap_socket(raw)  # noqa: SLF001
+        tls = ssl._create_unverified_context().wrap_socket(raw)
     except (ssl.SSLError, OSError):
         raw.close()
         return time.monotonic() - started  # closed before its handshake: the line was full

@@ -22,7 +22,7 @@ LIFE = 3.0  # seconds: renewed after 2 s
 
 def served(port: int, host: str = "127.0.0.1") -> x509.Certificate:
     """The certificate the listener at ``port`` presents to a new connection."""
-    context = ssl._create_unverified_context()  # noqa: SLF001 - self-signed: nothing to verify
+    context = ssl._create_unverified_context()  # self-signed: nothing to verify
     with socket.create_connection((host, port), timeout=10) as raw, \
             context.wrap_socket(raw, server_hostname=host) as tls:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))

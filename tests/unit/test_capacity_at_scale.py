@@ -213,7 +213,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
                 assert plans[0].pods == plans[1].pods, f"step {step}: pods packed apart"
                 job = ("team-a", f"job-{rng.randrange(10)}")
                 total = {r: a * count for r, a in shape.items()}
-                for capacity, plan in zip((kept, fresh), plans):
+                for capacity, plan in zip((kept, fresh), plans, strict=True):
                     capacity.reserve(job, total, count, plan, (selector, tolerations))
             events = []
         for capacity in (kept, fresh):

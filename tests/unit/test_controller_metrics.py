@@ -107,8 +107,10 @@ def test_a_request_without_an_answer_is_counted_with_code_error():
 def test_the_leader_gauge_shows_a_standby_as_0():
     registry = process_registry()
     leader = ControllerMetrics(registry).leader("my-lease")
-    sample = lambda: registry.get_sample_value("leader_election_master_status",  # noqa: E731
-                                               {"name": "my-lease"})
+
+    def sample():
+        return registry.get_sample_value("leader_election_master_status", {"name": "my-lease"})
+
     assert sample() == 0
     leader.leading(True)
     assert sample() == 1

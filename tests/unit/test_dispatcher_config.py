@@ -120,7 +120,8 @@ def test_invalid_configuration_names_the_key(tmp_path, content, key):
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="config file .*missing.yaml: cannot read it: No such file"):
+    with pytest.raises(ConfigError,
+                       match="config file .*missing.yaml: cannot read it: No such file"):
         load_config(tmp_path / "missing.yaml")
 
 

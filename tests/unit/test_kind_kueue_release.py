@@ -28,12 +28,15 @@ def rendered() -> tuple[list[dict], list[dict]]:
 def test_only_the_deployment_and_the_configuration_change(rendered):
     """And the visibility API's APIServices are left out (clusters.kind.kueue's doc)."""
     original, adapted = rendered
-    key = lambda d: (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])  # noqa: E731
+
+    def key(d):
+        return d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]
+
     visibility = [("APIService", None, name) for name in kind_kueue.VISIBILITY_APIS]
     assert [k for k in map(key, original) if k[0] == "APIService"] == visibility
     original = [d for d in original if key(d) not in visibility]
     assert [key(d) for d in adapted] == [key(d) for d in original]
-    changed = {key(a) for a, o in zip(adapted, original) if a != o}
+    changed = {key(a) for a, o in zip(adapted, original, strict=True) if a != o}
     assert changed == {("Deployment", kind_kueue.NAMESPACE, kind_kueue.DEPLOYMENT),
                        ("ConfigMap", kind_kueue.NAMESPACE, kind_kueue.CONFIG_MAP)}
 

@@ -34,7 +34,8 @@ def test_a_port_someone_listens_on_is_not_handed_out(monkeypatch):
         monkeypatch.setattr(controlplane, "listen_port_candidates", lambda: [*held, free])
         monkeypatch.setattr(controlplane, "_handed_out", set())
         picked = controlplane.free_port()
-        assert picked == free, f"expected the only free candidate {free}, got {picked} (held: {held})"
+        assert picked == free, (
+            f"expected the only free candidate {free}, got {picked} (held: {held})")
     finally:
         for sock in sockets:
             sock.close()

@@ -163,7 +163,8 @@ def test_problems_are_reported_verbatim():
                 "TrainJob team-a/x exists there without our origin label"]
     candidates = [cand(f"w{i}", i, problem) for i, problem in enumerate(problems)]
     placement = place_trainjob(needs(cpu=1), 1, candidates, BestFit())
-    assert placement == Placement(cluster=None, reasons=dict(zip(["w0", "w1", "w2"], problems)))
+    assert placement == Placement(
+        cluster=None, reasons=dict(zip(["w0", "w1", "w2"], problems, strict=True)))
 
 
 def test_no_workers_at_all():

@@ -23,6 +23,6 @@ def test_a_request_wins_over_its_limit():
 @pytest.mark.parametrize("kind", ["requests", "limits"])
 def test_a_bad_quantity_names_where_it_is(kind, value):
     with pytest.raises(ValueError) as refused:
-        pod_set({kind: {"cpu": value}}).requests
+        _ = pod_set({kind: {"cpu": value}}).requests
     assert str(refused.value) == (f"replicatedJobs[node] container trainer: resources.{kind}.cpu "
                                   f"{value!r} is not a non-negative quantity")

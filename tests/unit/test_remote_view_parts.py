@@ -157,7 +157,7 @@ def test_the_plugin_reads_the_trainers_log_unless_told():
 def test_the_plugin_says_what_to_do_about_a_refusal():
     def err(status, message):
         error = ApiException(status=status, reason="x")
-        error.body = ('{"message": "%s"}' % message).encode()
+        error.body = f'{{"message": "{message}"}}'.encode()
         return error
     forbidden = kubectl_plugin.explain(err(403, "User bob cannot list"), "list trainjobpods",
                                        "ns")

@@ -139,7 +139,8 @@ PLUGIN = TrainerStatusPlugin("https://status.example:10443/", lambda: CA)
 WIRED_ENV = [
     {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "https://status.example:10443/apis/"
      "trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/llm/status"},
-    {"name": "KUBEFLOW_TRAINER_SERVER_CA_CERT", "value": "/var/run/secrets/kubeflow/trainer/ca.crt"},
+    {"name": "KUBEFLOW_TRAINER_SERVER_CA_CERT",
+     "value": "/var/run/secrets/kubeflow/trainer/ca.crt"},
     {"name": "KUBEFLOW_TRAINER_SERVER_TOKEN", "value": "/var/run/secrets/kubeflow/trainer/token"},
 ]
 WIRED_VOLUME = {"name": "kubeflow-trainer-token", "projected": {"sources": [
