@@ -11,10 +11,11 @@ WORKERS ?= 2
 TEST_PROCESSES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help release venv binaries browser test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
+.PHONY: help release venv binaries browser lint test test-images conformance demo demo-down clusters-up clusters-down clusters-status clean engine engine-stop images compose-up compose-down
 
 help:
-	@echo "make test           run the test suite against real local control planes (TEST_PROCESSES=2 pytest processes)"
+	@echo "make test           lint, then run the test suite against real local control planes (TEST_PROCESSES=2 pytest processes)"
+	@echo "make lint           ruff over the tree (its rules in pyproject.toml); make test runs it first"
 	@echo "make demo           run dispatcher + operators on a local manager and 2 workers with sample jobs"
 	@echo "make demo-down      stop the demo clusters and remove their state"
 	@echo "make binaries       build or find every binary the clusters run (control plane, JobSet, kwok, Trainer, Kueue, controller-gen)"
@@ -69,9 +70,13 @@ browser:
 test-images: images
 	$(PY) -m clusters.kind_node
 
+# Ruff, with the rules in pyproject.toml; a finding fails `make test` before any cluster starts.
+lint: venv
+	$(VENV)/bin/ruff check .
+
 # The images the container and kind modules need are built in the background while the other
 # modules run (clusters/prebuild.py; its log: ~/.cache/trainjob-dispatcher/prebuild.log).
-test: binaries browser
+test: lint binaries browser
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 engine: venv
