@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -105,9 +106,12 @@ def _waited(timeout: float, elapsed: float) -> str:
 
 
 def plain_get(port: int, path: str, host: str = "127.0.0.1",
-              timeout: float = 5) -> tuple[int, str]:
-    """GET ``path`` over plain HTTP from ``host:port``: the status and the body."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+              timeout: float = 5, ca: Path | None = None) -> tuple[int, str]:
+    """GET ``path`` from ``host:port``: the status and the body. Plain HTTP, or HTTPS
+    verified against ``ca`` when it is given."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout) if ca is None else \
+        http.client.HTTPSConnection(host, port, timeout=timeout,
+                                    context=ssl.create_default_context(cafile=str(ca)))
     try:
         conn.request("GET", path)
         response = conn.getresponse()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.remote_view import APISERVICE, GROUP_VERSION, SERVICE
-from trainjob import command_line
+from trainjob import command_line, listeners
 
 MAX_STREAMS = 50
 STREAM_IDLE_TIMEOUT_SECONDS = 300.0
@@ -14,16 +14,6 @@ DEFAULT_HOST = "127.0.0.1"
 KEYS = ("remote_api_port", "remote_api_host", "remote_api_cert_dir",
         "remote_api_max_streams", "remote_api_stream_idle_timeout_seconds",
         "remote_api_service")
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "are accepted only from the aggregation layer (its front-proxy client certificate, "
         "from ConfigMap kube-system/extension-apiserver-authentication) and authorized per "
         "user with a SubjectAccessReview.")
-    group.add_argument("--remote-api-port", type=_port, metavar="PORT",
+    group.add_argument("--remote-api-port", type=listeners.port, metavar="PORT",
                        help="HTTPS port of the remote view (default: off; 0 = any free port)")
     group.add_argument("--remote-api-host", metavar="HOST",
                        help=f"address it listens on (default: {DEFAULT_HOST}; :: in a Pod: "

@@ -9,16 +9,14 @@ to be written."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import ssl
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters.controlplane import free_port
-from clusters.testing import eventually, ipv6_loopback
+from clusters.testing import eventually, ipv6_loopback, plain_get
 from training_operator.webhook_server import VALIDATE_PATH, WebhookServer
 from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
 
@@ -26,17 +24,6 @@ IPV6 = ipv6_loopback()
 HOSTS = ("::1", "127.0.0.1") if IPV6 else ("127.0.0.1",)
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
-
-
-def https_get(port: int, path: str, host: str, ca) -> tuple[int, str]:
-    conn = http.client.HTTPSConnection(host, port, timeout=10,
-                                       context=ssl.create_default_context(cafile=str(ca)))
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
 
 
 def test_every_interface_is_both_families_or_ipv4_alone(tmp_path):
@@ -55,7 +42,8 @@ def test_every_interface_is_both_families_or_ipv4_alone(tmp_path):
         else:  # the fallback, where the kernel has no IPv6
             assert server.host == "0.0.0.0", server.url
         for host in HOSTS:
-            assert https_get(server.port, "/healthz", host, ca) == (200, "ok"), host
+            assert plain_get(server.port, "/healthz", host, timeout=10, ca=ca) == \
+                (200, "ok"), host
     finally:
         server.stop()
 
@@ -126,4 +114,4 @@ def test_the_apiserver_reaches_the_operators_webhook_on_every_address_family(
     # Admitted: every webhook of the configuration answered, on each address family.
     assert create("remote", managedBy=MULTIKUEUE) == "created"
     for host in HOSTS:
-        assert https_get(port, "/healthz", host, ca) == (200, "ok"), host
+        assert plain_get(port, "/healthz", host, timeout=10, ca=ca) == (200, "ok"), host
