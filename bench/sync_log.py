@@ -12,7 +12,9 @@ it, from its watch), a change's lag splits into:
   cache all land here);
 * ``queue``: the key waiting for a reconcile worker;
 * the reconcile's own steps (``decide``, ``write``: the manager's PUT answered);
-* ``to benchmark``: the manager's watch event reaching the benchmark (the rest).
+* ``to benchmark``: the manager's watch event reaching the benchmark (the rest; negative
+  when the benchmark saw the new status before the dispatcher had read the PUT's answer:
+  the parts overlap there, they do not partition).
 
 Both processes read the same wall clock, on one machine.
 """
