@@ -137,15 +137,18 @@ def holds_for(
     seconds: float,
     expected: str = "the condition to hold",
     interval: float = 0.2,
+    stretch: bool = False,
 ) -> int:
     """Observe every ``interval`` seconds for ``seconds``; every observation must pass
     ``check`` (``observe`` may also assert by itself). The counterpart of ``eventually``
-    for "nothing happens": a window of observations, not one glance. On a busy machine
-    the window is as much longer as the load stretches it (``load_stretch``): what would
-    happen within ``seconds`` on an idle one comes later there. Returns how many
+    for "nothing happens": a window of observations, not one glance. With ``stretch`` the
+    window is as much longer on a busy machine as the load stretches it (``load_stretch``):
+    what would happen within ``seconds`` on an idle one comes later there. Not by default:
+    most windows end before the product's next step on time (a job that runs to its end,
+    a summary a minute on), which a longer window would wrongly see. Returns how many
     observations were made."""
     started = time.monotonic()
-    window = stretched(seconds)
+    window = stretched(seconds) if stretch else seconds
     observations = 0
     while True:
         value = observe()

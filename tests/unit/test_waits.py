@@ -57,13 +57,17 @@ def test_a_wait_that_succeeds_returns_what_it_saw_at_once(load):
     assert time.monotonic() - started < 1.0
 
 
-def test_holds_for_watches_a_longer_window_when_busy_and_names_the_load(load):
+def test_holds_for_watches_a_longer_window_when_busy_if_asked_and_names_the_load(load):
     load(4.0, 2.0)  # 2 per CPU: twice the window
     started = time.monotonic()
-    observations = testing.holds_for(lambda: 1, seconds=0.2, interval=0.02)
+    observations = testing.holds_for(lambda: 1, seconds=0.2, interval=0.02, stretch=True)
     assert time.monotonic() - started >= 0.4 and observations >= 10
     seen = iter([1, 1, 2])
     with pytest.raises(AssertionError) as failed:
         testing.holds_for(lambda: next(seen), lambda value: value == 1, seconds=5,
                           expected="one", interval=0.01)
     assert "observation 3" in str(failed.value) and "load average 4.0" in str(failed.value)
+    # By default the window is what it says: it ends before the product's next step.
+    started = time.monotonic()
+    testing.holds_for(lambda: 1, seconds=0.2, interval=0.02)
+    assert time.monotonic() - started < 0.4
