@@ -86,9 +86,18 @@ def subjects(objects: list[dict]) -> set[tuple[str, str]]:
             for s in obj["subjects"] if s["kind"] == "ServiceAccount"}
 
 
+# Left for the rest of the session as well as the namespaces: the worker-access policy, its
+# bindings and its level. Deleted and applied again at once by the next module, the
+# binding that reads the level was seen to keep holding copies to baseline whatever the
+# ConfigMap said next (kube-apiserver v1.34.4): the policy looks only at the dispatcher's
+# own requests, and the next module applies the same objects.
+KEPT_KINDS = {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+              "ConfigMap"}
+
+
 def delete_identities(kubeconfig, objects: list[dict]) -> None:
     # Namespaces stay: a later module applying into one still being deleted would fail.
-    doomed = [o for o in objects if o["kind"] != "Namespace"]
+    doomed = [o for o in objects if o["kind"] not in KEPT_KINDS]
     kustomize.kubectl(kubeconfig, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
                       stdin=yaml.safe_dump_all(doomed))
 
