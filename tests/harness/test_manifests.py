@@ -756,8 +756,10 @@ def test_removing_one_worker_identity_leaves_the_other(multicluster):
     bases = ("worker-namespace", "worker-access", "worker-reader")
 
     def apply(base: str) -> None:
-        out = kustomize.kubectl(target.kubeconfig, "apply", "--server-side", "-k",
-                                str(kustomize.base_path(base)))
+        # Forcing conflicts: earlier modules of the session applied the same objects with
+        # the harness's field manager (the least-privilege module leaves the policy).
+        out = kustomize.kubectl(target.kubeconfig, "apply", "--server-side",
+                                "--force-conflicts", "-k", str(kustomize.base_path(base)))
         assert out.returncode == 0, f"manifests/{base}: {out.stderr}"
 
     def delete(base: str) -> None:
