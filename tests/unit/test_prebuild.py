@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -21,19 +22,21 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _builder(seconds: float, state: str) -> subprocess.Popen:
-    """A process that holds the build's lock for ``seconds``, then leaves ``state``."""
+def _builder(state: str) -> subprocess.Popen:
+    """A process that holds the build's lock until a line comes on its input, then leaves
+    ``state``."""
     code = textwrap.dedent(f"""
-        import json, time
+        import json, sys
         from clusters import prebuild
         with prebuild._locked(blocking=True):
             prebuild._result_file().write_text(json.dumps({{"state": "building"}}))
             print("holding", flush=True)
-            time.sleep({seconds})
+            sys.stdin.readline()  # until the test lets the build end
             prebuild._result_file().write_text(json.dumps({{"state": "{state}",
                                                             "error": "no engine"}}))
     """)
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "holding"
     return process
 
@@ -50,16 +53,22 @@ def test_a_run_that_needs_no_image_starts_no_build(cache):
 
 
 def test_a_fixture_waits_while_the_build_holds_the_lock(cache):
-    builder = _builder(1.5, "built")
-    started = time.monotonic()
-    prebuild.wait(timeout=60)
-    assert time.monotonic() - started >= 1.0
-    assert builder.wait(timeout=30) == 0
+    builder = _builder("built")
+    waiter = threading.Thread(target=prebuild.wait, kwargs={"timeout": 60})
+    waiter.start()
+    waiter.join(1.5)
+    assert waiter.is_alive(), "the fixture went on while the build held the lock"
+    builder.stdin.write("done\n")
+    builder.stdin.flush()
+    waiter.join(30)
+    assert not waiter.is_alive() and builder.wait(timeout=30) == 0
 
 
 def test_a_failed_build_is_reported_with_its_log(cache):
     (cache / "prebuild.log").write_text("step 1\nimages: build failed: no engine\n")
-    builder = _builder(0.2, "failed")
+    builder = _builder("failed")
+    builder.stdin.write("done\n")
+    builder.stdin.flush()
     with pytest.raises(prebuild.PrebuildError) as failed:
         prebuild.wait(timeout=60)
     builder.wait(timeout=30)
