@@ -25,8 +25,8 @@ from clusters import fixtures, kueue, kueue_queues, worker_stack
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
 from clusters.testing import ServiceProcess, eventually
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 

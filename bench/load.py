@@ -13,9 +13,9 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import writes
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob import writes
-from trainjob.kubeclient import api_client
 
 RUNTIME = "bench-torch"
 # The pods of one job on that runtime: a dataset and a model initializer and one trainer.

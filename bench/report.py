@@ -7,7 +7,7 @@ from itertools import pairwise
 from bench import host_speed
 from bench.apicost import DRY_RUN
 from bench.repeats import host_speeds
-from trainjob.gc_pauses import PAUSE_BUCKETS
+from controller_kit.gc_pauses import PAUSE_BUCKETS
 
 
 def _close(value, wanted: float, tolerance: float = 0.005) -> bool:

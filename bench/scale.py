@@ -62,9 +62,9 @@ from clusters.nodes import (
     UNREACHABLE_TAINT,
 )
 from clusters.testing import ServiceProcess, eventually
+from controller_kit import writes
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob import writes
-from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from bench.load import LoadRunner, creates
 from bench.settings import BenchSettings
 from bench.stats import summary_ms
 from bench.timeline import Key, Timelines
+from controller_kit.api_time import format_time
 from trainjob import constants as c
-from trainjob.conditions import format_time
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainjob.conditions import format_time
+from controller_kit.api_time import format_time
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from clusters.controlplane import ControlPlaneError
 from clusters.engine import EngineError
 from clusters.images import IMAGE_NAMES
 from clusters.local import ClusterInfo, LocalClusters, cluster_names
-from trainjob import command_line
+from controller_kit import command_line
 
 DESCRIPTION = """\
 Run one manager and N worker Kubernetes clusters on this machine.

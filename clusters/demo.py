@@ -27,9 +27,9 @@ from clusters import fixtures, nodes, worker_stack
 from clusters.crds import manifests_dir
 from clusters.local import LocalClusters
 from clusters.testing import ServiceProcess
+from controller_kit.kubeclient import api_client
 from dispatcher.job_state import job_state
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 NODE_LAYOUT = nodes.NodeLayout(default=[], workers={
     "worker-1": [nodes.NodePool(count=2, resources={"cpu": "12", "memory": "48Gi"})],

@@ -14,8 +14,8 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters import nodes
 from clusters.controlplane import wait_until
+from controller_kit.kubeclient import apply_custom_object
 from trainjob import constants as c
-from trainjob.kubeclient import apply_custom_object
 
 FIELD_MANAGER = "trainjob-clusters"
 

@@ -21,8 +21,8 @@ from kubernetes import client
 
 from clusters import fixtures, kueue, kustomize
 from clusters.pki import service_account_user
+from controller_kit.kubeclient import apply_custom_object
 from trainjob import constants as c
-from trainjob.kubeclient import apply_custom_object
 
 FLAVOR = "default-flavor"
 CLUSTER_QUEUE = "cluster-queue"

@@ -40,8 +40,8 @@ from clusters.controlplane import (
     wait_until,
 )
 from clusters.state_dir import lock_state_dir, save_state
+from controller_kit.kubeclient import api_client
 from trainjob.constants import TRAINER_GROUP
-from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 

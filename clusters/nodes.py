@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
+from controller_kit.yaml_errors import YamlFileError, read_yaml_mapping
 
 # kwok manages exactly the Nodes carrying this annotation (its documented convention).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"

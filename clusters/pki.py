@@ -18,8 +18,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 
-from trainjob import certificates
-from trainjob.certificates import cert_pem, key_pem, new_key
+from controller_kit import certificates
+from controller_kit.certificates import cert_pem, key_pem, new_key
 
 __all__ = ["FRONT_PROXY_CLIENT", "CertificateAuthority", "ClusterPKI", "cert_pem",
            "client_kubeconfig", "key_pem", "service_account_user"]

@@ -42,7 +42,7 @@ from clusters import crds, kueue
 from clusters.controlplane import ControlPlane
 from clusters.local import ClusterInfo, LocalClusters
 from clusters.nodes import NodeLayout
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 
 @dataclass

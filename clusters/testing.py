@@ -162,10 +162,10 @@ def holds_for(
         time.sleep(interval)
 
 
-# What a controller logs before it ends itself for having lost its Lease (trainjob.leader):
+# What a controller logs before it ends itself for having lost its Lease (controller_kit.leader):
 # the one exit its supervisor is there to undo.
 LOST_LEADERSHIP = "lost leadership: stopping"
-# What it logs once it has started (trainjob.service): a process started again that ends
+# What it logs once it has started (controller_kit.service): a process started again that ends
 # before this line found its cluster still away.
 STARTED = " running; metrics on "
 # Starts again while the cluster whose outage cost the Lease is still away, a second apart.

@@ -124,7 +124,7 @@ class TrainerController:
             self.pid = None
 
     def _api(self):
-        from trainjob.kubeclient import api_client
+        from controller_kit.kubeclient import api_client
 
         return api_client(self.harness.kubeconfig(self.cluster))
 

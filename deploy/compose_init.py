@@ -29,7 +29,7 @@ import yaml
 from clusters import crds, fixtures, worker_stack
 from clusters.controlplane import wait_until
 from clusters.pki import ClusterPKI, cert_pem, client_kubeconfig, key_pem, service_account_user
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 # The identities as the manifests ship them (namespace, ServiceAccount name).
 DISPATCHER = ("trainjob-system", "trainjob-dispatcher")

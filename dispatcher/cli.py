@@ -10,6 +10,15 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import command_line, listeners, logs
+from controller_kit.kubeclient import (
+    ClusterUnusable,
+    KubeconfigError,
+    api_client,
+    describe_error,
+    find_kubeconfig,
+)
+from controller_kit.service import RoutesListener, serve
 from dispatcher.config import (
     DEFAULT_DASHBOARD_HOST,
     DEFAULT_DASHBOARD_PORT,
@@ -21,16 +30,12 @@ from dispatcher.config import (
 )
 from dispatcher.remote_view import flags as remote_view_flags
 from dispatcher.room.capacity import SCORING_STRATEGIES
-from trainjob import command_line, listeners, logs
 from trainjob.constants import (
     DEFAULT_ORIGIN,
     DISPATCHER_USER_AGENT,
     KUEUE_DEFAULT_ORIGIN,
     KUEUE_NAMESPACE,
 )
-from trainjob.kubeclient import KubeconfigError, api_client, describe_error, find_kubeconfig
-from trainjob.required_apis import ClusterUnusable
-from trainjob.service import RoutesListener, serve
 
 log = logging.getLogger("dispatcher")
 

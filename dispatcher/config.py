@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainjob import listeners
+from controller_kit import listeners
+from controller_kit.gc_pauses import SWEEP_SECONDS
+from controller_kit.yaml_errors import YamlFileError, read_yaml_mapping
 from trainjob.constants import DEFAULT_ORIGIN, KUEUE_DEFAULT_ORIGIN, KUEUE_NAMESPACE
-from trainjob.gc_pauses import SWEEP_SECONDS
-from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
 
 # Kueue can be installed or removed (on the manager or a worker) while the dispatcher runs:
 # whoever reads it and found none looks again this often.
@@ -30,7 +30,7 @@ DEFAULT_DISPATCHER_NAME = "trainjob-dispatcher.io/capacity"
 # The dashboard's own listener, used whenever metrics and health are not on loopback.
 DEFAULT_DASHBOARD_HOST = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8082
-# Plain metrics and health, as run by hand; with metrics_secure, trainjob/listeners.py's.
+# Plain metrics and health, as run by hand; with metrics_secure, controller_kit/listeners.py's.
 PLAIN_METRICS_PORT = 8081
 
 

@@ -26,6 +26,12 @@ from collections.abc import Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
 
+from controller_kit.events import EventRecorder
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import describe_error
+from controller_kit.leader import LeaderElector, stop_writing
+from controller_kit.service import start_workers
+from controller_kit.workqueue import WorkQueue
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
 from dispatcher.kueue.nominator import WorkloadNominator
@@ -45,12 +51,6 @@ from dispatcher.workers.registry import WorkerRegistry
 from dispatcher.workers.warning_events import EVENTS
 from trainjob import constants as c
 from trainjob import managed_by, required_apis
-from trainjob.events import EventRecorder
-from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
-from trainjob.leader import LeaderElector, stop_writing
-from trainjob.service import start_workers
-from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller_kit.api_time import format_time
+from controller_kit.observability import Response, Route
 from dispatcher.job_state import job_summary, workloads_by_job
 from dispatcher.placement.waiting_line import Waiting
 from dispatcher.room.capacity import capacity_by_resource
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 from trainjob import managed_by
-from trainjob.conditions import format_time
-from trainjob.observability import Response, Route
 from trainjob.runtime.podsets import format_quantity
 
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from controller_kit.api_time import parse_time
 from trainjob import constants as c
-from trainjob.conditions import find, parse_time
+from trainjob.conditions import find
 
 
 def age(timestamp: str | None) -> str:

@@ -14,11 +14,11 @@ import orjson
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import command_line
+from controller_kit.kubeclient import KubeconfigError, api_client, find_kubeconfig
+from controller_kit.writes import request_json
 from dispatcher.remote_view import APISERVICE, EVENTS, GROUP_VERSION, PODS, TRAINJOB_LABEL
-from trainjob import command_line
 from trainjob import constants as c
-from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
-from trainjob.writes import request_json
 
 DESCRIPTION = f"""\
 See where a TrainJob of the manager cluster runs and what happens to it there: its Pods

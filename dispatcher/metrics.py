@@ -1,15 +1,21 @@
 """The dispatcher's Prometheus metrics: its own, and the controller-runtime ones
-(``trainjob.controller_metrics``), on the one registry the process serves."""
+(``controller_kit.controller_metrics``), on the one registry the process serves."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from controller_kit import step_timing
+from controller_kit.controller_metrics import (
+    ApiRequest,
+    ControllerMetrics,
+    children,
+    process_registry,
+)
 from dispatcher.job_state import job_state
 from trainjob import constants as c
-from trainjob import managed_by, step_timing
-from trainjob.controller_metrics import ApiRequest, ControllerMetrics, children, process_registry
+from trainjob import managed_by
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

@@ -10,8 +10,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.kubeclient import ClusterUnusable, describe_error
 from trainjob import constants as c
-from trainjob.kubeclient import describe_error
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,6 @@ MULTIKUEUECLUSTERS = Resource(c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECLUSTE
 MULTIKUEUECONFIGS = Resource(c.KUEUE_GROUP, c.KUEUE_VERSION, c.MULTIKUEUECONFIGS,
                              INSTALL_MULTIKUEUE_CRDS)
 JOBSETS = Resource(c.JOBSET_GROUP, c.JOBSET_VERSION, c.JOBSETS, INSTALL_JOBSET)
-
-
-class ClusterUnusable(RuntimeError):
-    """The cluster cannot serve the component as it is; the message says why and what to
-    do."""
 
 
 class Unreachable(ClusterUnusable):

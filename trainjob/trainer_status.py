@@ -16,7 +16,7 @@ import datetime
 import re
 from typing import Any
 
-from trainjob import conditions
+from controller_kit.api_time import format_time
 from trainjob import constants as c
 
 # Upstream's names: a training library written for upstream finds the same ones here.
@@ -64,15 +64,6 @@ def parse_status_path(path: str) -> tuple[str, str] | None:
 def configmap_name(job_name: str) -> str:
     """The ConfigMap holding the endpoint's CA certificate for the job's pods."""
     return f"{job_name}{CONFIGMAP_SUFFIX}"
-
-
-def bearer_token(header: str | None) -> str:
-    """The credentials of an RFC 7235 ``Bearer`` Authorization header (scheme matched
-    case-insensitively, any whitespace around); "" unless there is exactly one."""
-    parts = (header or "").split()
-    if len(parts) != 2 or parts[0].lower() != "bearer":
-        return ""
-    return parts[1]
 
 
 class InvalidUpdate(ValueError):
@@ -124,7 +115,7 @@ def _time(value: Any, field: str, problems: list[tuple[str, str]]) -> str | None
                                 f"2025-01-31T12:00:00Z, not {value[:40]!r}"))
         return None
     # Stored as Kubernetes stores a metav1.Time: UTC, whole seconds.
-    return conditions.format_time(parsed.timestamp())
+    return format_time(parsed.timestamp())
 
 
 def _json_type(value: Any) -> str:

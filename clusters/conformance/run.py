@@ -32,8 +32,8 @@ from clusters.local import BIND_ADDRESS, LocalClusters
 from clusters.testing import ServiceProcess, eventually
 from clusters.trainer_controller import TrainerController, require_alive
 from clusters.worker_stack import install_webhook_configurations
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from clusters.kind import config as kind_config
 from clusters.kind import jobset, kueue
 from clusters.local import ClusterInfo, cluster_names
 from clusters.state_dir import lock_state_dir, save_state
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 

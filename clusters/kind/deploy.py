@@ -54,8 +54,8 @@ from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError
 from clusters.kind import KindClusters, waits
 from clusters.kind import kueue as kind_kueue
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 MANAGER_BASE = "manager"
 # The manager overlays `deploy --manager-overlay` takes: without Kueue, and beside a Kueue

@@ -50,7 +50,7 @@ from clusters import binaries, kustomize
 from clusters import kueue as local_kueue
 from clusters.controlplane import ControlPlaneError
 from clusters.kind import jobset, waits
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 COMPONENT = local_kueue.COMPONENT
 VERSION = binaries.COMPONENTS[COMPONENT].version

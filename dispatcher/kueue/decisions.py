@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller_kit.api_time import format_time
 from dispatcher.kueue import workloads as wl
 from dispatcher.placement.chooser import message_shape
 from dispatcher.placement.need import Need
-from trainjob.conditions import format_time
 
 Obj = dict[str, Any]
 

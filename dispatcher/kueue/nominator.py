@@ -56,6 +56,10 @@ from cachetools import LRUCache
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.events import NORMAL, WARNING, EventRecorder
+from controller_kit.informer import Informer
+from controller_kit.service import Requeue
+from controller_kit.workqueue import WorkQueue
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import KUEUE_RECHECK_SECONDS, DispatcherConfig
 from dispatcher.kueue import decisions as kd
@@ -68,10 +72,6 @@ from dispatcher.placement.placer import Placer
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
 from trainjob.conditions import upsert
-from trainjob.events import NORMAL, WARNING, EventRecorder
-from trainjob.informer import Informer
-from trainjob.service import Requeue
-from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from controller_kit.api_time import parse_time
 from dispatcher.placement.need import Need
 from dispatcher.room.capacity import PODS, pod_requests
-from trainjob.conditions import parse_time
 
 Obj = dict[str, Any]
 

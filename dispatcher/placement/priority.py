@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from trainjob.informer import Informer
+from controller_kit.informer import Informer
 
 GLOBAL_DEFAULT = "globalDefault"
 

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 from kubernetes import client
 
-from trainjob.kubeclient import describe_error
+from controller_kit.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

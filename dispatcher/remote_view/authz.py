@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from cachetools import TTLCache
 from kubernetes import client
 
+from controller_kit.kubeclient import RateLimitedApiClient, describe_error
 from dispatcher.remote_view import GROUP, VERSION
 from dispatcher.remote_view.authn import User
-from trainjob.kubeclient import RateLimitedApiClient, describe_error
 
 REVIEW_TIMEOUT_SECONDS = 5.0
 ALLOWED_TTL_SECONDS = 10.0

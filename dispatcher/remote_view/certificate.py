@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trainjob.certificates import CertificateAuthority, cert_pem, issued_at, key_pem
-from trainjob.kubeclient import describe_error
-from trainjob.writes import MERGE_PATCH, request_json
+from controller_kit.certificates import CertificateAuthority, cert_pem, issued_at, key_pem
+from controller_kit.kubeclient import describe_error
+from controller_kit.writes import MERGE_PATCH, request_json
 
 log = logging.getLogger(__name__)
 

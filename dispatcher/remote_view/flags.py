@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from controller_kit import command_line, listeners
 from dispatcher.remote_view import APISERVICE, GROUP_VERSION, SERVICE
-from trainjob import command_line, listeners
 
 MAX_STREAMS = 50
 STREAM_IDLE_TIMEOUT_SECONDS = 300.0

@@ -14,12 +14,12 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.kubeclient import RateLimitedApiClient
+from controller_kit.writes import object_path, request_json
 from dispatcher.remote_view import items, logs
 from dispatcher.remote_view.copies import Copy
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
-from trainjob.kubeclient import RateLimitedApiClient
-from trainjob.writes import object_path, request_json
 
 log = logging.getLogger(__name__)
 

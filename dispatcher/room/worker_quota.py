@@ -23,12 +23,12 @@ from decimal import Decimal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import describe_error
 from dispatcher.config import KUEUE_RECHECK_SECONDS
 from dispatcher.room import kueue_quota as kq
 from dispatcher.room.amounts import format_amount
 from trainjob import constants as c
-from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import logs
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import describe_error
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone import mirror
 from dispatcher.standalone.remote_copies import RemoteCopies
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
-from trainjob import logs
-from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller_kit.api_time import format_time
 from dispatcher.placement import footprint
 from trainjob import conditions
 from trainjob import constants as c
@@ -75,7 +76,7 @@ def manager_status(remote_status: dict[str, Any], manager: dict[str, Any], worke
         return {}
     message = f"placed on worker cluster {worker}"
     placed = {"type": c.CONDITION_PLACED, "status": "True", "reason": c.REASON_PLACED,
-              "message": message, "lastTransitionTime": conditions.format_time(now)}
+              "message": message, "lastTransitionTime": format_time(now)}
     current = conditions.find(manager, c.CONDITION_PLACED)
     if current and current.get("status") == "True" and current.get("message") == message:
         placed = current

@@ -26,6 +26,11 @@ from collections.abc import Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import logs, step_timing, writes
+from controller_kit.api_time import format_time
+from controller_kit.events import NORMAL, WARNING, EventRecorder
+from controller_kit.informer import Informer
+from controller_kit.service import Requeue
 from dispatcher.config import DispatcherConfig
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.placement.chooser import message_shape
@@ -38,12 +43,9 @@ from dispatcher.standalone.status_sync import StatusSync
 from dispatcher.standalone.waiting_order import PlacementOrder
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
-from trainjob import conditions, logs, step_timing, writes
+from trainjob import conditions
 from trainjob import constants as c
-from trainjob.events import NORMAL, WARNING, EventRecorder
-from trainjob.informer import Informer
 from trainjob.runtime.podsets import format_quantity
-from trainjob.service import Requeue
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,7 @@ class DispatchReconciler:
                 self.status.set_condition(raw, {
                     "type": CONDITION_WORKER_REACHABLE, "status": "False",
                     "reason": REASON_WORKER_UNREACHABLE, "message": message,
-                    "lastTransitionTime": conditions.format_time(since)})
+                    "lastTransitionTime": format_time(since)})
                 self.recorder.event(raw, WARNING, REASON_WORKER_UNREACHABLE, message)
                 raise Requeue(wait, "waiting for the worker-lost timeout")
             case decisions.MarkRemoved(message=message):
@@ -210,7 +212,7 @@ class DispatchReconciler:
                 self.status.set_condition(raw, {
                     "type": CONDITION_WORKER_REACHABLE, "status": "False",
                     "reason": decisions.REASON_WORKER_REMOVED, "message": message,
-                    "lastTransitionTime": conditions.format_time()})
+                    "lastTransitionTime": format_time()})
                 self.recorder.event(raw, WARNING, decisions.REASON_WORKER_REMOVED, message)
             case decisions.Exclude(reason=reason, why=why):
                 self._exclude(raw, worker, None, why, reason)
@@ -231,7 +233,7 @@ class DispatchReconciler:
         log.warning("TrainJob %s/%s: %s", *self._key(raw), message)
         self.status.write(raw, {"conditions": [{
             "type": CONDITION_PLACED, "status": "False", "reason": reason,
-            "message": message, "lastTransitionTime": conditions.format_time()}]})
+            "message": message, "lastTransitionTime": format_time()}]})
         self.recorder.event(raw, WARNING, reason, message)
         self._clear_placement(self.trainjobs.get(*self._key(raw)) or raw)
 
@@ -290,7 +292,7 @@ class DispatchReconciler:
         message = str(message)
         self.status.set_condition(raw, {"type": CONDITION_PLACED, "status": "False",
                                         "reason": reason, "message": message,
-                                        "lastTransitionTime": conditions.format_time()})
+                                        "lastTransitionTime": format_time()})
         self.recorder.event(raw, WARNING, reason, message)
         log.info("TrainJob %s/%s pending: %s", *self._key(raw), message)
 

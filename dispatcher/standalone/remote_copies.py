@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import writes
+from controller_kit.kubeclient import error_message, namespace_terminating
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone import mirror
 from dispatcher.workers.sent_deletes import SentDeletes
 from trainjob import constants as c
-from trainjob import writes
-from trainjob.kubeclient import error_message, namespace_terminating
 
 # A worker's answers to a create that mean "not this spec, not here": bad request,
 # forbidden (an admission webhook's default denial, or RBAC), invalid.

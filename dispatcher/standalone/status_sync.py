@@ -12,12 +12,13 @@ from __future__ import annotations
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import writes
+from controller_kit.informer import Informer
+from controller_kit.service import Requeue
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone.job_timing import JobTimings
-from trainjob import conditions, writes
+from trainjob import conditions
 from trainjob import constants as c
-from trainjob.informer import Informer
-from trainjob.service import Requeue
 
 # Conflicting writes tried before the job is requeued.
 ATTEMPTS = 5

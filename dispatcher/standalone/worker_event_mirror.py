@@ -20,15 +20,15 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit import writes
+from controller_kit.informer import DELETED, Informer
+from controller_kit.kubeclient import describe_error
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone import worker_events
 from dispatcher.standalone.worker_events import Aggregation, Existing, JobRef, Write
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import constants as c
-from trainjob import writes
-from trainjob.informer import DELETED, Informer
-from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from controller_kit.api_time import format_time, parse_time
 from dispatcher.standalone import mirror
-from trainjob import conditions, managed_by
 from trainjob import constants as c
+from trainjob import managed_by
 
 # New manager Events (distinct reason, object and message) per job in any minute; the
 # occurrences of any more are counted in one Event of REASON_LIMITED. Counted rather than
@@ -75,14 +76,14 @@ def _second(stamp: str | None) -> str:
 def first_seen(event: dict[str, Any]) -> str:
     return _second(event.get("firstTimestamp") or event.get("eventTime")
                    or (event.get("metadata") or {}).get("creationTimestamp")) \
-        or conditions.format_time()
+        or format_time()
 
 
 def last_seen(event: dict[str, Any]) -> str:
     return _second((event.get("series") or {}).get("lastObservedTime")
                    or event.get("lastTimestamp") or event.get("eventTime")
                    or (event.get("metadata") or {}).get("creationTimestamp")) \
-        or conditions.format_time()
+        or format_time()
 
 
 def _by_name(name: str, tail: re.Pattern, is_copy: Callable[[str], bool]) -> str | None:
@@ -134,8 +135,8 @@ def attribute(event: dict[str, Any], worker: str, origin: str,
     if involved.get("kind") == c.TRAINJOB_KIND and involved.get("uid") and \
             involved["uid"] != copy["metadata"].get("uid"):
         return None
-    made = conditions.parse_time(copy["metadata"].get("creationTimestamp"))
-    said = conditions.parse_time((event.get("metadata") or {}).get("creationTimestamp"))
+    made = parse_time(copy["metadata"].get("creationTimestamp"))
+    said = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
     if made is not None and said is not None and said < made:
         return None
     manager = manager_named(namespace, name)

@@ -14,6 +14,7 @@ Which workers answer is the registry's business (``workers/probing.py``).
 
 from __future__ import annotations
 
+from controller_kit.api_time import format_time, parse_time
 from dispatcher.standalone import mirror
 from dispatcher.standalone.actions import (
     Action,
@@ -30,7 +31,7 @@ from dispatcher.standalone.actions import (
 )
 from trainjob import conditions
 from trainjob import constants as c
-from trainjob.conditions import find, format_time, parse_time
+from trainjob.conditions import find
 
 
 def drain(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> Action:

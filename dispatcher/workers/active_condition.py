@@ -19,12 +19,12 @@ from collections.abc import Callable
 
 from kubernetes import client
 
+from controller_kit.api_time import format_time
+from controller_kit.events import EventRecorder
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import describe_error
 from dispatcher.workers.cluster import ACTIVE, REASON_PENDING, WorkerCluster
 from trainjob import constants as c
-from trainjob.conditions import format_time
-from trainjob.events import EventRecorder
-from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
+from controller_kit.informer import Informer
 from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers.sent_deletes import SentDeletes
 from dispatcher.workers.warning_events import WarningEvents
-from trainjob.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 from kubernetes import client
 
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import api_client
 from dispatcher.config import DispatcherConfig
 from dispatcher.room.worker_quota import WorkerQuota
 from dispatcher.workers import projections
 from dispatcher.workers.cluster import RELISTED, ROOM_CACHES, WorkerCluster, WorkerEvent
 from dispatcher.workers.warning_events import WarningEvents
 from trainjob import constants as c
-from trainjob.informer import Informer
-from trainjob.kubeclient import api_client
 
 log = logging.getLogger(__name__)
 # The caches of one worker list on threads of their own: one of them says they all did.

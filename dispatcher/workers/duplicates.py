@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from controller_kit.events import EventRecorder
 from dispatcher.workers.cluster import REASON_DUPLICATE, WorkerCluster
-from trainjob.events import EventRecorder
 
 log = logging.getLogger(__name__)
 

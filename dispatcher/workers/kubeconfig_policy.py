@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from trainjob.yaml_errors import yaml_error_position
+from controller_kit.yaml_errors import yaml_error_position
 
 BAD_KUBECONFIG = "BadKubeConfig"
 INSECURE_KUBECONFIG = "InsecureKubeConfig"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from kubernetes import client
 
-from trainjob.informer import Informer
+from controller_kit.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from controller_kit import logs, writes
+from controller_kit.kubeclient import describe_error
 from dispatcher.workers.cluster import WorkerCluster
-from trainjob import logs, writes
-from trainjob.kubeclient import describe_error
 
 # (worker, whether it answers with every cache in sync, what to say about it)
 ProbeResult = Callable[[WorkerCluster, bool, str], None]

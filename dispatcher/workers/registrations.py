@@ -26,13 +26,13 @@ from pathlib import Path
 
 from kubernetes import client
 
+from controller_kit.events import EventRecorder
+from controller_kit.informer import Informer
 from dispatcher.config import DispatcherConfig
 from dispatcher.workers.cluster import REASON_PENDING, REASON_UNSUPPORTED_SOURCE
 from dispatcher.workers.kubeconfig_policy import BAD_KUBECONFIG
 from dispatcher.workers.named_secrets import NamedSecrets
 from trainjob import constants as c
-from trainjob.events import EventRecorder
-from trainjob.informer import Informer
 
 log = logging.getLogger(__name__)
 

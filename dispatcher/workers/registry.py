@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from kubernetes import client
 
+from controller_kit.events import EventRecorder
 from dispatcher.config import DispatcherConfig
 from dispatcher.room.capacity import WorkerCapacity
 from dispatcher.workers import draining
@@ -43,7 +44,6 @@ from dispatcher.workers.duplicates import Duplicates
 from dispatcher.workers.kubeconfig_policy import check_kubeconfig
 from dispatcher.workers.probing import Prober
 from dispatcher.workers.registrations import Registration, Registrations
-from trainjob.events import EventRecorder
 
 log = logging.getLogger(__name__)
 

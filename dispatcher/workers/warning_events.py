@@ -25,9 +25,9 @@ import time
 
 from kubernetes import client
 
+from controller_kit.informer import DELETED, Informer
 from dispatcher.workers import projections
 from trainjob import constants as c
-from trainjob.informer import DELETED, Informer
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trainjob.kubeclient import APPLY_PATCH, apply_body
+from controller_kit.kubeclient import APPLY_PATCH, apply_body
 from trainjob.runtime.extension_points import ExtraObject
 
 

@@ -14,12 +14,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-from trainjob import command_line, listeners, logs
+from controller_kit import command_line, listeners, logs
+from controller_kit.gc_pauses import SWEEP_SECONDS
+from controller_kit.kubeclient import KubeconfigError, api_client, find_kubeconfig
+from controller_kit.service import ListenError, serve
 from trainjob import constants as c
 from trainjob import trainer_status as ts
-from trainjob.gc_pauses import SWEEP_SECONDS
-from trainjob.kubeclient import KubeconfigError, api_client, find_kubeconfig
-from trainjob.service import ListenError, serve
 
 log = logging.getLogger("training_operator")
 

@@ -21,20 +21,20 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
+from controller_kit.events import EventRecorder
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import RateLimitedApiClient, describe_error
+from controller_kit.leader import LeaderElector, stop_writing
+from controller_kit.service import start_workers
+from controller_kit.workqueue import WorkQueue
 from training_operator.metrics import CONTROLLER, OperatorMetrics
 from training_operator.reconciler import Caches, TrainJobReconciler
 from training_operator.webhook import CacheLookups
 from trainjob import constants as c
 from trainjob import required_apis, runtime_ref
-from trainjob.events import EventRecorder
-from trainjob.informer import Informer
-from trainjob.kubeclient import RateLimitedApiClient, describe_error
-from trainjob.leader import LeaderElector, stop_writing
 from trainjob.managed_by import managed_by, operator_manages
 from trainjob.runtime.extension_points import Plugin
 from trainjob.runtime.plugins import registered
-from trainjob.service import start_workers
-from trainjob.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The operator's Prometheus metrics: its own, and the controller-runtime ones
-(``trainjob.controller_metrics``), on the one registry the process serves (a registry per
+(``controller_kit.controller_metrics``), on the one registry the process serves (a registry per
 operator, not prometheus_client's global one: several operators can run in one test process
 without clashing)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from trainjob.controller_metrics import ControllerMetrics, process_registry
+from controller_kit.controller_metrics import ControllerMetrics, process_registry
 
 # The controller's name (the ``controller`` and work queue ``name`` labels).
 CONTROLLER = "trainjob"

@@ -14,14 +14,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from controller_kit.events import NORMAL, WARNING, EventRecorder
+from controller_kit.kubeclient import apply_custom_object, namespace_terminating, refusal_summary
 from training_operator import child_objects, deadline, jobset_builder, runtime_snapshot
 from training_operator import status as status_mod
 from training_operator.metrics import OperatorMetrics
 from trainjob import constants as c
 from trainjob import runtime_ref
 from trainjob.api import TrainingRuntime, TrainJob
-from trainjob.events import NORMAL, WARNING, EventRecorder
-from trainjob.kubeclient import apply_custom_object, namespace_terminating, refusal_summary
 from trainjob.runtime import build_runtime_info
 from trainjob.runtime.extension_points import Plugin
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from controller_kit.api_time import format_time
 from trainjob import constants as c
 from trainjob.api import TrainJob
-from trainjob.conditions import format_time, upsert
+from trainjob.conditions import upsert
 
 CONDITION_CREATED = "Created"
 REASON_JOBSET_CREATED = "JobSetCreated"

@@ -37,10 +37,11 @@ from urllib.parse import urlsplit
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.kubeclient import APPLY_PATCH, describe_error
+from controller_kit.metrics_auth import bearer_token
 from training_operator.webhook_server import WebhookServer, _Handler
 from trainjob import constants as c
 from trainjob import trainer_status as ts
-from trainjob.kubeclient import APPLY_PATCH, describe_error
 from trainjob.managed_by import managed_by, operator_manages
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class StatusServer(WebhookServer):
     def _authenticate(self, job: str, namespace: str, name: str,
                       authorization: str | None) -> None:
         refused = f"{job}: trainerStatus update refused: Authorization header:"
-        token = ts.bearer_token(authorization)
+        token = bearer_token(authorization)
         if not token:
             raise Refusal(HTTPStatus.FORBIDDEN, f"{refused} no bearer token (send "
                           "'Authorization: Bearer <projected service-account token>')")

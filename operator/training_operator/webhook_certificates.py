@@ -46,9 +46,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from trainjob.certificates import CertificateAuthority, cert_pem, issued_at, key_pem
-from trainjob.informer import Informer
-from trainjob.kubeclient import describe_error
+from controller_kit.certificates import CertificateAuthority, cert_pem, issued_at, key_pem
+from controller_kit.informer import Informer
+from controller_kit.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

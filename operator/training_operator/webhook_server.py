@@ -23,8 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from controller_kit.observability import NO_IPV6, address
 from training_operator.webhook import Lookups, response, review_json
-from trainjob.observability import NO_IPV6, address
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from kubernetes import client
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "manifests" / "samples" / "trainjob-mnist.yaml"

@@ -32,8 +32,8 @@ from clusters import fixtures, kueue, kueue_queues, kustomize, worker_stack
 from clusters.pki import service_account_user
 from clusters.pytest_plugin import KUEUE_TEST_DISPATCHER, _namespace_name
 from clusters.testing import ServiceProcess, audited_writes, eventually, holds_for
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 from dispatch_helpers import TRAINER, condition, get, placement, trainjob
 

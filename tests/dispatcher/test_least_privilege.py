@@ -23,8 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, kustomize
 from clusters.pki import service_account_user
 from clusters.testing import ServiceProcess, eventually
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 JOBSET = (c.JOBSET_GROUP, c.JOBSET_VERSION)

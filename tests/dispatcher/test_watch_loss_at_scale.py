@@ -28,8 +28,8 @@ from bench.environment import BenchClusters
 from bench.load import LoadRunner
 from clusters import fixtures
 from clusters.testing import eventually, holds_for
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 NODES, PODS = 1000, 20_000
 CHURN_PER_SECOND = 50

@@ -23,11 +23,11 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, kustomize
 from clusters.pki import service_account_user
 from clusters.testing import eventually
+from controller_kit.kubeclient import api_client
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.standalone import mirror
 from dispatcher.standalone.remote_copies import Created, RemoteCopies, SentDeletes
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
 WORKER = "worker-1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from clusters.testing import eventually
-from trainjob.conditions import parse_time
+from controller_kit.api_time import parse_time
 
 from dispatch_helpers import (
     WORKER_LOST_TIMEOUT,

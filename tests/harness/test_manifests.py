@@ -516,8 +516,8 @@ def _listeners(base: str, deployment: dict):
     """Where the shipped Pod serves metrics and probes, as its own CLI resolves its args."""
     if base == "dispatcher":
         return _dispatcher_config(deployment).metrics_listeners()
+    from controller_kit import listeners
     from training_operator.cli import PLAIN_METRICS_PORT, build_parser
-    from trainjob import listeners
 
     return listeners.from_args(build_parser().parse_args(_pod_args(deployment)),
                                PLAIN_METRICS_PORT)

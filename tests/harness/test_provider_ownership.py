@@ -14,7 +14,7 @@ from clusters.local import ClusterRecord, HarnessState
 from clusters.processes import harness_processes
 from clusters.state_dir import save_state
 from clusters.testing import eventually
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 
 def clusters_cli(*args: str, state_dir: Path) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters.pki import service_account_user
 from clusters.testing import eventually
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 
 def bind_reader(api: client.ApiClient, namespace: str, resource: str, subject: dict) -> None:

@@ -16,7 +16,7 @@ from kubernetes import client
 from clusters.local import LocalClusters
 from clusters.nodes import GPU, NodeSpecError, layout_from_file
 from clusters.processes import harness_processes
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 
 def _clusters(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -35,8 +35,8 @@ from clusters import fixtures, images, kustomize
 from clusters.kind import waits
 from clusters.kind.deploy import MANAGER_BASE, WORKER_BASE, Shipped, deploy
 from clusters.testing import eventually
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 from kind_layout import NAMES
 

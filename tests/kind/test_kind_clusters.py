@@ -28,7 +28,7 @@ from clusters import images, nodes
 from clusters.kind import CLUSTER_LABEL
 from clusters.kind import jobset as kind_jobset
 from clusters.testing import eventually
-from trainjob.kubeclient import api_client
+from controller_kit.kubeclient import api_client
 
 from kind_layout import NAMES, POOL_LABEL, TAINT
 

@@ -43,8 +43,8 @@ from clusters.kind import KindClusters
 from clusters.kind import kueue as kind_kueue
 from clusters.kind.deploy import KUEUE_MODE, deploy
 from clusters.testing import eventually
+from controller_kit.kubeclient import api_client, apply_custom_object
 from trainjob import constants as c
-from trainjob.kubeclient import api_client, apply_custom_object
 
 NAMES = ("manager", "worker-1", "worker-2")
 WORKERS = NAMES[1:]

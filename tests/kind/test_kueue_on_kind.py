@@ -40,8 +40,8 @@ from clusters.kind import KindClusters
 from clusters.kind import kueue as kind_kueue
 from clusters.kind.deploy import BESIDE_KUEUE, deploy
 from clusters.testing import eventually, holds_for
+from controller_kit.kubeclient import api_client
 from trainjob import constants as c
-from trainjob.kubeclient import api_client
 
 NAMES = ("manager", "worker-1")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

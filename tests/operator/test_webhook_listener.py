@@ -17,8 +17,8 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually, ipv6_loopback, plain_get
+from controller_kit.certificates import CertificateAuthority, cert_pem, key_pem
 from training_operator.webhook_server import VALIDATE_PATH, WebhookServer
-from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
 
 IPV6 = ipv6_loopback()
 HOSTS = ("::1", "127.0.0.1") if IPV6 else ("127.0.0.1",)

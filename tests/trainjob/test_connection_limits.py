@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from clusters.testing import eventually, stretched
-from trainjob.connection_limits import ConnectionLimits
-from trainjob.metrics_auth import Decision
-from trainjob.observability import ObservabilityServer
-from trainjob.serving_certificate import ServingCertificate
+from controller_kit.connection_limits import ConnectionLimits
+from controller_kit.metrics_auth import Decision
+from controller_kit.observability import ObservabilityServer
+from controller_kit.serving_certificate import ServingCertificate
 
 TOKEN = "the-reader"
 LIMITS = ConnectionLimits(threads=2, waiting=2, wait_seconds=0.5, deadline_seconds=1.5)

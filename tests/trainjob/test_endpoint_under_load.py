@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from clusters.controlplane import free_port
 from clusters.crds import manifests_dir
 from clusters.testing import apiserver_writes, eventually, holds_for, stretched
-from trainjob.connection_limits import ConnectionLimits
+from controller_kit.connection_limits import ConnectionLimits
 
 MISSING_CONFIG = "no-such-multikueue-config"  # the dispatcher places nothing here
 TOKENREVIEWS = {("authentication.k8s.io", "tokenreviews")}

@@ -13,7 +13,7 @@ import urllib3
 from kubernetes import client
 
 from clusters.testing import eventually, holds_for
-from trainjob.informer import Informer
+from controller_kit.informer import Informer
 
 
 class FailingWatch:

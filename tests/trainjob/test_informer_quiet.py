@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from clusters.testing import eventually, holds_for
-from trainjob.informer import Informer
+from controller_kit.informer import Informer
 
 SILENCE = 1.0  # seconds without a byte before the watch's read gives up
 
@@ -25,14 +25,14 @@ def test_a_quiet_watch_is_watched_again_without_a_failure(multicluster, namespac
     informer = Informer("quiet/configmaps",
                         functools.partial(core.list_namespaced_config_map, namespace),
                         watch_timeout=60, silence_timeout=SILENCE)
-    caplog.set_level(logging.DEBUG, logger="trainjob.informer")
+    caplog.set_level(logging.DEBUG, logger="controller_kit.informer")
     informer.start()
     try:
         assert informer.wait_synced(10), "the informer did not list the namespace in 10 s"
 
         def state() -> tuple:
             warnings = [r.getMessage() for r in caplog.records
-                        if r.name == "trainjob.informer" and r.levelno >= logging.WARNING]
+                        if r.name == "controller_kit.informer" and r.levelno >= logging.WARNING]
             return informer.last_error, informer.relists, warnings
 
         holds_for(state, lambda seen: seen == (None, 1, []), seconds=SILENCE * 3.5,

@@ -1,4 +1,4 @@
-"""Lease-based leader election (trainjob.leader) against the manager's real apiserver:
+"""Lease-based leader election (controller_kit.leader) against the manager's real apiserver:
 acquire, standby, takeover after a crash, hand-over on release, no two leaders under churn,
 and a Lease deleted under its holder."""
 
@@ -15,8 +15,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters.testing import eventually, holds_for
-from trainjob.kubeclient import RateLimitedApiClient
-from trainjob.leader import LeaderElector
+from controller_kit.kubeclient import RateLimitedApiClient
+from controller_kit.leader import LeaderElector
 
 LEASE = "dispatcher-leader"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 2.0, 1.5, 0.3

@@ -1,5 +1,5 @@
 """Liveness of a controller process, in one process: real work queues and reconcile
-workers (trainjob.service.start_workers) behind a real probe listener. /healthz fails once
+workers (controller_kit.service.start_workers) behind a real probe listener. /healthz fails once
 keys wait and no worker has taken one for longer than the bound, and answers 200 again
 once they are taken; an idle loop and a busy one that keeps taking keys stay live. (The
 dispatcher stuck on a frozen apiserver: tests/dispatcher/test_listeners.py.)"""
@@ -12,9 +12,9 @@ import time
 import pytest
 
 from clusters.testing import eventually, holds_for, plain_get
-from trainjob.observability import ObservabilityServer
-from trainjob.service import liveness, start_workers
-from trainjob.workqueue import WorkQueue
+from controller_kit.observability import ObservabilityServer
+from controller_kit.service import liveness, start_workers
+from controller_kit.workqueue import WorkQueue
 
 BOUND = 1.0  # seconds, --liveness-stall-timeout
 

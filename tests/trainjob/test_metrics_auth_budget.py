@@ -11,7 +11,7 @@ from http import HTTPStatus
 import pytest
 from kubernetes import client
 
-from trainjob.metrics_auth import (
+from controller_kit.metrics_auth import (
     Decision,
     DecisionCache,
     MetricsAuthorizer,

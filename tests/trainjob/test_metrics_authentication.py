@@ -25,7 +25,7 @@ from clusters.controlplane import free_port
 from clusters.crds import manifests_dir
 from clusters.pki import service_account_user
 from clusters.testing import apiserver_writes, ipv6_loopback, plain_get
-from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
+from controller_kit.certificates import CertificateAuthority, cert_pem, key_pem
 
 MISSING_CONFIG = "no-such-multikueue-config"  # the dispatcher places nothing here
 REVIEWS = {("authentication.k8s.io", "tokenreviews"),

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually
-from trainjob.observability import ObservabilityServer
-from trainjob.serving_certificate import ServingCertificate
+from controller_kit.observability import ObservabilityServer
+from controller_kit.serving_certificate import ServingCertificate
 
 MISSING_CONFIG = "no-such-multikueue-config"  # the dispatcher places nothing here
 LIFE = 3.0  # seconds: renewed after 2 s

@@ -221,7 +221,7 @@ def test_the_dispatchers_log_gives_each_jobs_steps_for_its_namespace_only(tmp_pa
         "2026-11-27 05:00:00,002 INFO dispatcher.standalone.reconciler: TrainJob ns-b/j1 "
         "placed on worker-1, copy created (decide 0.05, place 0.41, patch 1.00, "
         "create 2.00 ms) namespace=ns-b name=j1 cluster=worker-1\n"
-        "2026-11-27 05:00:00,003 INFO trainjob.service: something else\n"
+        "2026-11-27 05:00:00,003 INFO controller_kit.service: something else\n"
         # After a crash between a create and its answer, the copy is adopted.
         "2026-11-27 05:00:00,004 INFO dispatcher.standalone.reconciler: TrainJob ns-a/j2 "
         "placed on worker-1, copy adopted (queued 1.00 ms; decide 0.05, place 0.41, "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench import report, steps
-from trainjob import step_timing
-from trainjob.gc_pauses import PAUSE_BUCKETS
+from controller_kit import step_timing
+from controller_kit.gc_pauses import PAUSE_BUCKETS
 
 
 class _Page:
@@ -44,7 +44,7 @@ def test_the_breakdown_counts_only_what_happened_between_the_readings():
 def test_garbage_collections_between_the_readings_are_counted_by_generation():
     registry = CollectorRegistry()
     page = _Page(registry)
-    # As a controller process exposes it (trainjob.gc_pauses).
+    # As a controller process exposes it (controller_kit.gc_pauses).
     pauses = Histogram(steps.GC_METRIC, "pauses", ["generation"], registry=registry,
                        buckets=PAUSE_BUCKETS)
     pauses.labels("0").observe(0.001)  # before

@@ -9,12 +9,12 @@ from prometheus_client import generate_latest
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually
+from controller_kit.controller_metrics import ControllerMetrics, process_registry
+from controller_kit.kubeclient import api_client
+from controller_kit.service import Requeue, start_workers
+from controller_kit.workqueue import WorkQueue
 from dispatcher.metrics import DispatcherMetrics
 from training_operator.metrics import OperatorMetrics
-from trainjob.controller_metrics import ControllerMetrics, process_registry
-from trainjob.kubeclient import api_client
-from trainjob.service import Requeue, start_workers
-from trainjob.workqueue import WorkQueue
 
 
 def test_each_process_registry_has_the_process_and_python_collectors_and_no_clash():

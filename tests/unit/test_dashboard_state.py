@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from controller_kit.observability import ObservabilityServer
 from dispatcher import dashboard
 from dispatcher.config import DispatcherConfig
 from dispatcher.controller import DispatcherController
@@ -19,7 +20,6 @@ from dispatcher.job_state import job_state
 from dispatcher.placement.waiting_line import Waiting
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
-from trainjob.observability import ObservabilityServer
 
 
 def _job(name: str, namespace: str = "team-a", *, worker: str | None = None,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from controller_kit.api_time import format_time
 from dispatcher.standalone import decisions as d
 from trainjob import constants as c
-from trainjob.conditions import format_time
 
 NOW = 1_000_000.0
 SETTINGS = d.Settings(origin="multikueue", worker_lost_timeout=60, retention=30)

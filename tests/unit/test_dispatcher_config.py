@@ -18,7 +18,7 @@ def test_defaults_follow_multikueue():
     assert config.origin == c.DEFAULT_ORIGIN == "trainjob-dispatcher"
     assert config.gc_interval_seconds == 60
     assert config.worker_lost_timeout_seconds == 900
-    # The interpreter's frozen objects are swept every 6 hours (trainjob/gc_pauses.py).
+    # The interpreter's frozen objects are swept every 6 hours (controller_kit/gc_pauses.py).
     assert config.python_gc_sweep_seconds == 6 * 3600
     assert config.client.qps >= 100
     # The manager's apiserver has its own priority and fairness: no client-side limit.

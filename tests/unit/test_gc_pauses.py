@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from clusters.testing import eventually
-from trainjob.gc_pauses import GcPauses
+from controller_kit.gc_pauses import GcPauses
 
 
 class Node:

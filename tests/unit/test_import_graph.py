@@ -93,3 +93,12 @@ def test_dispatcher_and_operator_never_import_each_other():
         assert not {n for n in _imports(path) if n.startswith("training_operator")}, path
     for path in sorted((ROOT / "operator").rglob("*.py")):
         assert not {n for n in _imports(path) if n.startswith("dispatcher")}, path
+
+
+def test_the_controller_plumbing_imports_nothing_of_the_project():
+    """controller_kit sits below everything: the domain package, the dispatcher and the
+    operator import it, never the reverse."""
+    project = ("trainjob", "dispatcher", "training_operator", "clusters", "bench")
+    for path in sorted((ROOT / "controller_kit").rglob("*.py")):
+        found = {n for n in _imports(path) if n.split(".")[0] in project}
+        assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"

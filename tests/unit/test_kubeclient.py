@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainjob.kubeclient import (
+from controller_kit.kubeclient import (
     FROM_ENVIRONMENT,
     FROM_FLAG,
     FROM_HOME,
@@ -81,7 +81,7 @@ def test_a_token_kubeconfig_still_sends_its_token():
 def test_an_api_error_is_one_line_with_code_reason_and_message():
     from kubernetes.client.exceptions import ApiException
 
-    from trainjob.kubeclient import describe_error
+    from controller_kit.kubeclient import describe_error
 
     err = ApiException(status=422, reason="Unprocessable Entity")
     err.body = ('{"kind":"Status","status":"Failure","reason":"Invalid","code":422,'
@@ -97,7 +97,7 @@ def test_an_api_error_is_one_line_with_code_reason_and_message():
 def test_apply_bodies_write_characters_beyond_the_bmp_as_themselves():
     import json
 
-    from trainjob.kubeclient import apply_body
+    from controller_kit.kubeclient import apply_body
 
     body = {"data": {"init.sh": 'echo "\U0001f438 ready"'}}
     encoded = apply_body(body)

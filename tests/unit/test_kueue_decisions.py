@@ -7,10 +7,10 @@ from decimal import Decimal as D
 
 import pytest
 
+from controller_kit.api_time import format_time
 from dispatcher.kueue import decisions as kd
 from dispatcher.kueue import workloads as wl
 from dispatcher.placement.need import Need
-from trainjob.conditions import format_time
 
 NOW = 1_000_000.0
 CHECK = "multikueue-check"

@@ -1,4 +1,4 @@
-"""Writes over kept-alive connections (``trainjob.lean_http``, ``trainjob.writes``), against
+"""Writes over kept-alive connections (``controller_kit.lean_http``, ``.writes``), against
 an HTTP server on loopback that records what it was sent: the request arrives as the
 client would have sent it, an error answer is the client's ApiException, and a
 connection the server closed between two writes costs nothing but a second attempt."""
@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from trainjob import lean_http, writes
-from trainjob.kubeclient import api_client
+from controller_kit import lean_http, writes
+from controller_kit.kubeclient import api_client
 
 
 class Recorder(BaseHTTPRequestHandler):

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from trainjob import logs
+from controller_kit import logs
 
 
 @pytest.fixture

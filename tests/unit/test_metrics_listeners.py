@@ -17,12 +17,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from clusters.testing import ipv6_loopback
+from controller_kit import listeners
+from controller_kit.certificates import CertificateAuthority, cert_pem, key_pem
+from controller_kit.metrics_auth import Decision, DecisionCache, token_key
+from controller_kit.observability import ObservabilityServer
+from controller_kit.serving_certificate import ServingCertificate
 from dispatcher.config import ConfigError, load_config
-from trainjob import listeners
-from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
-from trainjob.metrics_auth import Decision, DecisionCache, token_key
-from trainjob.observability import ObservabilityServer
-from trainjob.serving_certificate import ServingCertificate
 
 ALLOWED = Decision(HTTPStatus.OK, "user reader may get /metrics")
 FORBIDDEN = Decision(HTTPStatus.FORBIDDEN, "user stranger may not")

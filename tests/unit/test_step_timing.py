@@ -8,9 +8,9 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from trainjob import step_timing
-from trainjob.controller_metrics import ControllerMetrics
-from trainjob.workqueue import WorkQueue
+from controller_kit import step_timing
+from controller_kit.controller_metrics import ControllerMetrics
+from controller_kit.workqueue import WorkQueue
 
 
 def _samples(registry: CollectorRegistry, suffix: str) -> dict[tuple, float]:

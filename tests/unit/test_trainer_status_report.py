@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from controller_kit.metrics_auth import bearer_token
 from trainjob import constants as c
 from trainjob import trainer_status as ts
 from trainjob.api import TrainingRuntime, TrainJob
@@ -35,7 +36,7 @@ def test_names_are_upstreams():
     (None, ""), ("", ""), ("Bearer", ""), ("Basic abc", ""), ("Bearer a b", ""),
 ])
 def test_bearer_token(header, token):
-    assert ts.bearer_token(header) == token
+    assert bearer_token(header) == token
 
 
 def test_a_full_report_is_read_as_written_with_time_in_utc_seconds():

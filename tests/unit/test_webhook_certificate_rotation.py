@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime
 import ssl
 
+from controller_kit.certificates import CertificateAuthority, cert_pem, key_pem
 from training_operator import webhook_certificates as wc
-from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
 
 HOSTS = wc.Hosts.for_service("training-operator-webhook", "ops", ("127.0.0.1", "local.test"))
 VALIDITY = datetime.timedelta(seconds=60)

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from clusters.testing import eventually
-from trainjob.controller_metrics import ControllerMetrics, process_registry
-from trainjob.workqueue import ShutDown, WorkQueue
+from controller_kit.controller_metrics import ControllerMetrics, process_registry
+from controller_kit.workqueue import ShutDown, WorkQueue
 
 
 def test_a_key_added_many_times_is_queued_once():

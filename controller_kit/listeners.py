@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainjob import command_line, metrics_auth, serving_certificate
-from trainjob.connection_limits import ConnectionLimits
+from controller_kit import command_line, metrics_auth, serving_certificate
+from controller_kit.connection_limits import ConnectionLimits
 
 DEFAULT_HOST = "127.0.0.1"
 # Every interface, IPv6 and IPv4 (one dual-stack socket); IPv4 alone without IPv6.

@@ -14,8 +14,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trainjob import writes
-from trainjob.conditions import format_time
+from controller_kit import writes
+from controller_kit.api_time import format_time
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from trainjob.controller_metrics import ApiRequest
-from trainjob.lean_http import LeanFailed, LeanWrites
-from trainjob.writes import object_path, request_json
-from trainjob.yaml_errors import YamlFileError, read_yaml_mapping
+from controller_kit.controller_metrics import ApiRequest
+from controller_kit.lean_http import LeanFailed, LeanWrites
+from controller_kit.writes import object_path, request_json
+from controller_kit.yaml_errors import YamlFileError, read_yaml_mapping
 
 # Threads share one client per cluster; urllib3's default pool (5 x CPUs) would make
 # them queue for connections.
@@ -58,7 +58,7 @@ class TokenBucket:
         return wait
 
 
-# Told of every request a client makes (``trainjob.controller_metrics.ApiRequest``).
+# Told of every request a client makes (``controller_kit.controller_metrics.ApiRequest``).
 RequestObserver = Callable[[ApiRequest], None]
 
 # Without a timeout, a request to an apiserver that accepted the connection but stopped
@@ -416,6 +416,11 @@ def error_message(err: ApiException) -> str:
         return json.loads(err.body).get("message") or str(err.reason)
     except (TypeError, ValueError, AttributeError):
         return f"{err.status} {err.reason}"
+
+
+class ClusterUnusable(RuntimeError):
+    """The cluster cannot serve the component as it is; the message says why and what to
+    do."""
 
 
 def describe_error(err: BaseException) -> str:

@@ -25,8 +25,7 @@ from cachetools import TTLCache
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
-from trainjob.kubeclient import RateLimitedApiClient, describe_error
-from trainjob.trainer_status import bearer_token
+from controller_kit.kubeclient import RateLimitedApiClient, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +46,15 @@ REVIEW_WAIT_SECONDS = 1.0
 # rather than holding one of the listener's few connection threads.
 REVIEW_TIMEOUT_SECONDS = 5.0
 USER_AGENT_SUFFIX = "metrics-auth"
+
+
+def bearer_token(header: str | None) -> str:
+    """The credentials of an RFC 7235 ``Bearer`` Authorization header (scheme matched
+    case-insensitively, any whitespace around); "" unless there is exactly one."""
+    parts = (header or "").split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return ""
+    return parts[1]
 
 
 @dataclass(frozen=True)

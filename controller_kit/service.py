@@ -18,16 +18,16 @@ from typing import Any, Protocol
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
-from trainjob import controller_metrics as results
-from trainjob import logs
-from trainjob.controller_metrics import ReconcileMetrics
-from trainjob.gc_pauses import SWEEP_SECONDS, GcPauses
-from trainjob.listeners import LIMITS, Listeners
-from trainjob.metrics_auth import EndpointMetrics, MetricsAuthorizer, review_client
-from trainjob.observability import Check, ObservabilityServer, Route, address
-from trainjob.required_apis import ClusterUnusable
-from trainjob.serving_certificate import ServingCertificate
-from trainjob.workqueue import ShutDown, WorkQueue
+from controller_kit import controller_metrics as results
+from controller_kit import logs
+from controller_kit.controller_metrics import ReconcileMetrics
+from controller_kit.gc_pauses import SWEEP_SECONDS, GcPauses
+from controller_kit.kubeclient import ClusterUnusable
+from controller_kit.listeners import LIMITS, Listeners
+from controller_kit.metrics_auth import EndpointMetrics, MetricsAuthorizer, review_client
+from controller_kit.observability import Check, ObservabilityServer, Route, address
+from controller_kit.serving_certificate import ServingCertificate
+from controller_kit.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -277,13 +277,13 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry,
     ``routes_listener``), start ``controller`` (then ``extra_servers``), run until
     SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
     reverse order; the interpreter's frozen objects are swept every ``gc_sweep_seconds``
-    (0: never; trainjob/gc_pauses.py). Returns the exit code (1 when ``failed()`` says the
+    (0: never; controller_kit/gc_pauses.py). Returns the exit code (1 when ``failed()`` says the
     stop was a failure, e.g. lost leadership)."""
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # Before the caches fill: they are most of what a full collection would walk, again
-    # and again (trainjob/gc_pauses.py).
+    # and again (controller_kit/gc_pauses.py).
     collector = GcPauses(registry, gc_sweep_seconds).install()
     servers: list[Server] = []
     try:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainjob.certificates import CertificateAuthority, cert_pem, key_pem
+from controller_kit.certificates import CertificateAuthority, cert_pem, key_pem
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
   again when the worker calls ``done``.
 * ``add_after`` delays a key; ``add_rate_limited`` delays it with per-key exponential
   backoff (reset by ``forget``), so a failing object is retried without hot-looping.
-* With ``metrics`` (``trainjob.controller_metrics.QueueMetrics``) it reports its depth, adds,
+* With ``metrics`` (``controller_kit.controller_metrics.QueueMetrics``) it reports its depth, adds,
   waiting and processing times and retries as client-go's work queues do.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainjob.controller_metrics import QueueMetrics
+    from controller_kit.controller_metrics import QueueMetrics
 
 
 class ShutDown(Exception):

@@ -159,7 +159,7 @@ class ControllerMetrics:
         return LeaderMetric(self._leader.labels(lease))
 
     def observe_request(self, request: ApiRequest) -> None:
-        """Count one API request: a request observer for ``trainjob.kubeclient``."""
+        """Count one API request: a request observer for ``controller_kit.kubeclient``."""
         code = NO_ANSWER if request.status is None else str(request.status)
         self._request_child(code, request.verb, request.host).inc()
         self._duration_child(request.verb, request.host).observe(request.seconds)

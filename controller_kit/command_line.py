@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
-from trainjob.gc_pauses import SWEEP_SECONDS
+from controller_kit.gc_pauses import SWEEP_SECONDS
 
 DISTRIBUTION = "trainjob-dispatcher"
 
@@ -32,7 +32,7 @@ def add_version(parser: argparse.ArgumentParser) -> None:
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, cluster: str) -> None:
     """``--kubeconfig`` and ``--context``, found as kubectl finds them
-    (``trainjob.kubeclient.find_kubeconfig``)."""
+    (``controller_kit.kubeclient.find_kubeconfig``)."""
     parser.add_argument("--kubeconfig", help=f"kubeconfig of the {cluster} cluster; when "
                         "omitted, as kubectl: the files $KUBECONFIG lists (merged), else "
                         "~/.kube/config, else (in a Pod) the in-cluster service account")
@@ -68,7 +68,7 @@ def seconds(text: str) -> float:
 def add_python_gc_sweep_argument(parser: argparse.ArgumentParser,
                                  default: float | None) -> None:
     """``--python-gc-sweep-interval``, the dispatcher's and the operator's alike
-    (trainjob/gc_pauses.py); ``default`` None where a configuration file fills it in."""
+    (controller_kit/gc_pauses.py); ``default`` None where a configuration file fills it in."""
     parser.add_argument(
         "--python-gc-sweep-interval", type=seconds, default=default,
         dest="python_gc_sweep_seconds", metavar="SECONDS",

@@ -47,7 +47,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from trainjob.controller_metrics import children
+from controller_kit.controller_metrics import children
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 if TYPE_CHECKING:
-    from trainjob.controller_metrics import LeaderMetric
-    from trainjob.workqueue import WorkQueue
+    from controller_kit.controller_metrics import LeaderMetric
+    from controller_kit.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import time
 
 from prometheus_client import Histogram
 
-from trainjob.controller_metrics import children
+from controller_kit.controller_metrics import children
 
 # From 0.1 ms (a decision from caches) to 2.5 s (an apiserver under a burst).
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,

@@ -43,7 +43,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from trainjob.kubeclient import describe_error
+from controller_kit.kubeclient import describe_error
 
 log = logging.getLogger(__name__)
 

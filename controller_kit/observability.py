@@ -1,8 +1,8 @@
 """The small HTTP servers of a process: /metrics (Prometheus text), /healthz and /readyz,
 plus whatever read-only routes the process adds (e.g. the dispatcher's dashboard). The
 secure metrics listener serves over TLS and lets in only the callers ``authorize`` allows
-(trainjob/metrics_auth.py), with its connections bounded (trainjob/connection_limits.py); a
-host of ``::`` listens on IPv6 and IPv4 alike."""
+(metrics_auth.py), with its connections bounded (connection_limits.py); a host of ``::``
+listens on IPv6 and IPv4 alike."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from trainjob.connection_limits import ConnectionLimits, ConnectionPool
-from trainjob.metrics_auth import Decision
+from controller_kit.connection_limits import ConnectionLimits, ConnectionPool
+from controller_kit.metrics_auth import Decision
 
 log = logging.getLogger(__name__)
 
