@@ -24,6 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller_kit.api_time import format_time
+
+# The shared steps (a Workload gone, finished or being deleted is ``Forget``), read from
+# here with Kueue mode's own (``kd.<Action>``).
+from dispatcher.actions import Action as Action
+from dispatcher.actions import Forget as Forget
+from dispatcher.actions import Ignore as Ignore
 from dispatcher.kueue import workloads as wl
 from dispatcher.placement.chooser import message_shape
 from dispatcher.placement.need import Need
@@ -71,13 +77,8 @@ Placed = Fits | str
 
 
 # --- actions -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Action:
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
+# ``Action``, ``Ignore`` and ``Forget`` are the vocabulary both modes share
+# (dispatcher/actions.py); the steps below are Kueue mode's own.
 
 @dataclass(frozen=True)
 class Idle(Action):
@@ -88,25 +89,11 @@ class Idle(Action):
 
 
 @dataclass(frozen=True)
-class Forget(Action):
-    """The Workload is gone, finished or being deleted: release the room its job holds and
-    drop what is kept for it."""
-
-    why: str = ""
-
-
-@dataclass(frozen=True)
 class Release(Action):
     """Not waiting for a worker and not admitted (evicted, or its quota reservation went):
-    release the room its job holds."""
+    release the room its job holds, and nothing more."""
 
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class Ignore(Action):
-    """Nothing to do now."""
-
+    release: bool = True
     why: str = ""
 
 

@@ -175,6 +175,8 @@ class WorkloadNominator:
 
     def _perform(self, key: Key, obj: dict | None, action: kd.Action) -> None:
         log.debug("Workload %s/%s: %s", *key, action.name)
+        if action.release:
+            self._release(key)
         match action:
             case kd.Idle(why=why):
                 # Kueue nominates (or does not run) now; look again once it may have changed.
@@ -183,7 +185,7 @@ class WorkloadNominator:
                 self._release(key)
                 self._said.pop(key, None)
             case kd.Release():
-                self._release(key)
+                return  # the release above is all of it
             case kd.Ignore():
                 return
             case kd.Hold(worker=worker, need=need, admitted=admitted, wait=wait):

@@ -2,14 +2,21 @@
 and what it reads about the job's worker (``WorkerState``) and the configuration
 (``Settings``). The reconciler performs each action.
 
-Actions that end a job's claim on its worker's room carry ``release``: the reconciler drops
-the job's capacity reservation there before performing them.
+``Action``, ``Ignore`` and ``Forget`` are the vocabulary both modes share
+(``dispatcher/actions.py``); the steps here are standalone mode's own. Actions that end a
+job's claim on its worker's room carry ``release``: the reconciler drops the job's capacity
+reservation there before performing them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+# The shared steps, read from here with standalone mode's own (``decisions.<Action>``).
+from dispatcher.actions import Action as Action
+from dispatcher.actions import Forget as Forget
+from dispatcher.actions import Ignore as Ignore
 
 Obj = dict[str, Any]
 
@@ -32,28 +39,6 @@ class Settings:
     origin: str
     worker_lost_timeout: float
     retention: float
-
-
-@dataclass(frozen=True)
-class Action:
-    release: bool = False  # drop the job's capacity reservation on its worker first
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-
-@dataclass(frozen=True)
-class Forget(Action):
-    """The manager object is gone: drop what is kept per job (its copies are the garbage
-    collector's business)."""
-
-
-@dataclass(frozen=True)
-class Ignore(Action):
-    """Nothing to do: not ours, or nothing left to do for now."""
-
-    why: str = ""
 
 
 @dataclass(frozen=True)
