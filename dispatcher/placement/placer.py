@@ -59,9 +59,6 @@ class Placer:
         # memory only: after a restart such a worker may be chosen once more, and the same
         # refusal or same-named object excludes it again.
         self.excluded: dict[JobKey, dict[str, tuple[int | None, str]]] = {}
-        # Choose and reserve under one lock: concurrent placements must each see the
-        # reservations of the others, or a burst piles onto the same worker.
-        self._lock = threading.Lock()
         # A job's need on a runtime, by (job content digest, runtime digest): building it
         # is most of a placement's CPU; workers usually hold the same runtime, and jobs
         # are often made from one template (a sweep, a benchmark), so one build serves
@@ -116,9 +113,14 @@ class Placer:
     def _decide(self, key: JobKey, workers: dict[str, WorkerCluster],
                 need_of: NeedOf) -> tuple[WorkerCluster, Need] | str:
         # What the job needs on each worker depends on the job and that worker's runtime,
-        # not on reservations: worked out before the lock, which only counting room needs.
+        # not on reservations: worked out before the ledgers are held, which only counting
+        # room needs. Choose and reserve holding the ledgers of the workers whose room the
+        # choice reads (those it is eligible on), and only those: concurrent placements
+        # that read a common worker each see the other's reservation there, or a burst
+        # piles onto one worker; those that read none in common do not wait on each other.
         asked = {name: need_of(worker) for name, worker in workers.items()}
-        with self._lock:
+        with self.reservations.deciding(name for name, (_, need) in asked.items()
+                                        if need is not None):
             decision = self._choose(key, workers, asked)
             if isinstance(decision, str):
                 return decision

@@ -11,6 +11,17 @@ Both live in memory and are re-made from API objects: standalone from the footpr
 recorded on each copy (``Placer.follow_copy``), Kueue mode from each Workload's
 nomination or admission, on every reconcile of it.
 
+A placement chooses and reserves as one step: it holds the ledger of each worker whose room
+its choice reads (``deciding``), and only those, from before it reads their room until its
+reservation is counted. Two placements that read a common worker take turns there, so each
+sees the other's reservation (a burst does not pile onto one worker); placements that read
+no worker in common never wait on each other. The ledgers are taken in the order of the
+workers' names, so two placements never hold one each while waiting for the other's. The
+informer handlers take none of them (``WorkerCapacity`` keeps its index under a lock of its
+own), and neither do releases, nor the reservations re-made from a copy's footprint or a
+Workload's nomination (``restore``, ``hold``): a release only frees room, and a re-made
+reservation counts what a placement counted already.
+
 Remembered in memory only (``_holders``): for Kueue mode, which worker and job each
 Workload's room is held for, and with what need. It lets a Workload that is gone (no
 longer readable) release its room, and skips re-holding what is held already. A restart
@@ -20,6 +31,9 @@ admission.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -43,17 +57,33 @@ class Holding:
 
 class Reservations:
     """Every write of a job's room on a worker goes through here. ``WorkerCapacity`` and
-    ``WorkerQuota`` are thread-safe each; choosing and reserving as one step is the
-    Placer's lock's business."""
+    ``WorkerQuota`` are thread-safe each; choosing and reserving as one step holds the
+    ledgers of the workers the choice reads (``deciding``)."""
 
     def __init__(self, registry: WorkerRegistry):
         self.registry = registry
+        # One lock per worker name (a worker registered again keeps its ledger's lock),
+        # made when first asked for.
+        self._ledgers: dict[str, threading.Lock] = {}
+        self._ledgers_lock = threading.Lock()
         # Kueue mode: Workload key -> where its job's room is held (see the module's
         # docstring). Per-key calls come from one reconcile at a time (the work queue's
         # rule); the dict's own operations are atomic.
         self._holders: dict[JobKey, Holding] = {}
 
     # --- both modes -----------------------------------------------------------------------
+
+    @contextmanager
+    def deciding(self, worker_names: Iterable[str]) -> Iterator[None]:
+        """Hold the ledgers of ``worker_names`` (the workers whose room a placement reads)
+        while a job is chosen and reserved, in name order (see the module's docstring)."""
+        names = sorted(set(worker_names))
+        with self._ledgers_lock:
+            locks = [self._ledgers.setdefault(name, threading.Lock()) for name in names]
+        with ExitStack() as held:
+            for lock in locks:
+                held.enter_context(lock)
+            yield
 
     def reserve(self, worker: WorkerCluster, job: JobKey, need: Need,
                 plan: dict | None = None) -> None:

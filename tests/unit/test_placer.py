@@ -3,10 +3,12 @@ and reservations that follow the copies this dispatcher made."""
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal as D
 
 import pytest
 
+from clusters.testing import eventually
 from dispatcher.placement import placer as placer_module
 from dispatcher.placement.placer import Placer
 from dispatcher.room.capacity import WorkerCapacity
@@ -115,6 +117,65 @@ def test_a_copy_this_dispatcher_did_not_make_leaves_the_reservation_alone():
     assert placer.follow_copy("worker-1", ("ns", "a"), "DELETED", kueues_copy) is True
     assert not one.capacity.reserved(("ns", "a"))
 
+
+def test_a_placement_on_one_worker_does_not_wait_for_a_decision_held_on_another():
+    """Worker b's decision is held (a long packing, here stopped in its read of b's room):
+    a job that reads only a's room is placed meanwhile; a job that reads both waits for
+    b's decision and then sees its reservation (b has room for one such job, and the
+    waiting one would fit b best were that reservation not counted)."""
+    small = worker("worker-b", 1, runtime("u2", "5", "20"))  # 64 cpu: one job of 2 x 20
+    large = worker("worker-a", 0, runtime("u1", "5", "20"))
+    large.capacity.on_node("ADDED", None, {
+        "metadata": {"name": "worker-a-node-2", "labels": {}}, "spec": {},
+        "status": {"allocatable": {"cpu": "64", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}})  # 128 cpu in all
+    placer = Placer(Registry(large, small), "best-fit")
+    reading_b, let_go = threading.Event(), threading.Event()
+    read_b = small.capacity.free
+
+    def held_free(*args, **kwargs):
+        if threading.current_thread().name == "held-on-b":
+            reading_b.set()
+            assert let_go.wait(30), "the test never let b's decision go"
+        return read_b(*args, **kwargs)
+
+    small.capacity.free = held_free
+    results: dict[str, object] = {}
+
+    def place(name: str, skip: dict[str, str]) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.__setitem__(name, placer.place(job(name), skip)),
+            name="held-on-b" if name == "on-b" else name, daemon=True)
+        thread.start()
+        return thread
+
+    on_b = place("on-b", {"worker-a": "not this one"})
+    try:
+        assert reading_b.wait(10), "the placement on worker-b never read b's room"
+        on_a = place("on-a", {"worker-b": "not this one"})
+        on_a.join(10)
+        assert not on_a.is_alive(), \
+            "a placement that reads only worker-a's room waited for worker-b's decision"
+        assert results["on-a"][0].name == "worker-a"
+        # Reads both: it takes a's ledger, then waits for b's (or, were b's not held, it
+        # would finish here and choose b, where the held decision's job goes too).
+        either = place("either", {})
+        ledgers = placer.reservations._ledgers
+        seen = eventually(lambda: ("either" in results,
+                                   "worker-a" in ledgers and ledgers["worker-a"].locked()), any,
+                          expected="the placement reading both workers to finish or to "
+                                   "hold worker-a's ledger", timeout=10)
+        assert seen == (False, True), \
+            f"a placement reading worker-b's room finished while b's decision was held " \
+            f"(placed on {results['either'][0].name})"
+    finally:
+        let_go.set()
+    on_b.join(10)
+    either.join(10)
+    assert not on_b.is_alive() and not either.is_alive(), "a placement never finished"
+    assert (results["on-b"][0].name, results["either"][0].name) == ("worker-b", "worker-a")
+    # 128 - 40 - 40 on a; 64 - 40 on b: nothing counted twice.
+    assert (large.capacity.free()["cpu"], read_b()["cpu"]) == (48, 24)
 
 
 def test_the_placer_chooses_with_the_chooser_and_names_what_keeps_nodes_out():
