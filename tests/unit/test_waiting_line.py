@@ -5,7 +5,6 @@ the manager's PriorityClasses their pod templates name."""
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal as D
 
 from dispatcher.placement.placer import Placer
@@ -262,25 +261,64 @@ def test_capacity_could_fit_ignores_what_runs_and_packs_pod_by_pod():
     assert capacity.could_fit([{"cpu": D(8)}], {"pool": "gpu"})
 
 
-def test_the_check_before_a_placement_does_not_grow_with_the_line():
-    """A thousand waiting jobs: the question a job asks before it is placed reads the
-    first of each worker's candidates, not the line."""
+class _CountedRank(tuple):
+    """A rank that counts how often the line reads or compares it: the work of a check."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        _CountedRank.reads += 1
+        return tuple.__getitem__(self, index)
+
+    def __lt__(self, other):
+        _CountedRank.reads += 1
+        return tuple.__lt__(self, other)
+
+    def __gt__(self, other):
+        _CountedRank.reads += 1
+        return tuple.__gt__(self, other)
+
+
+def _line_of(length: int) -> WaitingLine:
+    """``length`` waiting jobs over three workers, each job a candidate on two of them."""
     line = WaitingLine()
-    for i in range(1000):
-        name = f"job-{i:04d}"
-        line.join(key(name), rank_of(i % 7, T0, key(name)),
+    for i in range(length):
+        name = f"job-{i:05d}"
+        line.join(key(name), _CountedRank(rank_of(i % 7, T0, key(name))),
                   frozenset({f"w{i % 3}", f"w{(i + 1) % 3}"}))
-    started = time.perf_counter()
-    for _ in range(1000):
-        line.ahead_on(key("new"), rank_of(3, T1, key("new")))
-    per_check = (time.perf_counter() - started) / 1000
-    started = time.perf_counter()
-    for i in range(1000):
-        name = f"job-{i:04d}"
-        line.join(key(name), rank_of(i % 7, T0, key(name)), frozenset({"w0"}))
-    per_join = (time.perf_counter() - started) / 1000
-    # Generous bounds (a shared machine); measured: a few microseconds each.
-    assert per_check < 0.001 and per_join < 0.002, (per_check, per_join)
+    return line
+
+
+def _work(line: WaitingLine, act) -> int:
+    """How many times ``act`` on ``line`` read or compared a waiting job's rank."""
+    _CountedRank.reads = 0
+    act(line)
+    return _CountedRank.reads
+
+
+def test_the_check_before_a_placement_does_not_grow_with_the_line():
+    """The question a job asks before it is placed reads the first of each worker's
+    candidates, not the line: the same ranks looked at with 10 waiting jobs as with
+    3,000; and joining the line looks at a number of them that grows with its logarithm
+    (a search per worker), not with its length."""
+    newcomer = _CountedRank(rank_of(3, T1, key("new")))
+    lines = {length: _line_of(length) for length in (10, 3000)}
+    asked = {length: _work(line, lambda line: line.ahead_on(key("new"), newcomer))
+             for length, line in lines.items()}
+    assert asked[10] == asked[3000] > 0, f"ranks read by one check, by line length: {asked}"
+    # A job already waiting asks too: it is never ahead of itself, whatever the length.
+    own = {length: _work(line, lambda line: line.ahead_on(
+        key("job-00000"), rank_of(0, T0, key("job-00000")))) for length, line in lines.items()}
+    assert own[10] == own[3000], f"ranks read by a waiting job's check: {own}"
+
+    def join(line: WaitingLine) -> None:
+        line.join(key("new"), newcomer, frozenset({"w0", "w1"}))
+
+    joined = {length: _work(line, join) for length, line in lines.items()}
+    # A binary search over each of three sorted lists (the line, and each candidate
+    # worker's), about log2 of their length each (12 at 3,000), each step a comparison
+    # of two counted ranks: at most 3 x 2 x 13. A walk over the line would read thousands.
+    assert joined[3000] <= 3 * 2 * 13, f"ranks read by one join, by line length: {joined}"
 
 
 def test_dispatcher_status_lists_the_line_read_from_a_dispatchers_state():
