@@ -52,7 +52,7 @@ class Deadlines:
     def __init__(self, name: str):
         self._lock = threading.Condition()
         self._heap: list[tuple[float, int]] = []
-        self._watched: dict[int, tuple[socket.socket, Callable[[], None] | None]] = {}
+        self._watched: dict[int, tuple[socket.socket, Callable[[], None] | None, float]] = {}
         self._ids = itertools.count()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-deadlines",
@@ -65,11 +65,26 @@ class Deadlines:
         first; returns the ticket."""
         duplicate = sock.dup()
         ticket = next(self._ids)
+        due = time.monotonic() + seconds
         with self._lock:
-            self._watched[ticket] = (duplicate, on_cut)
-            heapq.heappush(self._heap, (time.monotonic() + seconds, ticket))
+            self._watched[ticket] = (duplicate, on_cut, due)
+            heapq.heappush(self._heap, (due, ticket))
             self._lock.notify()
         return ticket
+
+    def postpone(self, ticket: int, seconds: float | None) -> bool:
+        """Move the ticket's deadline to ``seconds`` from now (None: no deadline until the
+        next postpone); False when its deadline had already cut it."""
+        due = time.monotonic() + seconds if seconds is not None else float("inf")
+        with self._lock:
+            watched = self._watched.get(ticket)
+            if watched is None:
+                return False
+            self._watched[ticket] = (watched[0], watched[1], due)
+            if seconds is not None:
+                heapq.heappush(self._heap, (due, ticket))
+                self._lock.notify()
+        return True
 
     def release(self, ticket: int) -> bool:
         """The connection is done; False when its deadline had already cut it."""
@@ -94,15 +109,16 @@ class Deadlines:
                 due = []
                 while self._heap and self._heap[0][0] <= now:
                     _, ticket = heapq.heappop(self._heap)
-                    watched = self._watched.pop(ticket, None)
-                    if watched is not None:
-                        due.append(watched)
+                    watched = self._watched.get(ticket)
+                    # A postponed ticket has a later entry of its own in the heap.
+                    if watched is not None and watched[2] <= now:
+                        due.append(self._watched.pop(ticket))
                 if not due:
                     # Released tickets stay in the heap until their time: at most one per
                     # connection accepted in the last deadline.
                     self._lock.wait(self._heap[0][0] - now if self._heap else None)
                     continue
-            for duplicate, on_cut in due:
+            for duplicate, on_cut, _ in due:
                 try:
                     duplicate.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -129,6 +145,7 @@ class ConnectionPool:
         self._on_drop = on_drop
         self._line: queue.Queue = queue.Queue(maxsize=limits.waiting)
         self._deadlines = Deadlines(name)
+        self._serving = threading.local()  # the deadline ticket of the thread's connection
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(limits.threads)]
         for thread in self._threads:
@@ -147,6 +164,16 @@ class ConnectionPool:
             self._deadlines.release(ticket)
             self._drop(sock, BUSY)
             return False
+
+    def set_deadline(self, seconds: float | None) -> bool:
+        """From within ``serve``: the connection being served is cut ``seconds`` from now
+        instead (None: not at all, until set again), e.g. a server that bounds a TLS
+        handshake and the request's headers, then lets an authenticated answer stream for
+        as long as it has its own bounds; False when the deadline had already cut it."""
+        ticket = getattr(self._serving, "ticket", None)
+        if ticket is None:
+            raise RuntimeError("set_deadline is for the thread serving a connection")
+        return self._deadlines.postpone(ticket, seconds)
 
     def close(self) -> None:
         """Stop the threads once they are done with what they serve; connections still in
@@ -190,11 +217,13 @@ class ConnectionPool:
                 continue
             ticket = self._deadlines.watch(sock, self.limits.deadline_seconds,
                                            lambda: self._told(DEADLINE))
+            self._serving.ticket = ticket
             try:
                 self._serve(sock, address)
             except Exception:  # one connection must not end a thread
                 log.debug("connection from %s failed", address, exc_info=True)
             finally:
+                self._serving.ticket = None
                 self._deadlines.release(ticket)
                 _close(sock)
 

@@ -122,18 +122,11 @@ class ObservabilityServer:
             def log_message(self, *args):  # probes every few seconds would flood the log
                 return
 
-        try:
-            self._server = _Server((host, port), Handler, tls)
-        except OSError as err:
-            if host != "::" or err.errno not in NO_IPV6:
-                raise
-            log.info("no IPv6 here (%s): listening on 0.0.0.0 (IPv4) only", err.strerror)
-            host = "0.0.0.0"
-            self._server = _Server((host, port), Handler, tls)
-        if limits is not None:
-            self._server.pool = ConnectionPool(limits, self._server.serve_connection, on_drop,
-                                               name="metrics-connection")
-        self.host = host
+        self._server = bind_server(host, port, Handler, tls, limits, on_drop,
+                                   name="metrics-connection")
+        # "::" where there is no IPv6 fell back to IPv4 alone.
+        self.host = host if self._server.address_family == socket.AF_INET6 or host != "::" \
+            else "0.0.0.0"
         self.port = self._server.server_address[1]
         self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -154,7 +147,32 @@ class ObservabilityServer:
             self._server.pool.close()
 
 
-class _Server(ThreadingHTTPServer):
+def bind_server(host: str, port: int, handler: type[BaseHTTPRequestHandler],
+                tls: Callable[[], ssl.SSLContext] | None = None,
+                limits: ConnectionLimits | None = None,
+                on_drop: Callable[[str], None] | None = None,
+                name: str = "connection") -> Server:
+    """An HTTP server of ``handler`` bound to ``host``:``port`` (``::`` falls back to
+    0.0.0.0 where the kernel has no IPv6), not started (``serve_forever``): over TLS with
+    ``tls``, its connections served by a bounded pool with ``limits`` (threads named
+    ``name``; the handler may move its connection's deadline with
+    ``server.pool.set_deadline``), else a thread each."""
+    try:
+        server = Server((host, port), handler, tls)
+    except OSError as err:
+        if host != "::" or err.errno not in NO_IPV6:
+            raise
+        log.info("no IPv6 here (%s): listening on 0.0.0.0 (IPv4) only", err.strerror)
+        server = Server(("0.0.0.0", port), handler, tls)
+    if limits is not None:
+        server.pool = ConnectionPool(limits, server.serve_connection, on_drop, name=name)
+    return server
+
+
+class Server(ThreadingHTTPServer):
+    """The listener of ``bind_server``: TLS handshakes in the connection's own thread,
+    connections handed to ``pool`` when it is set."""
+
     daemon_threads = True
     # Connections the kernel holds until accepted (socketserver's default is 5): a burst
     # is accepted and then served, or closed, by the pool rather than refused unseen.

@@ -49,6 +49,10 @@ class ServingCertificate:
         self._clock = clock
         self._lock = threading.Lock()
         self._loaded: tuple[object, ssl.SSLContext] | None = None
+        # The PEM chain and key of each loaded context, and the latest context that also
+        # asks for a client certificate: (the context it was made from, the CA, it).
+        self._pem: dict[int, tuple[bytes, bytes]] = {}
+        self._verifying: tuple[ssl.SSLContext, str, ssl.SSLContext] | None = None
         self._bad_stamp: object = None
         self.self_signed_pem: bytes | None = None  # the certificate, when made here
         self._renew_at = float("inf")
@@ -62,10 +66,25 @@ class ServingCertificate:
                     f"{self.validity.total_seconds() * RENEW_AT:g} s")
         return f"the certificate in {self.cert_dir}"
 
-    def context(self) -> ssl.SSLContext:
+    def context(self, client_ca: str = "") -> ssl.SSLContext:
         """The context for a new connection: the files' current pair (a half-written or
         broken pair keeps the previous one). Raises OSError when there never was a good
-        pair."""
+        pair. With ``client_ca`` (PEM), a client certificate signed by it is required."""
+        served = self._serving_context()
+        if not client_ca:
+            return served
+        with self._lock:
+            kept = self._verifying
+            if kept is not None and kept[0] is served and kept[1] == client_ca:
+                return kept[2]
+            context = _server_context()
+            _load_from_memory(context, *self._pem[id(served)])
+            context.load_verify_locations(cadata=client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+            self._verifying = (served, client_ca, context)
+            return context
+
+    def _serving_context(self) -> ssl.SSLContext:
         if self.cert_dir is None:
             return self._self_signed_context()
         crt, key = self.cert_dir / CERT_FILE, self.cert_dir / KEY_FILE
@@ -81,7 +100,8 @@ class ServingCertificate:
                 return self._loaded[1]
             context = _server_context()
             try:
-                context.load_cert_chain(crt, key)
+                pem = crt.read_bytes(), key.read_bytes()
+                _load_from_memory(context, *pem)
             except (ssl.SSLError, OSError) as err:
                 if self._loaded is None:
                     raise OSError(f"{self.flag} {self.cert_dir}: {CERT_FILE} and {KEY_FILE} "
@@ -93,6 +113,7 @@ class ServingCertificate:
             if self._loaded is not None:
                 log.info("%s certificate reloaded from %s", self.what, self.cert_dir)
             self._loaded = (stamp, context)
+            self._pem = {id(context): pem}
             return context
 
     def _self_signed_context(self) -> ssl.SSLContext:
@@ -123,7 +144,9 @@ class ServingCertificate:
                                     ip_addresses=("127.0.0.1", "::1"), server=True,
                                     validity=self.validity)
         context = _server_context()
-        _load_from_memory(context, cert_pem(cert) + cert_pem(authority.cert), key_pem(key))
+        pem = cert_pem(cert) + cert_pem(authority.cert), key_pem(key)
+        _load_from_memory(context, *pem)
+        self._pem = {id(context): pem}
         self.self_signed_pem = cert_pem(cert)
         self._renew_at = made + self.validity.total_seconds() * RENEW_AT
         return context
@@ -149,12 +172,12 @@ def _load_from_memory(context: ssl.SSLContext, chain: bytes, key: bytes) -> None
         fd = os.memfd_create("serving-certificate", os.MFD_CLOEXEC)
         try:
             with open(fd, "wb", closefd=False) as out:
-                out.write(chain + key)
+                out.write(chain + b"\n" + key)  # a file may end without one
             context.load_cert_chain(f"/proc/self/fd/{fd}")
         finally:
             os.close(fd)
         return
     with tempfile.TemporaryDirectory() as private:  # mode 0700
         path = Path(private) / "pair.pem"
-        path.write_bytes(chain + key)
+        path.write_bytes(chain + b"\n" + key)
         context.load_cert_chain(path)
