@@ -56,8 +56,11 @@ Scenarios, in this order:
   scale     (--suite scale only) 2 workers of 1,000 kwok Nodes (a tenth GPU Nodes) and
             20,000 Pods each, bound and Running, after smaller sizes: the dispatcher's
             RSS per Node and per Pod, start to caches synced, a standby taking over,
-            one placement decision (small, wide, GPU jobs), dispatch latency and CPU
-            while each worker's Pods churn; budgets met or missed
+            one placement decision (small, wide, GPU jobs; the first of each apart),
+            dispatch latency and CPU while each worker's Pods churn, beside the floor:
+            the same writes per job at the same rates by a plain client with no
+            placement and no caches; a Pod event's time to its room counted (the
+            dispatcher's dispatcher_capacity_event_apply_seconds); budgets met or missed
 The sync and each steady step run 3 times (--repeats), each after the machine settled (no
 Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
 a percentile is over all the repeats' samples, shown with each repeat's min, median and
@@ -245,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Pods deleted and replaced per second on each worker (full and "
                        f"quick {FULL.scale_churn_rate:g})")
     sized.add_argument("--scale-rates", type=_ints,
-                       help="arrival rates (jobs/s) timed during the churn (full and quick "
+                       help="arrival rates (jobs/s) timed during the churn, each for the "
+                       "dispatcher and then for the floor (full and quick "
                        f"{','.join(map(str, FULL.scale_rates))})")
     sized.add_argument("--scale-rate-seconds", type=float,
                        help=f"seconds each of those rates lasts (full {FULL.scale_rate_seconds:g}"

@@ -146,6 +146,11 @@ class WorkerCapacity:
       ``check()`` works each of them out afresh and compares.
     """
 
+    # Told, for each Pod change, the seconds from its event reaching ``on_pod`` to its
+    # change counted in the picture: a handler's change waits there while a decision
+    # holds the picture. Set process-wide by the dispatcher's metrics.
+    pod_event_applied: Callable[[float], None] | None = None
+
     def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED,
                  clock: Callable[[], float] = time.monotonic):
         self.name = name
@@ -242,6 +247,7 @@ class WorkerCapacity:
     def on_pod(self, kind: str, old: dict | None, new: dict | None) -> bool:
         """Pod informer handler; whether what the Pod counts for changed (bound, finished,
         gone, resized)."""
+        received = time.perf_counter()
         obj = new if new is not None else old
         if obj is None:
             return False
@@ -263,7 +269,7 @@ class WorkerCapacity:
                 del self._seen_pods[key]
             else:
                 self._seen_pods[key] = use
-            self._pending.append((_Change.POD, key, previous, use))
+            self._pending.append((_Change.POD, key, previous, use, received))
         self._take_in_if_free()
         return True
 
@@ -285,7 +291,7 @@ class WorkerCapacity:
             changes, self._pending = self._pending, []
         for change in changes:
             match change:
-                case (_Change.POD, key, previous, use):
+                case (_Change.POD, key, previous, use, received):
                     self._changes += 1
                     if previous is not None:
                         del self._pods[key]
@@ -293,6 +299,8 @@ class WorkerCapacity:
                     if use is not None:
                         self._pods[key] = use
                         self._count(use, +1)
+                    if self.pod_event_applied is not None:
+                        self.pod_event_applied(time.perf_counter() - received)
                 case (_Change.NODE, name, node):
                     self._changes += 1
                     self._admitted.clear()
