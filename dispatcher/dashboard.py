@@ -4,11 +4,16 @@ mirrored status. Everything comes from the dispatcher's caches (informers, regis
 capacity), so a page open in many browsers costs the API servers nothing.
 
 Routes: ``/`` (the page; ``dashboard_page/`` holds its HTML, CSS and JS, nothing loaded
-from elsewhere) and ``/api/state`` (the JSON the page polls)."""
+from elsewhere) and ``/api/state`` (the JSON the page polls). A job's row, opened, shows
+its life on its worker: ``/api/job?namespace=&name=`` (its Pods and Events) and
+``/api/job/log?namespace=&name=&pod=&container=&tailLines=`` (the end of a Pod's log),
+read from the worker with the remote view's code (``remote_view.job_life``) only when
+asked, one job at a time and bounded there."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from decimal import Decimal
 from pathlib import Path
@@ -18,6 +23,9 @@ from controller_kit.api_time import format_time
 from controller_kit.observability import Response, Route
 from dispatcher.job_state import job_summary, workloads_by_job
 from dispatcher.placement.waiting_line import Waiting
+from dispatcher.remote_view import items
+from dispatcher.remote_view.job_life import DEFAULT_TAIL_LINES, MAX_TAIL_LINES, JobLife, LifeProblem
+from dispatcher.remote_view.logs import BadLogOption, log_options
 from dispatcher.room.capacity import capacity_by_resource
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
@@ -35,6 +43,13 @@ PAGE_FILES = {
     "/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 STATE_PATH = "/api/state"
+JOB_PATH = "/api/job"
+LOG_PATH = "/api/job/log"
+JOB_PARAMETERS = ("namespace", "name")
+LOG_PARAMETERS = (*JOB_PARAMETERS, "pod", "container", "tailLines")
+# A namespace is a DNS label; a TrainJob's and a Pod's name a DNS subdomain.
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 # Amounts of these are bytes: shown in binary units, as kubectl users read them.
 _BYTE_RESOURCES = ("memory", "ephemeral-storage")
@@ -175,6 +190,101 @@ def build_state(trainjobs: Iterable[dict], workers: Iterable[WorkerCluster],
     }
 
 
+class BadParameter(ValueError):
+    """A query parameter a route cannot take; the message names it and says why."""
+
+
+def _parameters(path: str, query: dict[str, list[str]], accepted: tuple[str, ...],
+                required: tuple[str, ...]) -> dict[str, str]:
+    for name, values in query.items():
+        if name not in accepted:
+            raise BadParameter(f"{name}: not a parameter of {path} (parameters: "
+                               f"{', '.join(accepted)})")
+        if len(values) > 1:
+            raise BadParameter(f"{name}: given {len(values)} times; give it once")
+    found = {name: values[0] for name, values in query.items()}
+    for name in required:
+        if not found.get(name):
+            raise BadParameter(f"{name}: required (parameters: {', '.join(accepted)})")
+    for name, pattern, what in (("namespace", _LABEL, "a DNS label"),
+                                ("name", _SUBDOMAIN, "a DNS subdomain"),
+                                ("pod", _SUBDOMAIN, "a DNS subdomain")):
+        if name in found and not pattern.match(found[name]):
+            raise BadParameter(f"{name}={found[name][:300]!r}: not a valid name ({what}: "
+                               "lower-case letters, digits and '-')")
+    return found
+
+
+def _log_parameters(found: dict[str, str]) -> tuple[str | None, int]:
+    """The container and the number of lines a log request asks for, checked as the
+    remote view checks its log options, the lines capped."""
+    given = {name: [found[name]] for name in ("container", "tailLines") if name in found}
+    try:
+        options = log_options(given)
+    except BadLogOption as err:
+        raise BadParameter(str(err)) from None
+    tail = options.get("tailLines", DEFAULT_TAIL_LINES)
+    if not 1 <= tail <= MAX_TAIL_LINES:
+        raise BadParameter(f"tailLines={tail}: must be from 1 to {MAX_TAIL_LINES}")
+    return options.get("container"), tail
+
+
+def _json(code: int, body: dict) -> Response:
+    return code, "application/json", json.dumps(body).encode()
+
+
+def _refusal(code: int, message: str, name: str = "", kind: str = "") -> Response:
+    """A metav1 Status, as the remote view refuses: the object, the reason and why."""
+    return _json(code, items.status(code, message, name=name, kind=kind))
+
+
+def job_routes(trainjob: Callable[[str, str], dict | None], life: JobLife) -> dict[str, Route]:
+    """``/api/job`` and ``/api/job/log``: a multicluster TrainJob's Pods and Events on its
+    worker, and the end of one of its Pods' log, read when asked (``life``)."""
+    def multicluster(found: dict[str, str]) -> Response | None:
+        namespace, name = found["namespace"], found["name"]
+        job = trainjob(namespace, name)
+        if job is None:
+            return _refusal(404, f"TrainJob {namespace}/{name}: not found on the manager",
+                            name, "TrainJob")
+        if not managed_by.dispatched(job):
+            return _refusal(404, f"TrainJob {namespace}/{name}: not a multicluster TrainJob "
+                                 f"(spec.managedBy is "
+                                 f"{(job.get('spec') or {}).get('managedBy') or 'unset'}): "
+                                 "it has no copy on a worker", name, "TrainJob")
+        return None
+
+    def job(query: dict[str, list[str]]) -> Response:
+        try:
+            found = _parameters(JOB_PATH, query, JOB_PARAMETERS, JOB_PARAMETERS)
+        except BadParameter as err:
+            return _refusal(400, f"{JOB_PATH}: {err}")
+        refused = multicluster(found)
+        if refused is not None:
+            return refused
+        try:
+            return _json(200, life.job(found["namespace"], found["name"]))
+        except LifeProblem as problem:
+            return _refusal(problem.code, str(problem), problem.name, problem.kind)
+
+    def log(query: dict[str, list[str]]) -> Response:
+        try:
+            found = _parameters(LOG_PATH, query, LOG_PARAMETERS, (*JOB_PARAMETERS, "pod"))
+            container, tail = _log_parameters(found)
+        except BadParameter as err:
+            return _refusal(400, f"{LOG_PATH}: {err}")
+        refused = multicluster(found)
+        if refused is not None:
+            return refused
+        try:
+            return _json(200, life.log(found["namespace"], found["name"], found["pod"],
+                                       container, tail))
+        except LifeProblem as problem:
+            return _refusal(problem.code, str(problem), problem.name, problem.kind)
+
+    return {JOB_PATH: job, LOG_PATH: log}
+
+
 def routes(controller: DispatcherController) -> dict[str, Route]:
     """The page and its JSON, for the metrics server of ``controller``'s process."""
     def state(_query: dict[str, list[str]]) -> Response:
@@ -186,6 +296,11 @@ def routes(controller: DispatcherController) -> dict[str, Route]:
         return 200, "application/json", json.dumps(body).encode()
 
     table: dict[str, Route] = {STATE_PATH: state}
+    # The workers as the remote view finds copies on them: draining ones too, as their
+    # jobs still run there.
+    table.update(job_routes(controller.trainjobs.get, JobLife(
+        controller.trainjobs.get, controller.trainjobs.list,
+        lambda: controller.registry.snapshot(draining=True))))
     for path, (name, content_type) in PAGE_FILES.items():
         # Read once at start: a missing file is a broken installation, said right away.
         try:

@@ -1,13 +1,20 @@
 """The dispatcher's dashboard in a real browser: headless Chromium (driven by chromedriver)
 loads the page from the dispatcher's metrics port while jobs sit in several states on the
-harness's clusters, and the test reads what the page renders."""
+harness's clusters, and the test reads what the page renders. A job's life on its worker
+(its Pods, Events and log, /api/job and /api/job/log) is read from a job whose Pods run
+on a kwok Node of the module's own, whose address and kubelet port are kwok's, so their
+logs are served for real (from the file kwok follows, ``ControlPlane.kwok_logs_file``)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import secrets
 import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,6 +27,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from clusters import fixtures, worker_stack
 from clusters.testing import eventually
 from dispatcher.dashboard import display_amount
 from trainjob import constants as c
@@ -38,6 +46,12 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 INSTALL_HINT = ("install them with `make browser` (Debian/Ubuntu: "
                 "apt-get install -y chromium chromium-driver)")
 JOBSETS = (c.JOBSET_GROUP, c.JOBSET_VERSION)
+# The module's own Node on worker-1, whose pods' logs kwok serves, and a runtime whose
+# pods go there and run until deleted.
+LOG_WORKER = "worker-1"
+LOG_NODE = "dashboard-logs"
+LOG_NODE_LABEL = "example.com/dashboard-logs"
+LOG_RUNTIME = "dashboard-torch"
 
 # The page's rows, read in one script call so a redraw between two reads cannot mix them.
 READ_JOBS = """
@@ -330,3 +344,155 @@ def test_a_remote_status_change_shows_without_reload(dispatch_env, browser, jobs
                lambda cpu: "+" not in cpu,
                expected="worker-2's reservation for the finished job released on the page")
     _screenshot(browser, tmp_path, "dashboard-live.png")
+
+
+# --- a job's life on its worker -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def logged_job(dispatch_env, namespaces):
+    """A job placed on worker-1 whose Pods run on the module's log Node; its trainer Pod's
+    name. The Node goes at the end (the namespaces, with the Pods, go with theirs)."""
+    env = dispatch_env
+    worker = env.multicluster[LOG_WORKER]
+    kwok_port = worker.control_plane.port("kwok")
+    worker.core.create_node({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": LOG_NODE, "labels": {LOG_NODE_LABEL: "logs", "type": "kwok"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "20"},
+                   "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "20"},
+                   # The worker's apiserver asks this address and port for a Pod's log.
+                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                 {"type": "Hostname", "address": "127.0.0.1"}],
+                   "daemonEndpoints": {"kubeletEndpoint": {"Port": kwok_port}}}})
+    try:
+        fixtures.install_runtime(worker.api, fixtures.torch_runtime(
+            LOG_RUNTIME, cpu="100m", memory="64Mi", node_selector={LOG_NODE_LABEL: "logs"},
+            pod_annotations={worker_stack.OUTCOME_ANNOTATION: worker_stack.OUTCOME_NEVER}))
+        namespace = namespaces[0]
+        create(env.manager, namespace, trainjob("logged", runtime=LOG_RUNTIME))
+        placed, _ = wait_placed(env, namespace, "logged")
+        assert placed == LOG_WORKER, f"{namespace}/logged placed on {placed}"
+        life = eventually(
+            lambda: _api(env, "/api/job", namespace=namespace, name="logged"),
+            lambda answer: answer[0] == 200 and len(answer[1]["pods"]) == 3 and all(
+                pod["status"]["phase"] == "Running" for pod in answer[1]["pods"]),
+            timeout=90, expected=f"/api/job: the three Pods of {namespace}/logged Running "
+                                 f"on {LOG_NODE}")[1]
+        [trainer] = [pod["metadata"]["name"] for pod in life["pods"]
+                     if pod["metadata"]["name"].startswith("logged-node-0-0-")]
+        yield namespace, trainer
+    finally:
+        worker.core.delete_node(LOG_NODE)
+
+
+def _api(env, path: str, **params: str) -> tuple[int, dict]:
+    """GET a dashboard route; (status, the JSON it answered)."""
+    url = f"http://127.0.0.1:{env.dispatcher.metrics_port}{path}?" + \
+        urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _write_log(env, *lines: str) -> None:
+    """Lines every container on the log Node logs (kwok serves the one file), in the CRI
+    log format."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with open(env.multicluster[LOG_WORKER].control_plane.kwok_logs_file, "a") as out:
+        out.writelines(f"{now} stdout F {line}\n" for line in lines)
+
+
+def test_an_opened_job_shows_its_pods_events_and_log(dispatch_env, logged_job):
+    env = dispatch_env
+    namespace, trainer = logged_job
+    code, life = _api(env, "/api/job", namespace=namespace, name="logged")
+    assert code == 200 and life["worker"] == LOG_WORKER, life
+    pod = next(p for p in life["pods"] if p["metadata"]["name"] == trainer)
+    status = pod["status"]
+    assert (status["worker"], status["node"], status["phase"], status["ready"],
+            status["restarts"], status["lastTermination"]) == (
+        LOG_WORKER, LOG_NODE, "Running", "1/1", 0, None), status
+    assert status["startTime"] and status["containers"] == ["node"], status
+    # The worker's Events about the copy and its children: its Pods' scheduling at least.
+    events = eventually(lambda: _api(env, "/api/job", namespace=namespace, name="logged"),
+                        lambda answer: any(e["reason"] == "Scheduled" and
+                                           e["object"] == f"Pod/{trainer}"
+                                           for e in answer[1].get("events", [])),
+                        timeout=30, expected=f"the Scheduled Event of Pod {trainer}")[1]
+    assert all(e["worker"] == LOG_WORKER and e["trainJob"] == "logged"
+               for e in events["events"]), events
+
+    _write_log(env, "an older line", "the dashboard's line")
+    code, log = _api(env, "/api/job/log", namespace=namespace, name="logged", pod=trainer,
+                     tailLines="1")
+    assert (code, log["text"], log["truncated"], log["worker"]) == (
+        200, "the dashboard's line\n", False, LOG_WORKER), log
+    code, log = _api(env, "/api/job/log", namespace=namespace, name="logged", pod=trainer,
+                     container="node", tailLines="2")
+    assert (code, log["text"]) == (200, "an older line\nthe dashboard's line\n"), log
+
+
+def test_bad_parameters_and_unknown_jobs_are_refused(dispatch_env, jobs, logged_job):
+    env = dispatch_env
+    namespace, trainer = logged_job
+    job = {"namespace": namespace, "name": "logged"}
+    refusals = [
+        ("/api/job", {"namespace": namespace}, 400, "name: required"),
+        ("/api/job", {**job, "extra": "1"}, 400, "extra: not a parameter of /api/job"),
+        ("/api/job", {"namespace": "Not_A_Namespace", "name": "x"}, 400,
+         "namespace='Not_A_Namespace': not a valid name"),
+        ("/api/job/log", job, 400, "pod: required"),
+        ("/api/job/log", {**job, "pod": trainer, "tailLines": "many"}, 400,
+         "tailLines='many': must be an integer"),
+        ("/api/job/log", {**job, "pod": trainer, "tailLines": "5000"}, 400,
+         "tailLines=5000: must be from 1 to 1000"),
+        ("/api/job", {"namespace": namespace, "name": "nothing"}, 404,
+         f"TrainJob {namespace}/nothing: not found on the manager"),
+        ("/api/job", {"namespace": namespace, "name": "pending"}, 404,
+         f"TrainJob {namespace}/pending: has no copy on any worker (not placed)"),
+        ("/api/job/log", {**job, "pod": "logged-somebody-else"}, 404,
+         f"Pod {namespace}/logged-somebody-else: not one of the Pods of TrainJob "
+         f"{namespace}/logged on worker {LOG_WORKER}"),
+        # The worker's own refusal, passed on: the option reached it.
+        ("/api/job/log", {**job, "pod": trainer, "container": "nope"}, 400,
+         "container nope is not valid for pod"),
+    ]
+    for path, params, code, says in refusals:
+        got, body = _api(env, path, **params)
+        assert got == code and body["kind"] == "Status" and says in body["message"], (
+            path, params, got, body)
+
+
+def test_clicking_a_row_shows_the_jobs_pods_and_log(dispatch_env, browser, logged_job):
+    env = dispatch_env
+    namespace, trainer = logged_job
+    _write_log(env, "shown on the page")
+    _page(browser, env, f"?namespace={namespace}")
+    row = eventually(lambda: browser.find_elements(
+                         By.CSS_SELECTOR, f'#jobs tr.job[data-key="{namespace}/logged"]'),
+                     lambda rows: len(rows) == 1, expected=f"the row of {namespace}/logged")
+    row[0].click()
+    assert f"job={urllib.parse.quote(namespace)}%2Flogged" in browser.current_url
+
+    read = f"""
+      const detail = document.querySelector('#job-detail');
+      if (!detail) return null;
+      const pod = detail.querySelector('.pods tr[data-pod="{trainer}"]');
+      const log = detail.querySelector('.pod-log[open] .log-text');
+      return {{pod: pod ? pod.innerText : '', log: log ? log.textContent : '',
+               under: detail.previousElementSibling.dataset.key}};
+    """
+    shown = eventually(lambda: browser.execute_script(read),
+                       lambda seen: seen and LOG_NODE in seen["pod"] and "Running" in seen["pod"]
+                       and "shown on the page" in seen["log"], timeout=30,
+                       expected=f"the job's panel with Pod {trainer} Running on {LOG_NODE} "
+                                "and its log's last line")
+    assert shown["under"] == f"{namespace}/logged", shown
+    # Followed: a line written now shows without a click.
+    _write_log(env, "followed onto the page")
+    eventually(lambda: browser.execute_script(read),
+               lambda seen: seen and "followed onto the page" in seen["log"], timeout=30,
+               expected="a line written after the panel opened shown there")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from decimal import Decimal
 
 import pytest
@@ -18,6 +19,7 @@ from dispatcher.controller import DispatcherController
 from dispatcher.dashboard import build_state, display_amount
 from dispatcher.job_state import job_state
 from dispatcher.placement.waiting_line import Waiting
+from dispatcher.remote_view.job_life import JobLife, last_bytes
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 
@@ -187,3 +189,76 @@ def test_built_in_paths_cannot_be_replaced():
     with pytest.raises(ValueError, match="/metrics"):
         ObservabilityServer(0, CollectorRegistry(), lambda: (True, "ok"),
                             routes={"/metrics": lambda _q: (200, "text/plain", b"")})
+
+
+# --- a job's life on its worker: what is decided before any worker is asked -------------
+
+def _life(*jobs: dict, workers: tuple[WorkerCluster, ...] = (), **bounds) -> tuple:
+    by_key = {(j["metadata"]["namespace"], j["metadata"]["name"]): j for j in jobs}
+    life = JobLife(lambda ns, name: by_key.get((ns, name)), lambda: list(by_key.values()),
+                   lambda: list(workers), **bounds)
+    return dashboard.job_routes(lambda ns, name: by_key.get((ns, name)), life), life
+
+
+def _answer(route, **params: str | list[str]) -> tuple[int, dict]:
+    code, content_type, body = route({k: v if isinstance(v, list) else [v]
+                                      for k, v in params.items()})
+    assert content_type == "application/json"
+    return code, json.loads(body)
+
+
+def test_job_routes_refuse_bad_parameters_naming_them():
+    routes, _ = _life(_job("a", worker="worker-1"))
+    job, log = routes[dashboard.JOB_PATH], routes[dashboard.LOG_PATH]
+    for route, params, says in [
+            (job, {}, "namespace: required"),
+            (job, {"namespace": "team-a", "name": ["a", "b"]}, "name: given 2 times"),
+            (job, {"namespace": "team-a", "name": "A_B"}, "name='A_B': not a valid name"),
+            (log, {"namespace": "team-a", "name": "a", "pod": "p", "tailLines": "0"},
+             "tailLines=0: must be from 1 to 1000"),
+            (log, {"namespace": "team-a", "name": "a", "pod": "p", "follow": "true"},
+             "follow: not a parameter of /api/job/log")]:
+        code, body = _answer(route, **params)
+        assert (code, body["kind"], body["reason"]) == (400, "Status", "BadRequest"), body
+        assert says in body["message"], (params, body)
+
+
+def test_a_job_not_dispatched_or_on_an_unreachable_worker_says_so():
+    down = _worker("worker-1", 0, active=False, cpu="8")
+    routes, _ = _life(_job("a", worker="worker-1"), _job("mine", managed_by="kubeflow.org/x"),
+                      workers=(down,))
+    code, body = _answer(routes[dashboard.JOB_PATH], namespace="team-a", name="mine")
+    assert code == 404 and "not a multicluster TrainJob" in body["message"], body
+    # Not connected: said at once, naming the worker, without asking it anything.
+    code, body = _answer(routes[dashboard.LOG_PATH], namespace="team-a", name="a", pod="a-x")
+    assert code == 503 and "its worker worker-1 is not connected to the dispatcher" in \
+        body["message"], body
+
+
+def test_log_reads_beyond_the_bound_get_429():
+    routes, life = _life(_job("a", worker="worker-1"), max_log_reads=1)
+    assert life._log_reads.acquire(blocking=False)  # one read under way
+    try:
+        code, body = _answer(routes[dashboard.LOG_PATH], namespace="team-a", name="a",
+                             pod="a-x")
+    finally:
+        life._log_reads.release()
+    assert (code, body["reason"]) == (429, "TooManyRequests"), body
+    assert "1 logs are being read for the dashboard already" in body["message"], body
+
+
+class _Chunks:
+    def __init__(self, *chunks: bytes):
+        self.chunks = list(chunks)
+
+    def read1(self, _size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def test_a_log_keeps_its_end_from_a_line_start():
+    text, cut = last_bytes(_Chunks(b"one\ntwo\n", b"three\n"), 100, time.monotonic() + 5)
+    assert (text, cut) == ("one\ntwo\nthree\n", False)
+    text, cut = last_bytes(_Chunks(b"one\ntwo\n", b"three\n"), 8, time.monotonic() + 5)
+    assert (text, cut) == ("three\n", True)
+    # Past the deadline: what came so far, said to be cut.
+    assert last_bytes(_Chunks(b"x\n"), 100, time.monotonic() - 1) == ("", True)
