@@ -108,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
     run.add_argument("--mirror-worker-events", action=argparse.BooleanOptionalAction,
-                     default=None, help="standalone mode: record the workers' Warning Events "
-                     "about a placed job (its copy's, its Pods': FailedScheduling, "
-                     "BackoffLimitExceeded, ...) as Events of the manager's TrainJob, naming "
-                     "the worker and the object; needs list and watch of events in the "
-                     "namespaces opened on each worker (default: on)")
+                     default=None, help="record the workers' Warning Events about a job "
+                     "running there (its copy's, the dispatcher's or Kueue's, its Pods': "
+                     "FailedScheduling, BackoffLimitExceeded, ...) as Events of the manager's "
+                     "TrainJob, naming the worker and the object; needs list and watch of "
+                     "events on each worker (default: on)")
     command_line.add_python_gc_sweep_argument(run, None)  # the config's default
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "

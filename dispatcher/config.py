@@ -113,9 +113,9 @@ class DispatcherConfig(_Strict):
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)
     retention_seconds: float = Field(0.0, ge=0, description="keep finished remotes this long")
     mirror_worker_events: bool = Field(
-        True, description="standalone mode: show the Warning Events of each placed job's copy "
-                          "and its Pods on the worker as Events of the manager's TrainJob "
-                          "(docs/design.md#the-workers-reasons-on-the-manager)")
+        True, description="show the Warning Events of each job's copy (the dispatcher's, or "
+                          "Kueue's in Kueue mode) and its Pods on the worker as Events of the "
+                          "manager's TrainJob (docs/design.md#the-workers-reasons-on-the-manager)")
     leader_elect: bool = Field(True, description="use a Lease so only one replica writes")
     lease_duration_seconds: float = Field(15.0, gt=0)
     renew_deadline_seconds: float = Field(10.0, gt=0)

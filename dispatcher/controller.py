@@ -34,6 +34,7 @@ from controller_kit.service import start_workers
 from controller_kit.workqueue import WorkQueue
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
+from dispatcher.kueue.copy_owners import KueueCopies
 from dispatcher.kueue.nominator import WorkloadNominator
 from dispatcher.metrics import DISPATCH_CONTROLLER, NOMINATION_CONTROLLER, DispatcherMetrics
 from dispatcher.placement.placer import Placer
@@ -42,13 +43,14 @@ from dispatcher.remote_view.server import start_remote_view
 from dispatcher.room.worker_quota import CLUSTERQUEUES, LOCALQUEUES
 from dispatcher.standalone import garbage_collection
 from dispatcher.standalone.beside_kueue import KueueOnManager
+from dispatcher.standalone.copy_owners import StandaloneCopies
 from dispatcher.standalone.job_timing import JobTimings
 from dispatcher.standalone.reconciler import DispatchReconciler
 from dispatcher.standalone.waiting_order import PlacementOrder
-from dispatcher.standalone.worker_event_mirror import WorkerEventMirror
 from dispatcher.workers.cluster import RELISTED, WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from dispatcher.workers.warning_events import EVENTS
+from dispatcher.workers.worker_event_mirror import WorkerEventMirror
 from trainjob import constants as c
 from trainjob import managed_by, required_apis
 
@@ -118,12 +120,15 @@ class DispatcherController:
                                              self.placer, self.timings, config, self.recorder,
                                              self.metrics, self.kueue,
                                              queued_for=self.queue.waited, order=self.order)
-        # The workers' Warning Events about placed jobs, shown on the manager's jobs
-        # (standalone mode: in Kueue mode the copies are Kueue's).
+        # The workers' Warning Events about the jobs running there, shown on the manager's
+        # jobs: the dispatcher's copies, or Kueue's (Kueue mode: known by their Workload).
+        owners = KueueCopies(config.origin, self.trainjobs.get,
+                             lambda: self.nominator.workloads) \
+            if config.mode == "kueue" else StandaloneCopies(config.origin, self.trainjobs.get)
         self.worker_events = WorkerEventMirror(
-            manager, self.registry, self.trainjobs, config.origin, self.metrics,
+            manager, self.registry, owners, self.metrics,
             may_write=lambda: self.leading, instance=instance) \
-            if config.mirror_worker_events and config.mode == "standalone" else None
+            if config.mirror_worker_events else None
         # Kueue mode: Workloads are reconciled instead of TrainJobs (Kueue mirrors them).
         self.nominator = WorkloadNominator(manager, self.registry, self.placer, config,
                                            self.recorder, self.metrics, self.kueue_mode_idle,

@@ -69,7 +69,8 @@ class DispatcherMetrics:
             ["cluster", "verb", "code"], registry=self.registry)
         self.worker_events = Counter(
             "dispatcher_worker_events_total",
-            "Occurrences of workers' Warning Events about placed jobs, by what became of them "
+            "Occurrences of workers' Warning Events about the jobs running there, by what "
+            "became of them "
             "on the manager: mirrored (counted in a manager Event of their own), limited "
             "(over a job's limit of new Events a minute: counted in its WorkerEventsLimited "
             "Event), dropped (the manager refused the Event)", ["cluster", "outcome"],

@@ -59,7 +59,9 @@ def answer_of(err: ApiException, worker: str, what: str) -> WorkerAnswer:
         return WorkerAnswer(502, f"worker {worker} refused the dispatcher's identity {what} "
                                  f"({err.status}: {message}); the worker's administrator "
                                  "opens a namespace to the remote view with a RoleBinding "
-                                 "of trainjob-dispatcher-job-viewer (docs/remote-view.md)")
+                                 "of trainjob-dispatcher-job-viewer (Kueue mode: "
+                                 "trainjob-dispatcher-reader-job-viewer; "
+                                 "docs/remote-view.md)")
     return WorkerAnswer(err.status, f"worker {worker}: {message}")
 
 

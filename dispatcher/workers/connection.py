@@ -66,9 +66,10 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
             informer.add_synced_handler(functools.partial(
                 on_event, worker.name, resource, RELISTED, None, None))
         worker.informers[resource] = informer
-    if config.mirror_worker_events and config.mode == "standalone":
-        # Kept apart from the caches above: opened per namespace as copies come, and
-        # never waited for (nothing is placed by them).
+    if config.mirror_worker_events:
+        # Kept apart from the caches above: opened per namespace as copies come (the
+        # dispatcher's, or Kueue's in Kueue mode), and never waited for (nothing is
+        # placed by them).
         worker.warnings = WarningEvents(worker.name, core, on_event)
         worker.informers[c.TRAINJOBS].add_handler(worker.warnings.follow_copy)
         worker.informers["namespaces"].add_handler(worker.warnings.follow_namespace)

@@ -1,19 +1,21 @@
-"""A worker's Warning Events, watched only where the dispatcher has copies: one cache per
-namespace that holds a copy of its, opened with the first copy and closed a while after
+"""A worker's Warning Events, watched only where copies of the manager's jobs are: one cache per
+namespace that holds a copy, opened with the first copy and closed a while after
 the last one goes (``WarningEvents``). What the mirror does with them is
-``standalone/worker_events.py``.
+``worker_events.py``. The copies are the dispatcher's own in standalone mode (its
+manager-UID annotation) and Kueue's in Kueue mode (the Workload Kueue names on them): the
+worker's cache of copies lists only those with the mode's origin label.
 
-Per namespace, not cluster-wide, because that is what RBAC grants: a worker's
-administrator opens a namespace to the dispatcher with one RoleBinding of its writer
-ClusterRole, which lets it list and watch Events there too (manifests/worker-access), and
-nowhere else. Only Warnings are listed (a field selector, ``type=Warning``): a busy
-namespace's Normal Events (Scheduled, Pulled, Created, Started per pod) are most of them.
+Per namespace, not cluster-wide, although both worker identities may list and watch
+Events everywhere (manifests/worker-access, manifests/worker-reader): a namespace's Events
+are only of use while a copy is there, and one watch per such namespace costs the worker
+far less than every Event of the cluster would. Only Warnings are listed (a field
+selector, ``type=Warning``): a busy namespace's Normal Events (Scheduled, Pulled, Created,
+Started per pod) are most of them.
 
 Kept a while after its last copy goes (``LINGER_SECONDS``): a finished job's copy is
 deleted as soon as its status reached the manager, and the Events that told why it failed
 (BackoffLimitExceeded, the operator's Failed) may arrive after that. Closed at once when
-the namespace is being deleted: its RoleBinding goes with it, and the cache would only
-be refused from then on.
+the namespace is being deleted: no copy will come back to it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ EVENTS = "events"
 LINGER_SECONDS = 120.0
 # A namespace whose Events may not be listed (RBAC not updated) is asked again this often.
 _BACKOFF_MAX = 60.0
+
+
+def followed(meta: dict) -> bool:
+    """Whether a worker copy's namespace has its Events watched: one of the dispatcher's
+    copies, or of Kueue's."""
+    marks = {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}
+    return bool(marks.get(c.MANAGER_UID_ANNOTATION) or
+                marks.get(c.KUEUE_PREBUILT_WORKLOAD_LABEL))
 
 
 class WarningEvents:
@@ -65,9 +75,10 @@ class WarningEvents:
         """The worker's TrainJob cache changed: watch the namespaces of the copies."""
         obj = new or old or {}
         meta = obj.get("metadata") or {}
-        # The cache lists only the origin label; the manager-UID annotation is what the
-        # dispatcher writes on its copies (the mirror checks both again).
-        if not (meta.get("annotations") or {}).get(c.MANAGER_UID_ANNOTATION):
+        # The cache lists by the origin label only; a copy that can stand for a manager
+        # job also carries the dispatcher's manager-UID annotation (standalone) or the
+        # Workload Kueue names (Kueue mode). The mirror checks which job again.
+        if not followed(meta):
             return
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
         with self._lock:

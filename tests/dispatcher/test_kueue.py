@@ -663,3 +663,216 @@ def test_kueue_mode_as_shipped_with_only_its_roles(kueue_env, kueue_namespace, t
         doomed = [o for o in identities if o["kind"] != "Namespace"]
         kustomize.kubectl(env.manager.kubeconfig, "delete", "--ignore-not-found",
                           "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(doomed))
+
+
+# --- the worker's reasons on the manager, Kueue mode --------------------------------------
+
+UNSCHEDULABLE = "kueue-missing-claim"  # its trainer Pod needs a claim nobody made
+MISSING_CLAIM = "no-such-claim"
+
+
+def _claiming_runtime(namespace: str) -> dict:
+    """A TrainingRuntime of ``namespace`` whose trainer Pod mounts a PersistentVolumeClaim
+    that is not there: Kueue and the dispatcher admit the job by its requests, the worker's
+    scheduler cannot place that Pod (FailedScheduling)."""
+    runtime = fixtures.torch_runtime(UNSCHEDULABLE, cpu="100m", memory="128Mi",
+                                     namespace=namespace)
+    [trainer] = [job for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                 if job["name"] == c.NODE]
+    pod = trainer["template"]["spec"]["template"]["spec"]
+    pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": MISSING_CLAIM}}]
+    pod["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    return runtime
+
+
+def _job_events(env, namespace: str, name: str, reason: str) -> list[tuple[str, int, str]]:
+    """(message, count, source) of the Events of ``reason`` on the manager's TrainJob
+    ``namespace/name`` (that very object)."""
+    job = get(env.manager, namespace, name)
+    if job is None:
+        return []
+    return [(e.message, e.count or 1, (e.source.component if e.source else "") or "")
+            for e in env.manager.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.uid={job['metadata']['uid']},"
+                                          f"reason={reason}").items]
+
+
+def _scheduler_said(worker, namespace: str, pod: str) -> dict[str, int]:
+    """The worker scheduler's FailedScheduling messages about ``pod``, each with how often
+    it said it (over every Event object saying it: a count, a series, or several)."""
+    said: dict[str, int] = {}
+    for event in worker.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={pod},reason=FailedScheduling").items:
+        times = max((event.series.count if event.series else 0) or 0, event.count or 0, 1)
+        said[event.message] = said.get(event.message, 0) + times
+    return said
+
+
+def _remote_view_get(port: int, context, path: str) -> tuple[int, dict | str]:
+    """GET ``path`` on the dispatcher's remote view as the aggregation layer would send it
+    (its front-proxy certificate, a user of system:masters in the headers): the status and
+    the JSON answer (a log: its text)."""
+    import http.client
+
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        conn.request("GET", path, headers={"X-Remote-User": "kueue-admin",
+                                           "X-Remote-Group": "system:masters"})
+        answer = conn.getresponse()
+        body = answer.read()
+        if "json" in (answer.getheader("Content-Type") or ""):
+            return answer.status, json.loads(body or b"{}")
+        return answer.status, body.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def test_kueue_mode_a_pod_its_worker_cannot_schedule_is_told_once_on_the_manager_job(
+        kueue_env, kueue_namespace, tmp_path):
+    """The dispatcher as shipped (manifests/manager-kueue's and manifests/remote-api's RBAC
+    on the manager, as its ServiceAccount; the workers read as manifests/worker-reader):
+    Kueue copies a job to the worker nominated, whose scheduler cannot place its trainer
+    Pod. The manager's TrainJob gets one FailedScheduling Event naming the worker and the
+    Pod, its count raised as often as the worker's scheduler says it again, never a second
+    Event. The remote view reads the copy's Events as the reader identity, and a Pod's log
+    once the worker's administrator binds the shipped trainjob-dispatcher-reader-job-viewer
+    in the namespace (before that: 502 naming it)."""
+    import base64
+    import ssl
+
+    from clusters.controlplane import free_port
+    from clusters.pki import FRONT_PROXY_CLIENT, cert_pem, key_pem
+    from dispatcher.remote_view import GROUP_VERSION, SERVICE, TRAINJOB_LABEL
+
+    env, ns = kueue_env, kueue_namespace
+    for cluster in env.multicluster:
+        fixtures.install_runtime(cluster.api, _claiming_runtime(ns))
+    objects = kustomize.render("manager-kueue")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    home = deployment["metadata"]["namespace"]
+    account = (home, deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    # The remote view's RBAC, not its APIService: the test asks the dispatcher directly.
+    rbac = [o for o in objects + kustomize.render("remote-api") if o["kind"] in IDENTITY_KINDS]
+    kustomize.apply(env.manager.kubeconfig, rbac)
+    user, groups = service_account_user(*account)
+    kubeconfig = env.multicluster.harness.issue_user_kubeconfig(
+        "manager", user, groups, tmp_path / "dispatcher.kubeconfig")
+    shipped = [arg.replace("$(POD_NAMESPACE)", home)
+               for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+               if not arg.startswith(("--metrics-", "--dashboard-", "--health-", "--log-format"))]
+    port = free_port()
+    dispatcher = ServiceProcess(
+        "dispatcher", kubeconfig, env.log_dir / "kueue-worker-events.log",
+        (*shipped, "--multikueue-config", CONFIG, "--log-level", "debug",
+         "--remote-api-port", str(port), "--remote-api-host", "127.0.0.1")).start()
+    try:
+        body = queued_trainjob("stuck")
+        body["spec"]["runtimeRef"] = {"name": UNSCHEDULABLE, "kind": c.TRAININGRUNTIME_KIND}
+        env.manager.custom.create_namespaced_custom_object(*TRAINER, ns, c.TRAINJOBS, body)
+        said = eventually(lambda: nominations(env, ns), lambda seen: len(seen) == 1,
+                          timeout=60, expected="one Nominated Event from the dispatcher")
+        nominated = said[0].rsplit(" ", 1)[-1]
+        worker = env.multicluster[nominated]
+        [pod] = eventually(
+            lambda: [p.metadata.name for p in worker.core.list_namespaced_pod(
+                ns, label_selector=f"{c.JOBSET_NAME_LABEL}=stuck").items
+                if p.metadata.name.startswith(f"stuck-{c.NODE}-")],
+            lambda pods: len(pods) == 1, timeout=60,
+            expected=f"the trainer Pod of Kueue's copy on {nominated}")
+        prefix = f"{nominated}: Pod {pod}: "
+        [(message, _, source)] = eventually(
+            lambda: _job_events(env, ns, "stuck", "FailedScheduling"), bool, timeout=60,
+            expected=f"a FailedScheduling Event on the manager's TrainJob naming {nominated} "
+                     f"and Pod {pod}")
+        assert message.startswith(prefix) and source == "trainjob-dispatcher", (message, source)
+        assert f'persistentvolumeclaim "{MISSING_CLAIM}" not found' in message, message
+
+        # The scheduler tries an unschedulable Pod again when a Node comes: a Node added
+        # and removed until it has said the same more than once.
+        added = 0
+
+        def repeated() -> dict[str, int]:
+            nonlocal added
+            said = _scheduler_said(worker, ns, pod)
+            if max(said.values(), default=0) >= 2 or added >= 6:
+                return said
+            node = f"{ns}-retry-{added}"[:63]
+            added += 1
+            fixtures.add_node(worker.api, node, {"cpu": "1", "memory": "1Gi", "pods": "10"})
+            try:
+                eventually(lambda: sum(_scheduler_said(worker, ns, pod).values()),
+                           lambda total: total > sum(said.values()), timeout=60,
+                           expected=f"{nominated}'s scheduler to try Pod {pod} again on "
+                                    f"Node {node}")
+            finally:
+                fixtures.remove_node(worker.api, node)
+            return _scheduler_said(worker, ns, pod)
+
+        said = eventually(repeated, lambda seen: max(seen.values(), default=0) >= 2,
+                          timeout=300, interval=0.5,
+                          expected=f"{nominated}'s scheduler to say the same about {pod} "
+                                   "more than once")
+
+        def shown() -> dict[str, list[int]]:
+            counts: dict[str, list[int]] = {}
+            for text, count, _ in _job_events(env, ns, "stuck", "FailedScheduling"):
+                counts.setdefault(text.removeprefix(prefix), []).append(count)
+            return counts
+
+        wanted = {text: [times] for text, times in said.items()}
+        eventually(shown, lambda seen: seen == wanted, timeout=60,
+                   expected=f"one manager Event per FailedScheduling message, counted as "
+                            f"the worker said each: {wanted}")
+        holds_for(shown, lambda seen: seen == wanted, seconds=3,
+                  expected=f"no other manager Event of the same message: {wanted}")
+
+        # The remote view of Kueue's copy, read on the worker as the reader identity.
+        secret = env.manager.core.read_namespaced_secret(f"{SERVICE}-cert", home)
+        context = ssl.create_default_context(
+            cadata=base64.b64decode(secret.data["ca.crt"]).decode())
+        context.check_hostname = False  # its name is the Service's, reached on 127.0.0.1
+        key, cert = env.manager.control_plane.pki.front_proxy_authority().issue(
+            FRONT_PROXY_CLIENT, client=True)
+        (tmp_path / "fp.crt").write_bytes(cert_pem(cert))
+        (tmp_path / "fp.key").write_bytes(key_pem(key))
+        context.load_cert_chain(tmp_path / "fp.crt", tmp_path / "fp.key")
+        base = f"/apis/{GROUP_VERSION}/namespaces/{ns}"
+        code, listed = _remote_view_get(
+            port, context, f"{base}/trainjobevents?labelSelector={TRAINJOB_LABEL}%3Dstuck")
+        assert code == 200 and any(
+            e["worker"] == nominated and e["reason"] == "FailedScheduling"
+            for e in listed.get("items") or []), (
+            f"expected the worker's FailedScheduling among the copy's Events through the "
+            f"remote view; got {code}: {listed}")
+        log_path = f"{base}/trainjobpods/{pod}/log"
+        code, refused = _remote_view_get(port, context, log_path)
+        assert code == 502 and "trainjob-dispatcher-reader-job-viewer" in str(refused), (
+            f"expected 502 naming the role to bind before the log is opened to the reader; "
+            f"got {code}: {refused}")
+        binding = client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="trainjob-dispatcher-reader-job-viewer"),
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io",
+                                      kind="ClusterRole",
+                                      name="trainjob-dispatcher-reader-job-viewer"),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount",
+                                           name=kueue_queues.WORKER_READER_ACCOUNT[1],
+                                           namespace=kueue_queues.WORKER_READER_ACCOUNT[0])])
+        client.RbacAuthorizationV1Api(worker.api).create_namespaced_role_binding(ns, binding)
+        # The worker's own answer now: an empty log (the Pod is on no Node yet).
+        code, answered = eventually(
+            lambda: _remote_view_get(port, context, log_path), lambda got: got[0] != 502,
+            timeout=30, expected="the worker to let the reader ask for the Pod's log")
+        assert code == 200 and answered == "", (code, answered)
+
+        # Refused nothing else, on the manager or a worker (the log above was the test's).
+        refused_lines = [line for line in
+                         dispatcher.log_file.read_text(errors="replace").splitlines()
+                         if "forbidden" in line.lower() and '" cannot ' in line
+                         and 'cannot get resource "pods/log"' not in line]
+        assert not refused_lines, "the dispatcher was refused by RBAC:\n" + "\n".join(
+            refused_lines[:10])
+    finally:
+        dispatcher.stop()
+        doomed = [o for o in rbac if o["kind"] != "Namespace"]
+        kustomize.kubectl(env.manager.kubeconfig, "delete", "--ignore-not-found",
+                          "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(doomed))

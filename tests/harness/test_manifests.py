@@ -433,26 +433,37 @@ def test_worker_secrets_are_listed_in_one_place_for_every_mode():
                          config.worker_secrets_namespace) == {account}, name
 
 
-def test_the_worker_reader_only_lists_and_watches_what_kueue_mode_reads():
+def test_the_worker_reader_only_reads_what_kueue_mode_reads():
     """manifests/worker-reader, what a Kueue-mode dispatcher reads a worker with: a
-    ServiceAccount of its own (never worker-access's writing one), granted list and watch
-    of exactly the resources its worker caches read (workers/connection.py,
-    room/worker_quota.py), and nothing else."""
+    ServiceAccount of its own (never worker-access's writing one), bound cluster-wide to
+    list and watch of exactly the resources its worker caches read (workers/connection.py,
+    room/worker_quota.py, workers/warning_events.py), and nothing else; and a ClusterRole
+    of the remote view's one other read, a Pod's log (get), bound to nobody by the base
+    (the worker's administrator binds it per namespace)."""
     objects = kustomize.render("worker-reader")
     account = ("trainjob-system", "trainjob-dispatcher-reader")
     assert _bound_accounts(objects) == {account}
     writers = kustomize.render("worker-access")
     assert account not in {(s.get("namespace"), s["name"]) for o in writers
                            if o["kind"].endswith("Binding") for s in o.get("subjects") or []}
-    rules = [rule for o in objects if o["kind"] in ("Role", "ClusterRole") for rule in o["rules"]]
-    granted = {(group, resource) for r in rules for group in r["apiGroups"]
-               for resource in r["resources"]}
-    assert granted == {("trainer.kubeflow.org", "trainjobs"),
-                       ("trainer.kubeflow.org", "trainingruntimes"),
-                       ("trainer.kubeflow.org", "clustertrainingruntimes"),
-                       ("", "namespaces"), ("", "nodes"), ("", "pods"),
-                       ("kueue.x-k8s.io", "localqueues"), ("kueue.x-k8s.io", "clusterqueues")}
-    assert {verb for r in rules for verb in r["verbs"]} == {"list", "watch"}, rules
+    bound = {o["roleRef"]["name"] for o in objects if o["kind"].endswith("Binding")}
+    assert bound == {"trainjob-dispatcher-worker-reader"}, bound
+
+    def grants(role: str) -> set[tuple[str, str, str]]:
+        [found] = [o for o in objects if o["kind"] == "ClusterRole"
+                   and o["metadata"]["name"] == role]
+        return {(group, resource, verb) for r in found["rules"] for group in r["apiGroups"]
+                for resource in r["resources"] for verb in r["verbs"]}
+
+    assert {o["metadata"]["name"] for o in objects if o["kind"] in ("Role", "ClusterRole")} \
+        == {"trainjob-dispatcher-worker-reader", "trainjob-dispatcher-reader-job-viewer"}
+    assert grants("trainjob-dispatcher-worker-reader") == {
+        (group, resource, verb) for group, resource in (
+            ("trainer.kubeflow.org", "trainjobs"), ("trainer.kubeflow.org", "trainingruntimes"),
+            ("trainer.kubeflow.org", "clustertrainingruntimes"), ("", "namespaces"),
+            ("", "nodes"), ("", "pods"), ("", "events"), ("kueue.x-k8s.io", "localqueues"),
+            ("kueue.x-k8s.io", "clusterqueues")) for verb in ("list", "watch")}
+    assert grants("trainjob-dispatcher-reader-job-viewer") == {("", "pods/log", "get")}
 
 
 def test_a_rollout_never_leaves_the_webhook_without_a_pod():

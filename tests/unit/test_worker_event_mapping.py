@@ -1,12 +1,17 @@
-"""The worker's reasons on the manager, decided (dispatcher/standalone/worker_events.py):
-which manager job a worker's Warning Event is about, and how its occurrences are counted
-into manager Events: one per (worker, object, reason, message), raised on repeats, at most
-``per_minute`` new ones per job a minute and the rest counted in one Event."""
+"""The worker's reasons on the manager, decided (dispatcher/workers/worker_events.py):
+which manager job a worker's Warning Event is about, by the copy's owner in each mode
+(standalone/copy_owners.py: the dispatcher's copies; kueue/copy_owners.py: Kueue's, by
+their Workload), and how its occurrences are counted into manager Events: one per
+(worker, object, reason, message), raised on repeats, at most ``per_minute`` new ones per
+job a minute and the rest counted in one Event."""
 
 from __future__ import annotations
 
-from dispatcher.standalone import worker_events as we
+from controller_kit.informer import Informer
+from dispatcher.kueue.copy_owners import KueueCopies
+from dispatcher.standalone.copy_owners import StandaloneCopies
 from dispatcher.workers import projections
+from dispatcher.workers import worker_events as we
 from trainjob import constants as c
 
 ORIGIN = c.DEFAULT_ORIGIN
@@ -53,8 +58,8 @@ def attribute(ev: dict, *, copies: dict | None = None, pods: dict | None = None,
     copies = {"train": copy()} if copies is None else copies
     managers = {"train": manager()} if managers is None else managers
     pods = pods or {}
-    return we.attribute(ev, worker, ORIGIN, lambda ns, n: copies.get(n),
-                        lambda ns, n: pods.get(n), lambda ns, n: managers.get(n))
+    return we.attribute(ev, worker, lambda ns, n: copies.get(n), lambda ns, n: pods.get(n),
+                        StandaloneCopies(ORIGIN, lambda ns, n: managers.get(n)))
 
 
 JOB = we.JobRef(NS, "train", MANAGER_UID)
@@ -145,9 +150,99 @@ def test_the_projection_keeps_what_the_mirror_reads():
                          "eventTime", "series"}
     assert kept["metadata"] == {"name": "ev-1", "namespace": NS, "resourceVersion": "7",
                                 "creationTimestamp": "2025-01-01T10:00:05Z"}
-    assert we.attribute(kept, "worker-1", ORIGIN, lambda ns, n: copy(), lambda ns, n: None,
-                        lambda ns, n: manager()) is None  # a Pod named p is no job's
+    assert we.attribute(kept, "worker-1", lambda ns, n: copy(), lambda ns, n: None,
+                        StandaloneCopies(ORIGIN, lambda ns, n: manager())) is None  # no job's
     assert we.occurrences(kept) == 2
+
+
+# --- Kueue mode: Kueue's copies, known by their Workload ----------------------------------
+
+KUEUE_ORIGIN = c.KUEUE_DEFAULT_ORIGIN
+WORKLOAD = "trainjob-train-3f2a1"
+
+
+def kueue_copy(*, workload: str | None = WORKLOAD, origin: str = KUEUE_ORIGIN) -> dict:
+    """Kueue's copy on a worker: its origin label and the Workload it names (no mark of
+    the dispatcher's)."""
+    obj = copy(manager_uid="", origin=origin)
+    if workload:
+        obj["metadata"]["annotations"][c.KUEUE_PREBUILT_WORKLOAD_LABEL] = workload
+    return obj
+
+
+def workload(*, owner_uid: str = MANAGER_UID, cluster: str | None = "worker-1",
+             nominated: list[str] | None = None) -> dict:
+    """The manager's Workload of the job: its owner, where it runs or was nominated."""
+    status = {"clusterName": cluster} if cluster else {}
+    if nominated is not None:
+        status["nominatedClusterNames"] = nominated
+    return {"metadata": {"name": WORKLOAD, "namespace": NS, "ownerReferences": [
+        {"kind": c.TRAINJOB_KIND, "name": "train", "uid": owner_uid, "controller": True}]},
+        "status": status}
+
+
+class Cache(Informer):
+    """The manager's Workload cache as the owners read it: listed, holding ``items``."""
+
+    def __init__(self, *items: dict):
+        super().__init__("manager/workloads", lambda: {"items": []})
+        self.items = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+        self.synced.set()
+
+    def get(self, namespace: str, name: str) -> dict | None:
+        return self.items.get((namespace, name))
+
+
+def kueue_attribute(ev: dict, *, copies=None, workloads=None, managers=None,
+                    worker: str = "worker-1", owners: KueueCopies | None = None):
+    copies = {"train": kueue_copy()} if copies is None else copies
+    managers = {"train": manager(worker=None)} if managers is None else managers
+    cache = Cache(*([workload()] if workloads is None else workloads))
+    owners = owners or KueueCopies(KUEUE_ORIGIN, lambda ns, n: managers.get(n), lambda: cache)
+    return we.attribute(ev, worker, lambda ns, n: copies.get(n), lambda ns, n: None, owners)
+
+
+def test_kueue_mode_a_kueue_copy_stands_for_the_job_its_workload_was_made_for():
+    ev = event("Pod", "train-node-0-0-abcde")
+    assert kueue_attribute(ev) == JOB
+    assert kueue_attribute(event(c.TRAINJOB_KIND, "train")) == JOB
+    # Before a worker admits it: the worker this dispatcher nominated.
+    assert kueue_attribute(ev, workloads=[workload(cluster=None, nominated=["worker-1"])]) \
+        == JOB
+    # A label rather than an annotation (Kueue before v0.19).
+    labelled = kueue_copy(workload=None)
+    labelled["metadata"]["labels"][c.KUEUE_PREBUILT_WORKLOAD_LABEL] = WORKLOAD
+    assert kueue_attribute(ev, copies={"train": labelled}) == JOB
+
+
+def test_kueue_mode_not_a_copy_of_this_job_or_not_running_on_this_worker():
+    ev = event("Pod", "train-node-0-0-abcde")
+    assert kueue_attribute(ev, copies={"train": kueue_copy(workload=None)}) is None
+    assert kueue_attribute(ev, copies={"train": kueue_copy(origin="other")}) is None
+    assert kueue_attribute(ev, workloads=[]) is None  # no such Workload on the manager
+    # The Workload of an earlier job of the same name.
+    assert kueue_attribute(ev, workloads=[workload(owner_uid="earlier")]) is None
+    # Admitted elsewhere (a copy left behind), or nominated elsewhere.
+    assert kueue_attribute(ev, workloads=[workload(cluster="worker-2")]) is None
+    assert kueue_attribute(ev, workloads=[workload(cluster=None, nominated=["worker-2"])]) \
+        is None
+    assert kueue_attribute(ev, managers={}) is None
+    assert kueue_attribute(ev, managers={"train": manager(worker=None, managed_by="")}) is None
+
+
+def test_kueue_mode_a_job_stays_placed_while_its_workload_runs_there():
+    managers = {"train": manager(worker=None)}
+    cache = Cache(workload())
+    owners = KueueCopies(KUEUE_ORIGIN, lambda ns, n: managers.get(n), lambda: cache)
+    assert kueue_attribute(event("Pod", "train-node-0-0-abcde"), owners=owners) == JOB
+    assert owners.placed(JOB, "worker-1") and not owners.placed(JOB, "worker-2")
+    cache.items[(NS, WORKLOAD)] = workload(cluster="worker-2")  # evicted, admitted elsewhere
+    assert not owners.placed(JOB, "worker-1") and owners.placed(JOB, "worker-2")
+    del cache.items[(NS, WORKLOAD)]  # the job's Workload gone
+    assert not owners.placed(JOB, "worker-2")
+    cache.items[(NS, WORKLOAD)] = workload()
+    assert not owners.placed(JOB, "worker-1")  # forgotten with it
+    assert not owners.placed(we.JobRef(NS, "train", "another-uid"), "worker-1")
 
 
 # --- counting ----------------------------------------------------------------------------

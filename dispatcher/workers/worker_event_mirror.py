@@ -1,7 +1,8 @@
 """The worker's reasons on the manager, done: each worker's Warning Events
-(``workers/warning_events.py``) attributed to the manager TrainJob placed there and
-counted (``worker_events.py``) by the informers' threads, and written as manager Events
-by one thread of its own, so that neither a reconcile nor placement ever waits on them.
+(``warning_events.py``) attributed to the manager TrainJob that runs there and counted
+(``worker_events.py``) by the informers' threads, and written as manager Events by one
+thread of its own, so that neither a reconcile nor placement ever waits on them (nor
+Kueue-mode nominations). The same in both modes: only ``CopyOwners`` differs.
 
 Only the leader writes. Every replica counts what its caches deliver, so the one that
 takes over knows what was seen; the first time it writes about a job it reads that job's
@@ -21,13 +22,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller_kit import writes
-from controller_kit.informer import DELETED, Informer
+from controller_kit.informer import DELETED
 from controller_kit.kubeclient import describe_error
 from dispatcher.metrics import DispatcherMetrics
-from dispatcher.standalone import worker_events
-from dispatcher.standalone.worker_events import Aggregation, Existing, JobRef, Write
+from dispatcher.workers import worker_events
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
+from dispatcher.workers.worker_events import Aggregation, CopyOwners, Existing, JobRef, Write
 from trainjob import constants as c
 
 log = logging.getLogger(__name__)
@@ -40,15 +41,15 @@ RETRY_SECONDS = 1.0
 
 
 class WorkerEventMirror:
-    """Copies the workers' Warning Events about placed jobs onto the manager jobs."""
+    """Copies the workers' Warning Events about the jobs running there onto the manager
+    jobs, which ``owners`` names."""
 
     def __init__(self, manager: client.ApiClient, registry: WorkerRegistry,
-                 trainjobs: Informer, origin: str, metrics: DispatcherMetrics,
+                 owners: CopyOwners, metrics: DispatcherMetrics,
                  may_write: Callable[[], bool], instance: str = ""):
         self._manager = manager
         self._registry = registry
-        self._trainjobs = trainjobs
-        self._origin = origin
+        self._owners = owners
         self._metrics = metrics
         self._may_write = may_write
         self._instance = instance or COMPONENT
@@ -73,8 +74,8 @@ class WorkerEventMirror:
         if worker is None or worker.warnings is None:
             return
         job = worker_events.attribute(
-            event, worker_name, self._origin, functools.partial(self._copy, worker),
-            functools.partial(self._pod_job, worker), self._trainjobs.get)
+            event, worker_name, functools.partial(self._copy, worker),
+            functools.partial(self._pod_job, worker), self._owners)
         if job is not None and self.aggregation.observe(worker_name, job, event):
             self._wake.set()
 
@@ -122,7 +123,7 @@ class WorkerEventMirror:
         for worker in self._registry.snapshot(draining=True):
             if worker.warnings is not None:
                 worker.warnings.sweep()
-        shown = self.aggregation.prune(self._placed)
+        shown = self.aggregation.prune(self._owners.placed)
         self._existing = {uid: found for uid, found in self._existing.items() if uid in shown}
         if not self._may_write():
             # A standby counts and waits; what it learnt of the manager may be stale when
@@ -144,11 +145,6 @@ class WorkerEventMirror:
             self._stop.wait(RETRY_SECONDS)
         if failed or self.aggregation.pending():
             self._wake.set()
-
-    def _placed(self, job: JobRef, worker: str) -> bool:
-        manager = self._trainjobs.get(job.namespace, job.name)
-        return manager is not None and manager["metadata"].get("uid") == job.uid and (
-            manager["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION) == worker
 
     def _write(self, key) -> None:
         job = self.aggregation.unwritten(key)

@@ -1,16 +1,19 @@
 """The worker's reasons on the manager, decided: which job a worker's Warning Event is
 about (``attribute``), and how its occurrences are counted into the manager Events that
-show them (``Aggregation``). Pure but for a lock; the watching is
-``workers/warning_events.py``, the writing ``worker_event_mirror.py``.
+show them (``Aggregation``). Pure but for a lock; the watching is ``warning_events.py``,
+the writing ``worker_event_mirror.py``. Both modes use it; what differs is only whose
+copies are followed and which manager job a copy stands for (``CopyOwners``): the
+dispatcher's own copies in standalone mode (``standalone/copy_owners.py``), Kueue's in
+Kueue mode (``kueue/copy_owners.py``).
 
 A Warning Event of a worker is shown on the manager's TrainJob when it is about that job's
-copy (a TrainJob of this dispatcher's, of this very manager job, on the worker the job is
-placed on) or about the JobSet, Jobs and Pods the copy made there. Each is one manager
-Event per (worker, object, reason, message), as Kubernetes aggregates repeated Events: a
-repeat on the worker, whether a new Event object or a higher ``count`` or
-``series.count`` of the same one, raises that Event's ``count``. A crash-looping or
-rescheduled job makes new objects (a Job's new Pods), so the distinct Events a job gets
-are limited too: ``MAX_NEW_PER_MINUTE`` a minute each.
+copy (of this very manager job, on the worker the job runs on) or about the JobSet, Jobs
+and Pods the copy made there. Each is one manager Event per (worker, object, reason,
+message), as Kubernetes aggregates repeated Events: a repeat on the worker, whether a new
+Event object or a higher ``count`` or ``series.count`` of the same one, raises that
+Event's ``count``. A crash-looping or rescheduled job makes new objects (a Job's new
+Pods), so the distinct Events a job gets are limited too: ``MAX_NEW_PER_MINUTE`` a minute
+each.
 """
 
 from __future__ import annotations
@@ -21,12 +24,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from controller_kit.api_time import format_time, parse_time
-from dispatcher.standalone import mirror
 from trainjob import constants as c
-from trainjob import managed_by
 
 # New manager Events (distinct reason, object and message) per job in any minute; the
 # occurrences of any more are counted in one Event of REASON_LIMITED. Counted rather than
@@ -116,21 +117,33 @@ def job_name(event: dict[str, Any], copy_named: Callable[[str, str], dict | None
     return None
 
 
-def attribute(event: dict[str, Any], worker: str, origin: str,
+class CopyOwners(Protocol):
+    """Which manager job a worker's copy stands for: the one rule that differs between the
+    modes."""
+
+    def owner(self, worker: str, copy: dict[str, Any]) -> JobRef | None:
+        """The manager job ``copy`` (a TrainJob in ``worker``'s cache of copies, or one
+        deleted lately) is the copy of, when that job runs on ``worker``; else None."""
+
+    def placed(self, job: JobRef, worker: str) -> bool:
+        """Whether ``job`` (that very object) still runs on ``worker``."""
+
+
+def attribute(event: dict[str, Any], worker: str,
               copy_named: Callable[[str, str], dict | None],
               pod_job: Callable[[str, str], str | None],
-              manager_named: Callable[[str, str], dict | None]) -> JobRef | None:
-    """The manager job a worker's Warning Event is shown on, or None: only about a copy of
-    this dispatcher's (``copy_named``: the worker's copy by namespace and name, lately
-    deleted ones too) of the manager job (``manager_named``) placed on ``worker``, and no
-    older than that copy (an earlier job of the same name leaves its Events behind)."""
+              owners: CopyOwners) -> JobRef | None:
+    """The manager job a worker's Warning Event is shown on, or None: only about a copy
+    (``copy_named``: the worker's copy by namespace and name, lately deleted ones too)
+    that ``owners`` says stands for a manager job running on ``worker``, and no older than
+    that copy (an earlier job of the same name leaves its Events behind)."""
     name = job_name(event, copy_named, pod_job)
     if not name:
         return None
     involved = event.get("involvedObject") or {}
     namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
     copy = copy_named(namespace, name)
-    if copy is None or not mirror.is_ours(copy, origin):
+    if copy is None:
         return None
     if involved.get("kind") == c.TRAINJOB_KIND and involved.get("uid") and \
             involved["uid"] != copy["metadata"].get("uid"):
@@ -139,11 +152,7 @@ def attribute(event: dict[str, Any], worker: str, origin: str,
     said = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
     if made is not None and said is not None and said < made:
         return None
-    manager = manager_named(namespace, name)
-    if not managed_by.dispatched(manager) or not mirror.mirrors(copy, manager) or (
-            manager["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION) != worker:
-        return None
-    return JobRef(namespace, name, manager["metadata"]["uid"])
+    return owners.owner(worker, copy)
 
 
 def manager_message(worker: str, event: dict[str, Any]) -> str:
