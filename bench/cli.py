@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from bench import scale_report
+from bench import log_streams, scale_report
 from bench.compare import refused_contenders
 from bench.contenders import CONTENDERS
 from bench.environment import ControllerStartError
@@ -56,8 +56,11 @@ Scenarios, in this order:
   scale     (--suite scale only) 2 workers of 1,000 kwok Nodes (a tenth GPU Nodes) and
             20,000 Pods each, bound and Running, after smaller sizes: the dispatcher's
             RSS per Node and per Pod, start to caches synced, a standby taking over,
-            one placement decision (small, wide, GPU jobs), dispatch latency and CPU
-            while each worker's Pods churn; budgets met or missed
+            one placement decision (small, wide, GPU jobs; the first of each apart),
+            dispatch latency and CPU while each worker's Pods churn, beside the floor:
+            the same writes per job at the same rates by a plain client with no
+            placement and no caches; a Pod event's time to its room counted (the
+            dispatcher's dispatcher_capacity_event_apply_seconds); budgets met or missed
 The sync and each steady step run 3 times (--repeats), each after the machine settled (no
 Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
 a percentile is over all the repeats' samples, shown with each repeat's min, median and
@@ -181,10 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = parser.add_argument_group(
         "comparison with Kueue MultiKueue (A AllAtOnce, B Incremental, C Kueue with this "
         "dispatcher as its external dispatcher, D this dispatcher standalone)")
-    compare.add_argument("--suite", choices=("all", "dispatcher", "compare", "scale"),
+    compare.add_argument("--suite", choices=("all", "dispatcher", "compare", "scale",
+                                              "log-streams"),
                          help="what runs: this dispatcher's scenarios, the comparison, or "
                          "both (default); or the scale suite alone (workers the size of "
-                         "real GPU clusters; not part of all)")
+                         "real GPU clusters; not part of all); or the log-streams suite "
+                         "alone (not part of all)")
     compare.add_argument("--contenders", type=_contenders,
                          help="which of A,B,C,D the comparison runs (default all four)")
     compare.add_argument("--compare-scenarios", type=_choices(COMPARE_SCENARIOS),
@@ -245,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Pods deleted and replaced per second on each worker (full and "
                        f"quick {FULL.scale_churn_rate:g})")
     sized.add_argument("--scale-rates", type=_ints,
-                       help="arrival rates (jobs/s) timed during the churn (full and quick "
+                       help="arrival rates (jobs/s) timed during the churn, each for the "
+                       "dispatcher and then for the floor (full and quick "
                        f"{','.join(map(str, FULL.scale_rates))})")
     sized.add_argument("--scale-rate-seconds", type=float,
                        help=f"seconds each of those rates lasts (full {FULL.scale_rate_seconds:g}"
@@ -255,6 +261,21 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{FULL.scale_window_seconds:g}, quick 8)")
     sized.add_argument("--scale-create-threads", type=int,
                        help=f"client threads creating the fleet (full {FULL.scale_create_threads})")
+    streams = parser.add_argument_group(
+        "log-streams suite (--suite log-streams): dispatch latency and the dispatcher's CPU "
+        "per job at one arrival rate, plain and with users following logs through the "
+        "remote view (the aggregated API), alternately, --repeats times each way; "
+        "--burst-workers workers, each run --rate-seconds long (or --step-samples "
+        "arrivals); the bound is the dispatcher's --remote-api-max-streams (default 50; "
+        "another with --dispatcher-args)")
+    streams.add_argument("--log-streams", type=int,
+                         help=f"log streams following (full and quick {FULL.log_streams})")
+    streams.add_argument("--log-streams-rate", type=int,
+                         help="arrival rate in jobs/s (full and quick "
+                         f"{FULL.log_streams_rate})")
+    streams.add_argument("--log-lines-per-second", type=float,
+                         help="lines a second added to each followed log (every stream "
+                         f"receives each; full and quick {FULL.log_lines_per_second:g})")
     parser.add_argument("--placement-policy", choices=("best-fit", "worst-fit", "first-fit"),
                         help="the dispatcher's placement policy (default worst-fit: with "
                         "ample capacity best fit puts every job on one worker, which would "
@@ -323,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "dispatcher_args", "compare_scenarios", "constrained_kinds", "workers_axis",
         "scale_workers", "scale_nodes", "scale_pods", "scale_axis", "scale_placement_jobs",
         "scale_churn_rate", "scale_rates", "scale_rate_seconds", "scale_window_seconds",
-        "scale_create_threads")})
+        "scale_create_threads", "log_streams", "log_streams_rate",
+        "log_lines_per_second")})
     _check_mix(settings)
     signal.signal(signal.SIGTERM, _terminate)
     output = args.output.resolve()
@@ -349,12 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     if settings.suite == "scale":
         table, plots = scale_report.render(results), scale_report.write_plots(results, output)
+    elif settings.suite == "log-streams":
+        table, plots = log_streams.render(results), []
     else:
         table, plots = render_table(results), write_plots(results, output)
     (output / "table.md").write_text(table + "\n")
     print(table)
-    print(f"\nresults: {output / 'results.json'}; plots: "
-          + ", ".join(str(p) for p in plots))
+    print(f"\nresults: {output / 'results.json'}"
+          + ("; plots: " + ", ".join(str(p) for p in plots) if plots else ""))
     return 0
 
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import constrained, host_speed, scale, scenarios
+from bench import constrained, host_speed, log_streams, scale, scenarios
 from bench.compare import run_comparison, run_workers_axis
 from bench.environment import BenchClusters, describe
 from bench.load import LoadRunner
@@ -52,6 +52,12 @@ def run_benchmark(settings: BenchSettings, output: Path, state_dir: Path | None 
         started = time.monotonic()
         scale.run_scale(settings, output, state_dir, results)
         results["scenario_seconds"]["scale"] = round(time.monotonic() - started, 1)
+        reference["end"] = host_speed.reference_ms()
+        results["finished"] = _now()
+        results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return results
+    if settings.suite == "log-streams":
+        log_streams.run_log_streams(settings, output, state_dir, results)
         reference["end"] = host_speed.reference_ms()
         results["finished"] = _now()
         results["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

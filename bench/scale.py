@@ -26,7 +26,11 @@ spent following Pod churn (a delete and a bound replacement at a steady rate per
 and dispatch latency at steady arrival rates while the churn goes on, each job deleted as
 soon as its copy is seen (jobs leave as fast as they arrive). No training operator runs
 on these workers: the copies only exist, and get no pods, so a copy left in place would
-keep its reservation and make every later placement dearer.
+keep its reservation and make every later placement dearer. After each rate, the floor at
+that rate under the same churn (``bench.floor``: the dispatcher's writes per job made by a
+plain client that places nothing), its latency beside the dispatcher's; and, from the
+dispatcher's ``dispatcher_capacity_event_apply_seconds``, how long a Pod event took to be
+counted in the room placement reads, during the churn alone and during each rate.
 """
 
 from __future__ import annotations
@@ -46,12 +50,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import dispatch_log, scenarios
+from bench import dispatch_log, floor, scenarios
 from bench.environment import BenchClusters, describe
 from bench.footprint import CpuAccount, FootprintWindow, peak_rss_bytes, rss_bytes
 from bench.load import LoadRunner
 from bench.settings import BenchSettings
-from bench.stats import percentile
+from bench.stats import percentile, summary_ms
 from bench.timeline import Timelines
 from clusters import fixtures, worker_stack
 from clusters.nodes import (
@@ -103,6 +107,10 @@ STARTED_LINE = " running; metrics on "
 SYNCED_TEXT = "caches synced in"
 _SYNCED_LINE = re.compile(r"(?P<worker>[\w.-]+): caches synced in (?P<seconds>[\d.]+) ?s")
 SYNC_GAUGE = "dispatcher_worker_cache_sync_seconds"
+APPLY_HISTOGRAM = "dispatcher_capacity_event_apply_seconds"
+# Budgets: the dispatcher's dispatch p99 against the floor's, a Pod event's apply p99, one
+# wide job's placement CPU p99.
+FLOOR_RATIO, APPLY_MS, WIDE_CPU_MS = 1.25, 5.0, 10.0
 
 
 # --- the fleet -------------------------------------------------------------------------
@@ -588,6 +596,22 @@ def _ms(values: list[float]) -> dict:
             "max_ms": round(ordered[-1] * 1000, 3)}
 
 
+def first_and_rest(logged: dict, first: tuple[str, str]) -> dict:
+    """The first job of a shape (the decision that finds no kept heap of that shape)
+    against the rest: its place step's wall and CPU ms beside theirs."""
+    rest = [steps for key, steps in logged.items() if key != first]
+    wall = [s["place"] for s in rest if "place" in s]
+    cpu = [s["place_cpu"] for s in rest if "place_cpu" in s]
+    steps = logged.get(first) or {}
+    return {"first": {"place_wall_ms": _round_ms(steps.get("place")),
+                      "place_cpu_ms": _round_ms(steps.get("place_cpu"))},
+            "rest": {"place_wall": _ms(wall), "place_cpu": _ms(cpu) if cpu else None}}
+
+
+def _round_ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
 def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
                sizes: dict[str, dict], count: int, tag: str) -> dict:
     """``count`` jobs of each shape, one at a time (each deleted, its copy gone, before
@@ -625,11 +649,59 @@ def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
                           "missing": missing,
                           "logged": len(logged), "place_wall": _ms(place),
                           "place_cpu": _ms(cpu) if cpu else None,
+                          **first_and_rest(logged, (namespace, f"{shape}-{0:04d}")),
                           "machine": account.figures()}
         log.info("placement of %s jobs (%d pods): p50 %s ms, p99 %s ms", shape,
                  sizes[shape]["pods"], figures[shape]["place_wall"]["p50_ms"],
                  figures[shape]["place_wall"]["p99_ms"])
     return figures
+
+
+# --- a Pod event's way into the room placement reads ----------------------------------
+
+def apply_buckets(dispatcher: ServiceProcess) -> dict[float, float] | None:
+    """The dispatcher's ``dispatcher_capacity_event_apply_seconds`` buckets now (upper
+    bound -> events at or under it, cumulative); None when it has no such histogram."""
+    try:
+        _, text = dispatcher.get("/metrics")
+    except OSError:
+        return None
+    buckets = {float(s.labels["le"]): s.value
+               for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == APPLY_HISTOGRAM + "_bucket"}
+    return buckets or None
+
+
+def apply_figures(before: dict[float, float] | None,
+                  after: dict[float, float] | None) -> dict | None:
+    """The Pod changes counted between two readings of ``apply_buckets``: how many, p50
+    and p99 in ms (within their bucket by linear interpolation, as Prometheus's
+    ``histogram_quantile``; the last finite bound where it lies beyond), and the share
+    within the 5 ms budget (a bucket's edge: exact)."""
+    if before is None or after is None:
+        return None
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if not total:
+        return {"events": 0, "p50_ms": None, "p99_ms": None, "within_budget_share": None}
+
+    def quantile(q: float) -> float:
+        rank, lower, below = q * total, 0.0, 0.0
+        for bound, count in zip(bounds, counts, strict=True):
+            if count >= rank:
+                if bound == float("inf"):
+                    return lower
+                inside = count - below
+                return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+            lower, below = bound, count
+        return lower
+
+    within = next((count for bound, count in zip(bounds, counts, strict=True)
+                   if bound >= APPLY_MS / 1000), total)
+    return {"events": int(total), "p50_ms": round(quantile(0.5) * 1000, 3),
+            "p99_ms": round(quantile(0.99) * 1000, 3),
+            "within_budget_share": round(within / total, 4)}
 
 
 # --- churn -----------------------------------------------------------------------------
@@ -795,6 +867,14 @@ class Reaper:
         return len(self.reaped)
 
 
+def dispatcher_writes(env: BenchClusters, namespace: str) -> dict:
+    """The dispatcher's two timed writes of each dispatch of ``namespace`` (its log): the
+    placement PATCH and the copy's create, ms, beside the floor's."""
+    logged = dispatch_log.read(env.dispatcher.log_file, namespace).values()
+    return {step: summary_ms([s[step] for s in logged if step in s])
+            for step in (dispatch_log.QUEUE, *dispatch_log.WRITES)}
+
+
 def drop_jobs(env: BenchClusters, timelines: Timelines, namespace: str,
               workers: list[str]) -> None:
     """Delete a step's jobs as a user would (their manager namespace, the dispatcher
@@ -827,9 +907,9 @@ def budgets(results: dict) -> list[dict]:
     full = (results.get("sizes") or [{}])[-1]
     rows = []
 
-    def row(name, value, unit, limit, met):
+    def row(name, value, unit, limit, met, op="<"):
         rows.append({"budget": name, "measured": value, "unit": unit, "limit": limit,
-                     "met": met})
+                     "op": op, "met": met})
 
     start = (full.get("memory") or {}).get("with_pods") or {}
     peaks = [x for x in (start.get("peak_rss_mb"),
@@ -860,6 +940,59 @@ def budgets(results: dict) -> list[dict]:
     cost = (results.get("churn") or {}).get("cost_cpu_per_second")
     row("CPU following the churn", cost, "CPU s/s", 0.1,
         None if cost is None else cost < 0.1)
+    for item in results.get("against_floor") or []:
+        ratio = item["ratio_p99"]
+        row(f"dispatch p99 at {item['rate']} jobs/s during churn, against the floor's "
+            f"({_or_na(item['dispatcher']['p99_ms'])} / {_or_na(item['floor']['p99_ms'])} ms)",
+            ratio, "x the floor", FLOOR_RATIO, None if ratio is None else ratio <= FLOOR_RATIO,
+            op="<=")
+    applied = [s["event_apply"] for s in steady.values() if s.get("event_apply")
+               and s["event_apply"]["events"]]
+    worst = max(applied, key=lambda a: a["p99_ms"]) if applied else None
+    row("a Pod event to its room counted, p99 while placements run (worst rate; share "
+        f"within {APPLY_MS:g} ms {_or_na(worst and worst['within_budget_share'])})",
+        worst and worst["p99_ms"], "ms", APPLY_MS,
+        None if worst is None else worst["within_budget_share"] >= 0.99)
+    wide = (full.get("placement") or {}).get("wide") or {}
+    wide_cpu = (wide.get("place_cpu") or {}).get("p99_ms")
+    row(f"placement CPU p99, a {wide.get('pods', '?')}-pod job at "
+        f"{full.get('nodes_per_worker', '?')} Nodes", wide_cpu, "ms", WIDE_CPU_MS,
+        None if wide_cpu is None else wide_cpu < WIDE_CPU_MS)
+    ratios = {}
+    for shape, item in (full.get("placement") or {}).items():
+        first = (item.get("first") or {}).get("place_cpu_ms")
+        rest = ((item.get("rest") or {}).get("place_cpu") or {}).get("p99_ms")
+        if first is not None and rest:
+            ratios[shape] = round(first / rest, 2)
+    shape = max(ratios, key=ratios.get) if ratios else None
+    row("the first job of a shape against the rest's p99, placement CPU (worst shape"
+        + (f": {shape})" if shape else ")"), ratios.get(shape), "x the rest", 1.0,
+        None if shape is None else ratios[shape] <= 1.0, op="<=")
+    return rows
+
+
+def _or_na(value) -> str:
+    return "n/a" if value is None else f"{value:g}"
+
+
+def against_floor(steady: list[dict], floors: list[dict]) -> list[dict]:
+    """Per rate: the dispatcher's latency percentiles beside the floor's, and the
+    ratios."""
+    rows = []
+    by_rate = {f["rate"]: f for f in floors}
+    for step in steady:
+        under = by_rate.get(step["rate"])
+        if under is None:
+            continue
+        mine, base = step["latency"], under["latency"]
+
+        def ratio(q: str) -> float | None:
+            return round(mine[q] / base[q], 2) if mine[q] is not None and base[q] else None
+
+        rows.append({"rate": step["rate"],
+                     "dispatcher": {k: mine[k] for k in ("p50_ms", "p99_ms")},
+                     "floor": {k: base[k] for k in ("p50_ms", "p99_ms")},
+                     "ratio_p50": ratio("p50_ms"), "ratio_p99": ratio("p99_ms")})
     return rows
 
 
@@ -912,11 +1045,18 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                 ctx = scenarios.BenchContext(env, timelines, runner, settings, output)
                 churns = [Churn(env.kubeconfig(f.worker), f, settings.scale_churn_rate,
                                 seed=i) for i, f in enumerate(fleets)]
+                before = apply_buckets(env.dispatcher)
                 results["churn"] = churn_cost(env, settings.scale_window_seconds, churns)
+                # The churn alone, no placement running: what a Pod change costs to count.
+                results["churn"]["event_apply"] = apply_figures(before,
+                                                                apply_buckets(env.dispatcher))
                 results["steady_churn"] = []
+                results["floor"] = []
+                threads = floor.reconcile_threads(settings.dispatcher_args)
                 for rate in settings.scale_rates:
                     namespace = f"scale-rate-{rate}"
                     reaper = Reaper(env, timelines, namespace).start()
+                    before = apply_buckets(env.dispatcher)
                     try:
                         figures = scenarios.steady(ctx, rate, workers,
                                                    seconds=settings.scale_rate_seconds,
@@ -924,10 +1064,22 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                                                    settle=False)
                     finally:
                         figures_reaped = reaper.stop()
+                    figures["event_apply"] = apply_figures(before, apply_buckets(env.dispatcher))
+                    figures["writes"] = dispatcher_writes(env, namespace)
                     figures.pop("runs", None)
                     figures["deleted_once_copied"] = figures_reaped
                     results["steady_churn"].append(figures)
                     drop_jobs(env, timelines, namespace, workers)
+                    # The floor at the same rate, on the same fleet, the churn going on.
+                    namespace = f"scale-floor-{rate}"
+                    env.create_namespace(namespace, ["manager", *workers])
+                    results["floor"].append(floor.measure(
+                        {name: env.kubeconfig(name) for name in env.names}, timelines, runner,
+                        workers, rate, settings.scale_rate_seconds, threads, namespace,
+                        env.process_groups(workers)))
+                    drop_jobs(env, timelines, namespace, workers)
+                results["against_floor"] = against_floor(results["steady_churn"],
+                                                         results["floor"])
                 results["churn"]["drivers"] = {f.worker: churn.stop()
                                                for f, churn in zip(fleets, churns, strict=True)}
                 churns = []

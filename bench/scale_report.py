@@ -65,6 +65,59 @@ def _cpu_table(steady: list[dict]) -> list[str]:
     return lines
 
 
+def _pair(figures: dict | None, key: str = "") -> str:
+    """``p50 / p99`` of a summary (``figures[key]`` when ``key``)."""
+    figures = ((figures or {}).get(key) if key else figures) or {}
+    return f"{_v(figures.get('p50_ms'))} / {_v(figures.get('p99_ms'))}"
+
+
+def _floor_table(results: dict) -> list[str]:
+    """The dispatcher's latency beside the floor's at each rate, their writes, and a Pod
+    event's way into the room placement reads."""
+    floors = {f["rate"]: f for f in results.get("floor") or []}
+    if not floors:
+        return []
+    lines = ["", "Against the floor: after each rate, a plain client with no placement and "
+             "no caches made the dispatcher's writes per job (the placement PATCH, the "
+             "Placed Event, the copy's create; once the job is deleted, the copy's delete "
+             "and the finalizer's removal) at the same rate, on as many threads as the "
+             "dispatcher has reconciles, the churn going on (`bench/floor.py`). PATCH and "
+             "create: each write's time from its answer's wait, the dispatcher's from its "
+             "log. A Pod event's apply: from the dispatcher's capacity handler receiving it "
+             "to its change counted in the room placement reads "
+             "(`dispatcher_capacity_event_apply_seconds`, interpolated in its buckets).", "",
+             "| rate | dispatched: dispatcher / floor | dispatcher p50 / p99 ms "
+             "| floor p50 / p99 ms | ratio p50 / p99 | PATCH p50 / p99 ms: dispatcher, floor "
+             "| create p50 / p99 ms: dispatcher, floor | Pod event apply p50 / p99 ms "
+             "(events; within 5 ms) |", "|---|---|---|---|---|---|---|---|"]
+    ratios = {r["rate"]: r for r in results.get("against_floor") or []}
+    for step in results.get("steady_churn") or []:
+        under = floors.get(step["rate"])
+        if under is None:
+            continue
+        ratio = ratios.get(step["rate"]) or {}
+        mine, base = step.get("writes") or {}, under.get("writes") or {}
+        applied = step.get("event_apply") or {}
+        lines.append(
+            f"| {step['rate']} jobs/s | {step['dispatched']}/{step['jobs']} / "
+            f"{under['dispatched']}/{under['jobs']} | {_pair(step['latency'])} "
+            f"| {_pair(under['latency'])} | {_v(ratio.get('ratio_p50'))} / "
+            f"{_v(ratio.get('ratio_p99'))} | {_pair(mine, 'patch')}, {_pair(base, 'patch')} "
+            f"| {_pair(mine, 'create')}, {_pair(base, 'create')} "
+            f"| {_pair(applied)} ({applied.get('events', 'n/a')}; "
+            f"{_percent(applied.get('within_budget_share'))}) |")
+    churn = (results.get("churn") or {}).get("event_apply")
+    if churn:
+        lines += ["", f"A Pod event's apply during the churn alone (no placement running): "
+                  f"p50 / p99 {_pair(churn)} ms over {churn['events']} events, "
+                  f"{_percent(churn.get('within_budget_share'))} within 5 ms."]
+    failed = {rate: f for rate, f in floors.items() if f.get("failed") or f.get("missing")}
+    for rate, f in failed.items():
+        lines.append(f"\nThe floor at {rate} jobs/s: {f['missing']} copies not seen, "
+                     f"{f['failed']} failed writes ({'; '.join(f.get('errors') or [])}).")
+    return lines
+
+
 def render(results: dict) -> str:
     """Every figure of a scale run, as markdown tables."""
     workers = results.get("workers")
@@ -101,10 +154,13 @@ def render(results: dict) -> str:
             f"| {_kb(memory.get('bytes_per_node'))} | {_kb(memory.get('bytes_per_pod'))} "
             f"| {_synced(full)} |")
     lines += ["", "One placement decision (the dispatcher's logged place step; CPU when "
-              "logged), jobs one at a time; how busy the machine's cores were meanwhile:", "",
+              "logged), jobs one at a time; the first job of each shape (no kept heap of "
+              "that shape yet) against the rest; how busy the machine's cores were "
+              "meanwhile:", "",
               "| Pods/worker | shape | pods x request | wall p50 ms | wall p99 ms "
-              "| CPU p50 ms | CPU p99 ms | missing | machine busy |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| CPU p50 ms | CPU p99 ms | first job: CPU (wall) ms | the rest: CPU p50 / p99 ms "
+              "| missing | machine busy |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for shape in SHAPES:
             item = (size.get("placement") or {}).get(shape)
@@ -113,10 +169,14 @@ def render(results: dict) -> str:
             request = f"{item['cpu']} cpu" + (f", {item['gpus']} GPU" if item["gpus"] else "")
             cpu = item.get("place_cpu") or {}
             busy = (item.get("machine") or {}).get("host_busy_share")
+            first = item.get("first") or {}
+            rest = (item.get("rest") or {}).get("place_cpu") or {}
             lines.append(
                 f"| {size['pods_per_worker']} | {shape} | {item['pods']} x {request} "
                 f"| {_v(item['place_wall']['p50_ms'])} | {_v(item['place_wall']['p99_ms'])} "
-                f"| {_v(cpu.get('p50_ms'))} | {_v(cpu.get('p99_ms'))} | {item['missing']} "
+                f"| {_v(cpu.get('p50_ms'))} | {_v(cpu.get('p99_ms'))} "
+                f"| {_v(first.get('place_cpu_ms'))} ({_v(first.get('place_wall_ms'))}) "
+                f"| {_v(rest.get('p50_ms'))} / {_v(rest.get('p99_ms'))} | {item['missing']} "
                 f"| {_percent(busy)} |")
     takeover = sizes[-1].get("takeover") if sizes else None
     if takeover:
@@ -155,13 +215,14 @@ def render(results: dict) -> str:
                          f"| {step['dispatched']}/{step['jobs']} | {_v(lat['p50_ms'])} "
                          f"| {_v(lat['p90_ms'])} | {_v(lat['p99_ms'])} | {_v(lat['max_ms'])} |")
         lines += _cpu_table(steady)
+    lines += _floor_table(results)
     budgets = results.get("budgets") or []
     if budgets:
         lines += ["", "| Budget | Measured | Limit | Met |", "|---|---|---|---|"]
         for row in budgets:
             met = {True: "met", False: "MISSED", None: "n/a"}[row["met"]]
             lines.append(f"| {row['budget']} | {_v(row['measured'])} {row['unit']} "
-                         f"| < {row['limit']:g} {row['unit']} | {met} |")
+                         f"| {row.get('op', '<')} {row['limit']:g} {row['unit']} | {met} |")
     return "\n".join(lines)
 
 

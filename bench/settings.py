@@ -66,6 +66,12 @@ class BenchSettings:
     scale_rate_seconds: float = 20.0
     scale_window_seconds: float = 20.0       # the idle and the churn CPU windows
     scale_create_threads: int = 32    # client threads creating the fleet
+    # The log-streams suite (bench.log_streams): the steady arrival rate timed plain and
+    # with this many users following a job's log through the remote view, each log given
+    # this many lines a second.
+    log_streams: int = 50
+    log_streams_rate: int = 50
+    log_lines_per_second: float = 10.0
 
     @property
     def harness_workers(self) -> int:

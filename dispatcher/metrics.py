@@ -14,10 +14,15 @@ from controller_kit.controller_metrics import (
     process_registry,
 )
 from dispatcher.job_state import job_state
+from dispatcher.room.capacity import WorkerCapacity
 from trainjob import constants as c
 from trainjob import managed_by
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# A Pod change is counted in microseconds unless a placement holds its worker's room; 5 ms
+# is a bucket's edge, so the share within it is exact.
+_APPLY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                  0.25, 1)
 
 # Controller names (the ``controller`` and work queue ``name`` labels): standalone mode
 # reconciles manager TrainJobs, Kueue mode nominates workers for Workloads.
@@ -75,6 +80,13 @@ class DispatcherMetrics:
             "(over a job's limit of new Events a minute: counted in its WorkerEventsLimited "
             "Event), dropped (the manager refused the Event)", ["cluster", "outcome"],
             registry=self.registry)
+        self.capacity_event_apply = Histogram(
+            "dispatcher_capacity_event_apply_seconds",
+            "From a worker's Pod event reaching the capacity handler to its change counted "
+            "in the room placement reads (it waits while a placement holds that worker's "
+            "room); changes only, every worker", registry=self.registry,
+            buckets=_APPLY_BUCKETS)
+        WorkerCapacity.pod_event_applied = self.capacity_event_apply.observe
 
     def observer(self, cluster: str):
         """A request observer for one cluster's client: dispatcher_api_requests_total by

@@ -66,9 +66,6 @@ class _Change:
 # how long a job waits for pods that never come (a copy held back on its worker, a
 # scheduler that is down). Their room stays held for packing all the same.
 ARRIVAL_WINDOW_SECONDS = 30.0
-# How many changes of Nodes' room are logged for the sums of free room before the sums are
-# dropped (and made again when next asked) instead.
-ROOM_LOG_LIMIT = 50_000
 # How many heaps of scored Nodes are kept between placements (one per Nodes' rule set, pod
 # shape and kind of room): jobs come in a few shapes, and a kept heap is about 100 bytes a
 # Node.
@@ -116,7 +113,10 @@ class Plan(dict):
 class WorkerCapacity:
     """Incremental capacity picture of one worker cluster; thread-safe, no API calls.
 
-    Two sides, two locks, and a handler never waits for a decision:
+    Kept as kube-scheduler keeps its cache and snapshot: an index the informer handlers
+    write, a picture the decisions read, and caches derived from the picture that a
+    decision brings up to date from what changed since the last one. A handler never waits
+    for a decision.
 
     * **the index** (``_index_lock``, held for a few dict operations): what the informer
       handlers and the ledger's writers (``reserve``, ``release``) last said, as
@@ -125,26 +125,37 @@ class WorkerCapacity:
       (a heartbeat, a status change and the same footprint again change nothing) and
       append; they return at once.
     * **the picture** (``_lock``, held through a decision): Nodes, bound pods' use,
-      reservations and their plans, and the caches derived from them. Every reader takes
-      in the pending changes first (``_catch_up``), in the order they were made; a handler
-      that finds ``_lock`` free takes them in itself, so an idle worker's picture is never
-      behind. The derived caches, each with its one rule of invalidation:
+      reservations and their plans, and their running sums (``_used``, ``_counted``,
+      ``_node_planned``, ...: changed with what they sum). Every reader takes in the
+      pending changes first (``_catch_up``), in the order they were made; a handler that
+      finds ``_lock`` free takes them in itself, so an idle worker's picture is never
+      behind. Each change of a Node's room (a pod bound or gone there, room planned or
+      freed there, the Node itself added, changed or gone) gives that Node the worker's
+      next **generation** (``_generations``, in the order given: the newest last).
+    * **the derived caches**, each with its one rule of invalidation:
 
-      - ``_rooms[(node, held)]``: a Node's room; dropped when a pod, a plan or the Node
-        changes there (``_forget_room``, which also bumps ``_room_versions[node]``);
-      - ``_admitted[rules]``: the usable Nodes a rule set admits; cleared when any Node
-        changes (a heartbeat is not a change);
-      - ``_free_sums[rules]``: free room summed per rule set; brought up to date from
-        ``_room_log`` (the Nodes whose room changed) when read, cleared when a Node
-        changes or the log passes ``ROOM_LOG_LIMIT``;
-      - ``_heaps[key]``: Nodes scored per pod shape; entries of an older room version
-        are skipped and scored again, cleared when any Node changes;
-      - ``_short``: Nodes holding more room than their bound pods leave; brought up to
-        date for ``_short_stale`` (the Nodes whose room changed) when read;
+      - ``_rooms[(node, held)]``: a Node's room; dropped when the Node gets a generation;
+      - ``_admitted[rules]``: the usable Nodes a rule set admits; dropped when a Node
+        comes, goes or changes what placement reads of it (a heartbeat does not);
+      - ``_free_sums[rules]``, ``_heaps[key]``, ``_short``: free room summed over the
+        Nodes a rule set admits, Nodes scored per pod shape (at most ``HEAPS_KEPT``), and
+        the Nodes holding more room than their bound pods leave; each remembers the
+        generation it was brought to, and a reader brings it up to date from the Nodes
+        of a newer one (``_changed_since``: ``_generations`` walked from its newest end,
+        as the scheduler's snapshot walks its Node list), taking each such Node in or out
+        as the current ``_admitted`` says. A placement so rescores and resums only the
+        Nodes changed since the last one, and a Node cordoned or relabelled costs its
+        own rescoring, not every heap's;
       - ``_totals``: ``totals()`` as of ``_changes`` changes.
 
-      ``check()`` works each of them out afresh and compares.
+      ``check()`` works each of them out afresh and compares; ``drop_caches()`` drops
+      them all (they are made again when next read).
     """
+
+    # Told, for each Pod change, the seconds from its event reaching ``on_pod`` to its
+    # change counted in the picture: a handler's change waits there while a decision
+    # holds the picture. Set process-wide by the dispatcher's metrics.
+    pod_event_applied: Callable[[float], None] | None = None
 
     def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED,
                  clock: Callable[[], float] = time.monotonic):
@@ -200,23 +211,26 @@ class WorkerCapacity:
         # The usable Nodes each rule set admits, until a Node comes, goes or changes its
         # labels, taints or readiness (a heartbeat changes none of them).
         self._admitted: dict[tuple, _Admitted] = {}
-        # What ``free`` sums, per rule set (and None: every usable Node), kept current Node
-        # by Node: each change of a Node's room is logged, and a sum takes in the logged
-        # Nodes when next asked. Summing a thousand Nodes' room at every placement would
-        # be most of the placement.
-        self._room_log: list[str] = []
+        # The worker's last generation, and each Node's (see the class docstring): the
+        # Nodes in the order of their last change, so that those changed since a given
+        # generation are the few at the end. (A Node gone keeps its entry, newer than
+        # the caches that counted it, so they take it out.)
+        self._generation = 0
+        self._generations: dict[str, int] = {}
+        # What ``free`` sums, per rule set (and None: every usable Node), kept current
+        # Node by Node: summing a thousand Nodes' room at every placement would be most of
+        # the placement.
         self._free_sums: dict[tuple | None, _FreeSum] = {}
-        # Per Node, a count of the changes to its room, and the heaps of Nodes scored for a
-        # pod shape kept between placements (``_kept_heap``): a placement scores again only
-        # the Nodes whose room changed since the last one of that shape, not every Node.
-        self._room_versions: dict[str, int] = {}
+        # The heaps of Nodes scored for a pod shape kept between placements
+        # (``_kept_heap``): a placement scores again only the Nodes whose room changed
+        # since the last one of that shape, not every Node.
         self._heaps: dict[tuple, _Kept] = {}
         # The Nodes where more room is held for placed jobs than their bound pods leave
-        # (``_displaced``), and those whose room changed since that set was brought up to
-        # date: with hundreds of jobs in flight, hundreds of Nodes hold room, and a
-        # placement would otherwise look at each of them.
+        # (``_displaced``), as of generation ``_short_seen``: with hundreds of jobs in
+        # flight, hundreds of Nodes hold room, and a placement would otherwise look at
+        # each of them.
         self._short: set[str] = set()
-        self._short_stale: set[str] = set()
+        self._short_seen = 0
 
     # --- informer handlers ------------------------------------------------------------
 
@@ -242,6 +256,7 @@ class WorkerCapacity:
     def on_pod(self, kind: str, old: dict | None, new: dict | None) -> bool:
         """Pod informer handler; whether what the Pod counts for changed (bound, finished,
         gone, resized)."""
+        received = time.perf_counter()
         obj = new if new is not None else old
         if obj is None:
             return False
@@ -263,7 +278,7 @@ class WorkerCapacity:
                 del self._seen_pods[key]
             else:
                 self._seen_pods[key] = use
-            self._pending.append((_Change.POD, key, previous, use))
+            self._pending.append((_Change.POD, key, previous, use, received))
         self._take_in_if_free()
         return True
 
@@ -285,7 +300,7 @@ class WorkerCapacity:
             changes, self._pending = self._pending, []
         for change in changes:
             match change:
-                case (_Change.POD, key, previous, use):
+                case (_Change.POD, key, previous, use, received):
                     self._changes += 1
                     if previous is not None:
                         del self._pods[key]
@@ -293,16 +308,14 @@ class WorkerCapacity:
                     if use is not None:
                         self._pods[key] = use
                         self._count(use, +1)
+                    if self.pod_event_applied is not None:
+                        self.pod_event_applied(time.perf_counter() - received)
                 case (_Change.NODE, name, node):
                     self._changes += 1
                     self._admitted.clear()
-                    self._free_sums.clear()
-                    self._heaps.clear()
                     self._forget_room(name)
                     if node is None:
                         self._nodes.pop(name, None)
-                        # No heap is kept across a Node's change: its count may start again.
-                        self._room_versions.pop(name, None)
                     else:
                         self._nodes[name] = node
                 case (_Change.RESERVE, job_key, amounts, planned, rules):
@@ -316,14 +329,20 @@ class WorkerCapacity:
         self._rooms.pop((node, True), None)
         if bound:
             self._rooms.pop((node, False), None)
-        self._room_versions[node] = self._room_versions.get(node, 0) + 1
-        self._short_stale.add(node)
-        if self._free_sums:
-            if len(self._room_log) >= ROOM_LOG_LIMIT:
-                self._free_sums.clear()  # summed again when next asked
-                self._room_log.clear()
-            else:
-                self._room_log.append(node)
+        self._generation += 1
+        self._generations.pop(node, None)  # to the end: the newest
+        self._generations[node] = self._generation
+
+    def _changed_since(self, generation: int) -> list[str]:
+        """The Nodes (or names room was planned on) given a generation newer than
+        ``generation``, newest first: the end of ``_generations``, walked back to the first
+        Node that is not. Called under the lock."""
+        changed = []
+        for name, given in reversed(self._generations.items()):
+            if given <= generation:
+                break
+            changed.append(name)
+        return changed
 
     def _count(self, use: _PodUse, sign: int) -> None:
         if not use.finished:
@@ -450,7 +469,7 @@ class WorkerCapacity:
         counted reservations; never negative."""
         with self._lock:
             self._catch_up()
-            return self._free(self._admitting(node_selector, tolerations).names,
+            return self._free(self._admitting(node_selector, tolerations).set,
                               _rules(node_selector, tolerations))
 
     def pack(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
@@ -487,7 +506,7 @@ class WorkerCapacity:
                 return problem
             plan = Plan()
             packer = _Packer(room, allocatable, sign,
-                             kept=self._kept_heap(True, names, rules, sign))
+                             kept=self._kept_heap(True, names, admitted, rules, sign))
             for pod in wanted:
                 name = packer.take(pod)
                 if name is None:
@@ -499,7 +518,7 @@ class WorkerCapacity:
                 room = _Rooms(admitted, held)
                 packer = _Packer(_Rooms(admitted, lambda name: self._room(name, False)),
                                  allocatable, sign,
-                                 kept=self._kept_heap(False, names, rules, sign))
+                                 kept=self._kept_heap(False, names, admitted, rules, sign))
                 for pod in wanted:
                     name = packer.take(pod)
                     if name is None:
@@ -654,35 +673,39 @@ class WorkerCapacity:
                                                       allocatable, largest)
         return found
 
-    def _kept_heap(self, held: bool, names: list[str], rules: tuple,
-                   sign: int) -> Callable[[Resources], tuple[list, dict[str, int]]]:
-        """For a packer over the room (``held`` or not) of ``names``, the Nodes admitted by
-        ``rules``: given a pod shape, a heap of those Nodes that fit it, scored, as of now
-        (a copy, to pop from), and the room versions its entries name. The heap is kept
-        between placements, and only the Nodes whose room changed since it was last asked
-        for are scored again (their old entries stay in it, of an older version, until it
-        is rebuilt). Called under the lock."""
+    def _kept_heap(self, held: bool, names: list[str], members: Collection[str],
+                   rules: tuple, sign: int
+                   ) -> Callable[[Resources], tuple[list, dict[str, int]]]:
+        """For a packer over the room (``held`` or not) of ``names`` (``members`` as a
+        set), the Nodes admitted by ``rules``: given a pod shape, a heap of those Nodes that
+        fit it, scored, as of now (a copy, to pop from), and the generations its entries
+        name. The heap is kept between placements, and only the Nodes of a newer
+        generation than it was brought to are scored again, or taken out when no longer
+        members (their old entries stay in it, out of date, until ``compact``). Called
+        under the lock."""
         def scored(wanted: Resources) -> tuple[list, dict[str, int]]:
             key = (held, rules, sign, tuple(sorted(wanted.items())))
-            versions = self._room_versions
+            generations = self._generations
             kept = self._heaps.pop(key, None)
             if kept is None:
-                kept = _Kept()
+                kept = _Kept(self._generation)
                 for name in names:
-                    kept.score(name, versions.get(name, 0), self._room(name, held),
+                    kept.score(name, generations[name], self._room(name, held),
                                self._nodes[name].allocatable, wanted, sign)
                 heapq.heapify(kept.heap)
             else:
-                for name in names:
-                    version = versions.get(name, 0)
-                    if kept.seen.get(name) != version:
-                        kept.score(name, version, self._room(name, held),
+                for name in self._changed_since(kept.generation):
+                    if name in members:
+                        kept.score(name, generations[name], self._room(name, held),
                                    self._nodes[name].allocatable, wanted, sign, push=True)
+                    else:
+                        kept.leave(name, generations[name])
+                kept.generation = self._generation
                 kept.compact()
             self._heaps[key] = kept  # the most recently used last
             if len(self._heaps) > HEAPS_KEPT:
                 del self._heaps[next(iter(self._heaps))]
-            return list(kept.heap), versions
+            return list(kept.heap), generations
         return scored
 
     def _rehome_held(self, room: _Rooms, found: _Admitted, sign: int) -> str | None:
@@ -697,13 +720,13 @@ class WorkerCapacity:
             allowed = self._job_admitted(job)
             packer = packers.get(allowed.rules)
             if packer is None:
-                names, kept_as = found.names, found.rules
+                names, members, kept_as = found.names, found.set, found.rules
                 if allowed.rules != found.rules:  # the Nodes both admit, kept under both
                     names = [name for name in allowed.names if name in found.set]
-                    kept_as = (found.rules, allowed.rules)
+                    members, kept_as = allowed.set & found.set, (found.rules, allowed.rules)
                 packer = packers[allowed.rules] = _Packer(
                     room, allowed.allocatable, sign, allowed.set,
-                    kept=self._kept_heap(True, names, kept_as, sign))
+                    kept=self._kept_heap(True, names, members, kept_as, sign))
             if packer.take(lump) is None:
                 return ("the pods of placed jobs would be left without room: "
                         + _no_node_for(lump, {n: room[n] for n in room if n in allowed.set}))
@@ -736,15 +759,15 @@ class WorkerCapacity:
 
     def _short_nodes(self) -> set[str]:
         """The Nodes holding more room for placed jobs than their bound pods leave (read
-        only), brought up to date for those whose room changed since last asked. Called
-        under the lock."""
-        for name in self._short_stale:
+        only), brought up to date for the Nodes of a newer generation. Called under the
+        lock."""
+        for name in self._changed_since(self._short_seen):
             if (name in self._node_planned and name in self._nodes
                     and _below_zero(self._room(name, True))):
                 self._short.add(name)
             else:
                 self._short.discard(name)
-        self._short_stale.clear()
+        self._short_seen = self._generation
         return self._short
 
     def _room(self, name: str, held: bool) -> Resources:
@@ -778,19 +801,21 @@ class WorkerCapacity:
             return None
         return "Nodes excluded: " + ", ".join(f"{n} {rule}" for rule, n in sorted(rules.items()))
 
-    def _free(self, node_names: list[str], rules: tuple | None) -> Resources:
-        """Free room on ``node_names`` (the Nodes ``rules`` admit; None: every usable one)
+    def _free(self, members: Collection[str], rules: tuple | None) -> Resources:
+        """Free room on ``members`` (the Nodes ``rules`` admit now; None: every usable one)
         less all counted reservations, never negative. Called under the lock."""
         sums = self._free_sums.get(rules)
         if sums is None:
-            sums = self._free_sums[rules] = _FreeSum(set(node_names), len(self._room_log))
-            for name in node_names:
+            sums = self._free_sums[rules] = _FreeSum(self._generation)
+            for name in members:
                 sums.add(name, self._contribution(name))
         else:
-            for name in set(self._room_log[sums.seen:]):
-                if name in sums.members:
+            for name in self._changed_since(sums.seen):
+                if name in members:
                     sums.add(name, self._contribution(name))
-            sums.seen = len(self._room_log)
+                else:
+                    sums.remove(name)
+            sums.seen = self._generation
         total = dict(sums.total)
         # Reservations without a plan are tied to no Node: they come off every selection.
         for resource, amount in self._unplanned_total.items():
@@ -815,7 +840,7 @@ class WorkerCapacity:
             self._catch_up()
             if self._totals is not None and self._totals[0] == self._changes:
                 return self._totals[1]  # nothing moved since: a scrape costs nothing
-            usable = [name for name, node in self._nodes.items() if node.usable]
+            usable = {name for name, node in self._nodes.items() if node.usable}
             allocatable: Resources = {}
             used: Resources = {}
             for name in usable:
@@ -894,14 +919,23 @@ class WorkerCapacity:
 
         for (name, held), kept in self._rooms.items():
             assert kept == room(name, held), f"{self.name}: room of {name} (held {held})"
+        def admitted_now(rules: tuple | None) -> set[str]:
+            """The usable Nodes a ``_rules`` key admits (None: all; a pair: both)."""
+            if rules is None:
+                return {name for name, node in self._nodes.items() if node.usable}
+            if not isinstance(rules[1], str):
+                return admitted_now(rules[0]) & admitted_now(rules[1])
+            return {name for name, node in self._nodes.items() if node.usable and admits(
+                node.labels, node.taints, dict(rules[0]) or None, _tolerations_of(rules))}
+
         for rules, admitted in self._admitted.items():
-            names = [name for name, node in self._nodes.items() if node.usable and admits(
-                node.labels, node.taints, dict(rules[0]) or None,
-                _tolerations_of(rules))]
-            assert admitted.names == names, f"{self.name}: Nodes admitted by {rules}"
+            assert set(admitted.names) == admitted_now(rules) == admitted.set, \
+                f"{self.name}: Nodes admitted by {rules}"
         for rules in list(self._free_sums):
-            members = self._free_sums[rules].members
-            kept_free = self._free(sorted(members), rules)
+            members = admitted_now(rules)
+            kept_free = self._free(members, rules)
+            assert set(self._free_sums[rules].parts) == members, \
+                f"{self.name}: Nodes summed for {rules}"
             total: Resources = {}
             for name in members:
                 _accumulate(total, {r: max(a, _ZERO) - node_planned.get(name, {}).get(r, _ZERO)
@@ -912,18 +946,34 @@ class WorkerCapacity:
         short = {name for name in node_planned
                  if name in self._nodes and _below_zero(room(name, True))}
         assert self._short_nodes() == short, f"{self.name}: Nodes short of held room"
-        for (held, _, sign, shape), kept in self._heaps.items():
+        for (held, rules, sign, shape), kept in self._heaps.items():
             wanted = dict(shape)
+            members = admitted_now(rules)
+            missed = [name for name in members if self._generations[name] <= kept.generation
+                      and kept.seen.get(name) != self._generations[name]]
+            assert not missed, f"{self.name}: Nodes never scored in a heap: {missed}"
             for name, version in kept.seen.items():
-                if version != self._room_versions.get(name, 0) or name not in self._nodes:
+                if version != self._generations.get(name, 0) or name not in self._nodes:
                     continue  # out of date: scored again when next asked
                 free = room(name, held)
-                fit = fits(free, wanted)
+                fit = name in members and fits(free, wanted)
                 assert (name in kept.current) == fit, f"{self.name}: heap entry of {name}"
                 if fit:
                     entry = (_rank(free, self._nodes[name].allocatable, wanted, sign), name,
                              0, version)
                     assert entry in kept.heap, f"{self.name}: heap score of {name}"
+
+    def drop_caches(self) -> None:
+        """Drop every derived cache (see the class docstring): each is made afresh when
+        next read. For tests that hold the kept caches to a picture without them."""
+        with self._lock:
+            self._rooms.clear()
+            self._admitted.clear()
+            self._free_sums.clear()
+            self._heaps.clear()
+            self._short.clear()
+            self._short_seen = 0
+            self._totals = None
 
     def summary(self) -> dict[str, Any]:
         """``totals`` with the amounts as strings, for logs and tests."""
@@ -959,21 +1009,32 @@ class _Admitted(NamedTuple):
 
 class _FreeSum:
     """The sum of the contributions to free room of a set of Nodes, and each one's part,
-    with how much of the room log it has taken in."""
+    as of generation ``seen``. Its resources are those some part names, as a sum made
+    afresh has them (a resource only a Node gone had is not there as 0)."""
 
-    def __init__(self, members: set[str], seen: int):
-        self.members = members
+    def __init__(self, seen: int):
         self.seen = seen
         self.total: Resources = {}
         self.parts: dict[str, Resources] = {}
+        self._naming: Counter[str] = Counter()  # resource -> how many parts name it
 
     def add(self, name: str, part: Resources) -> None:
         """Count ``part`` for ``name``, instead of what was counted for it before."""
-        previous = self.parts.get(name)
-        if previous is not None:
-            _accumulate(self.total, previous, -1)
+        self.remove(name)
         self.parts[name] = part
         _accumulate(self.total, part)
+        self._naming.update(part.keys())
+
+    def remove(self, name: str) -> None:
+        """Count nothing for ``name`` (no longer one of the Nodes summed)."""
+        previous = self.parts.pop(name, None)
+        if previous is None:
+            return
+        _accumulate(self.total, previous, -1)
+        for resource in previous:
+            self._naming[resource] -= 1
+            if not self._naming[resource]:
+                del self._naming[resource], self.total[resource]
 
 
 def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> tuple:
@@ -1123,14 +1184,23 @@ class _Packer:
 
 class _Kept:
     """A heap of Nodes scored for one pod shape, kept between placements
-    (``WorkerCapacity._kept_heap``), and the room version each Node was last scored on."""
+    (``WorkerCapacity._kept_heap``), as of the worker's generation ``generation``, and the
+    generation each Node was last scored (or taken out) on."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
         self.heap: list[tuple[float, str, int, int]] = []
         self.seen: dict[str, int] = {}
         # The Nodes whose entry is of the room last seen (the heap's other entries are
         # out of date).
         self.current: set[str] = set()
+
+    def leave(self, name: str, version: int) -> None:
+        """``name`` is no longer one of the heap's Nodes (gone, or no longer admitted):
+        its entries are out of date from ``version`` on."""
+        if name in self.seen:
+            self.seen[name] = version
+            self.current.discard(name)
 
     def score(self, name: str, version: int, free: Resources, allocatable: Resources,
               wanted: Resources, sign: int, push: bool = False) -> None:

@@ -1,8 +1,9 @@
 """The scale suite at a tiny scale: two workers of 10 kwok Nodes and 100 Pods each (after
 a smaller size of the growth axis), every figure measured and printed: the fill, the
-dispatcher's memory per Node and per Pod, its start, one placement decision per shape, a
-standby taking over, the Pod churn's CPU cost, dispatch latency during the churn, the
-budgets, and the plot."""
+dispatcher's memory per Node and per Pod, its start, one placement decision per shape (the
+first job against the rest), a standby taking over, the Pod churn's CPU cost, dispatch
+latency during the churn beside the floor's, a Pod event's apply, the budgets, and the
+plot."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def test_every_size_is_filled_and_measured(scale_run):
             assert (item["jobs"], item["missing"], item["logged"]) == (3, 0, 3), (shape, item)
             wall = item["place_wall"]
             assert 0 < wall["p50_ms"] <= wall["p99_ms"] <= wall["max_ms"], (shape, wall)
+            # The first job of the shape apart from the other two.
+            assert item["first"]["place_cpu_ms"] > 0, (shape, item["first"])
+            assert item["rest"]["place_cpu"]["count"] == 2, (shape, item["rest"])
         assert size["placement"]["gpu"]["gpus"] == 8, size["placement"]["gpu"]
 
 
@@ -62,7 +66,23 @@ def test_takeover_churn_and_budgets(scale_run):
     assert churn["churn"]["cpu_seconds"] >= 0 and churn["idle"]["wall_seconds"] >= 2, churn
     (step,) = results["steady_churn"]
     assert (step["rate"], step["missing"]) == (5, 0) and step["dispatched"] == 10, step
-    assert [row["met"] in (True, False) for row in results["budgets"]] == [True] * 5, \
+    assert step["writes"]["create"]["count"] == 10, step["writes"]
+    # The floor at the same rate: every job given the dispatcher's writes, and torn down.
+    (under,) = results["floor"]
+    assert (under["rate"], under["dispatched"], under["missing"], under["failed"]) == \
+        (5, 10, 0, 0), under
+    assert under["torn_down"] == 10 and under["events_written"] == 10, under
+    (row,) = results["against_floor"]
+    assert row["ratio_p99"] == round(step["latency"]["p99_ms"] / under["latency"]["p99_ms"],
+                                     2), row
+    # The churn's Pod events counted by the capacity handler, with and without placements.
+    for applied in (step["event_apply"], churn["event_apply"]):
+        assert applied["events"] > 0, applied
+        assert 0 <= applied["p50_ms"] <= applied["p99_ms"], applied
+        assert 0 < applied["within_budget_share"] <= 1, applied
+    # Every budget measured: the five, the floor's at the one rate, the event apply, the
+    # wide job's CPU and the first job of a shape.
+    assert [row["met"] in (True, False) for row in results["budgets"]] == [True] * 9, \
         results["budgets"]
 
 
@@ -72,8 +92,12 @@ def test_the_table_and_the_plot(scale_run):
                  "| KB per Node | KB per Pod |", "| 100 | gpu | 1 x 16 cpu, 8 GPU |",
                  "Standby taking over", "Pod churn: target 5 Pods/s per worker",
                  "| 5 jobs/s for 2 s |", "| step | machine busy |", " dispatcher |",
-                 "| CPU p99 ms | missing | machine busy |",
+                 "| missing | machine busy |",
                  "| Budget | Measured | Limit | Met |",
+                 "| first job: CPU (wall) ms | the rest: CPU p50 / p99 ms |",
+                 "Against the floor", "| ratio p50 / p99 |", "| 5 jobs/s | 10/10 / 10/10 |",
+                 "A Pod event's apply during the churn alone",
+                 "against the floor's", "x the floor | <= 1.25 x the floor |",
                  "copies get no pods"):
         assert text in stdout, f"expected {text!r} in the printed table:\n{stdout}"
     data = (output / "scale.png").read_bytes()

@@ -198,9 +198,7 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
         else:
             shape, count = rng.choice(shapes)
             selector, tolerations = rng.choice(RULES)
-            fresh._heaps.clear()
-            fresh._short.clear()
-            fresh._short_stale.update(fresh._nodes)
+            fresh.drop_caches()
             served += bool(kept._heaps)
             short += bool(fresh._short_nodes())
             # What the check of arrival orders counts before it lists the held pods.
