@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from dispatcher.remote_view import items
 from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem
@@ -91,7 +92,7 @@ class JobLife:
         finally:
             self._reads.release()
         found = sorted((items.event_item(event, name, worker) for event in events),
-                       key=lambda e: e["lastTimestamp"] or "")
+                       key=lambda e: _when(e["lastTimestamp"]))
         return {"namespace": namespace, "name": name, "worker": worker,
                 "pods": sorted((items.pod_item(pod, name, worker) for pod in pods),
                                key=lambda p: p["metadata"]["name"]),
@@ -134,6 +135,15 @@ class JobLife:
         return {"namespace": namespace, "name": name, "worker": copy.worker.name,
                 "pod": pod, "container": container or "", "tailLines": tail_lines,
                 "text": text, "truncated": truncated}
+
+
+def _when(stamp: str | None) -> datetime:
+    """An Event's time, to order by: a lastTimestamp is whole seconds, an eventTime has
+    microseconds, so their texts do not sort as their times do."""
+    try:
+        return datetime.fromisoformat(stamp) if stamp else datetime.min.replace(tzinfo=UTC)
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
 
 
 def last_bytes(stream, keep: int, deadline: float) -> tuple[str, bool]:

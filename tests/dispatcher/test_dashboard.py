@@ -55,7 +55,7 @@ LOG_RUNTIME = "dashboard-torch"
 
 # The page's rows, read in one script call so a redraw between two reads cannot mix them.
 READ_JOBS = """
-return Array.from(document.querySelectorAll('#jobs tbody tr')).map(tr => ({
+return Array.from(document.querySelectorAll('#jobs > tbody > tr[data-key]')).map(tr => ({
   key: tr.dataset.key,
   state: tr.querySelector('.state').innerText,
   worker: tr.querySelector('.worker').innerText,
@@ -466,7 +466,8 @@ def test_bad_parameters_and_unknown_jobs_are_refused(dispatch_env, jobs, logged_
             path, params, got, body)
 
 
-def test_clicking_a_row_shows_the_jobs_pods_and_log(dispatch_env, browser, logged_job):
+def test_clicking_a_row_shows_the_jobs_pods_and_log(dispatch_env, browser, logged_job,
+                                                     tmp_path):
     env = dispatch_env
     namespace, trainer = logged_job
     _write_log(env, "shown on the page")
@@ -496,3 +497,4 @@ def test_clicking_a_row_shows_the_jobs_pods_and_log(dispatch_env, browser, logge
     eventually(lambda: browser.execute_script(read),
                lambda seen: seen and "followed onto the page" in seen["log"], timeout=30,
                expected="a line written after the panel opened shown there")
+    _screenshot(browser, tmp_path, "dashboard-job.png")
