@@ -317,7 +317,7 @@ class DispatcherController:
         self.registry.start(sync_timeout)
         # Every replica serves the remote view: reads need no leadership.
         self.remote_view = start_remote_view(self.manager, self.config, self.trainjobs,
-                                             self.registry, self.ready)
+                                             self.registry)
         if self.nominator is not None:
             self.nominator.start(sync_timeout)
         if self.priority_classes is not None:
@@ -361,17 +361,25 @@ class DispatcherController:
         return True
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once the caches are synced, as leader or as a warm standby."""
+        """Ready once the caches are synced (and, with --remote-api-port, the remote view
+        can serve: the APIService's Service sends the aggregator to ready replicas only),
+        as leader or as a warm standby. Kueue mode waiting for Kueue is nothing to fix in
+        this process: said after the role (``; idle: <why>``), never a failure, so the
+        replica keeps serving what it serves (the remote view among them)."""
         if not self.trainjobs.synced.is_set():
             return False, "manager TrainJob cache not synced"
+        if self.config.remote_api_port is not None:
+            problem = self.remote_view.problem() if self.remote_view is not None else (
+                "the remote view is not started yet")
+            if problem:
+                return False, problem
+        text = "ok" if self.elector is None else "leader" if self.elector.is_leader else (
+            f"standby (leader: {self.elector.leader or 'none yet'})")
         if self.nominator is not None:
             idle, why = self.kueue_mode_idle()
             if idle:
-                return False, f"idle: {why}"
-        if self.elector is None:
-            return True, "ok"
-        return True, "leader" if self.elector.is_leader else (
-            f"standby (leader: {self.elector.leader or 'none yet'})")
+                text = f"{text}; idle: {why}"
+        return True, text
 
     def kueue_mode_idle(self) -> tuple[bool, str]:
         """Kueue mode waits for Kueue: (True, why) when Kueue does not run on the manager

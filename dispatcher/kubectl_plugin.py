@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
-import orjson
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from controller_kit import command_line
-from controller_kit.kubeclient import KubeconfigError, api_client, find_kubeconfig
+from controller_kit.kubeclient import (
+    KubeconfigError,
+    api_client,
+    find_kubeconfig,
+    merge_kubeconfigs,
+)
 from controller_kit.writes import request_json
 from dispatcher.remote_view import APISERVICE, EVENTS, GROUP_VERSION, PODS, TRAINJOB_LABEL
+from dispatcher.remote_view.streams import message_of, open_stream
 from trainjob import constants as c
 
 DESCRIPTION = f"""\
@@ -48,17 +51,12 @@ class PluginError(Exception):
 
 def _namespace(source, context: str | None) -> str:
     """The namespace the kubeconfig's (current) context names, as kubectl takes it."""
-    contexts: dict[str, dict] = {}
-    current = None
-    for path in getattr(source, "files", ()):
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        current = current or loaded.get("current-context")
-        for entry in loaded.get("contexts") or []:
-            contexts.setdefault(entry.get("name"), entry.get("context") or {})
-    return (contexts.get(context or current) or {}).get("namespace") or "default"
+    if not getattr(source, "files", ()):
+        return "default"  # in a Pod: its service account names no namespace to use
+    merged = merge_kubeconfigs(source)
+    wanted = context or merged.get("current-context")
+    entry = next((e for e in merged["contexts"] if e.get("name") == wanted), {})
+    return (entry.get("context") or {}).get("namespace") or "default"
 
 
 class RemoteView:
@@ -102,20 +100,13 @@ class RemoteView:
                         f"list events of TrainJob {self.namespace}/{job}")["items"]
 
     def stream_log(self, pod: str, options: dict[str, object], out) -> None:
-        path = self._path(PODS, pod, "log")
-        query = [(k, str(v).lower() if isinstance(v, bool) else str(v))
-                 for k, v in options.items()]
-        headers = {"Accept": "*/*", **self.api.default_headers}
-        self.api.update_params_for_auth(headers, query, ["BearerToken"], path, "GET", None)
-        url = self.api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
-        # No read timeout: a followed log may be quiet for long; Ctrl-C ends it.
-        response = self.api.call_api("GET", url, headers, None, None,
-                                     _request_timeout=(10, None)).response
-        if not 200 <= response.status <= 299:
-            err = ApiException(status=response.status, reason=response.reason)
-            err.body = response.read()
-            raise PluginError(explain(err, f"get the log of Pod {self.namespace}/{pod}",
-                                      self.namespace))
+        what = f"get the log of Pod {self.namespace}/{pod}"
+        try:
+            # No read timeout: a followed log may be quiet for long; Ctrl-C ends it.
+            response = open_stream(self.api, self._path(PODS, pod, "log"), options,
+                                   (10, None))
+        except ApiException as err:
+            raise PluginError(explain(err, what, self.namespace)) from None
         try:
             while True:
                 data = response.read1(65536)
@@ -127,19 +118,10 @@ class RemoteView:
             response.release_conn()
 
 
-def _message(err: ApiException) -> str:
-    body = err.body
-    try:
-        return orjson.loads(body or b"{}").get("message") or str(err.reason)
-    except (orjson.JSONDecodeError, AttributeError, TypeError):
-        text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-        return text.strip()[:300] or str(err.reason)
-
-
 def explain(err: ApiException, what: str, namespace: str, remote: bool = True) -> str:
     """What went wrong, and what to do about it (``remote``: a request of the remote
     view's API, else of the manager's own)."""
-    message = _message(err)
+    message = message_of(err)
     if err.status == 403 and not remote:
         return (f"cannot {what}: {message}\nYour user lacks the RBAC for it on the manager: "
                 f"ask for read access to it in namespace {namespace}.")

@@ -122,7 +122,6 @@ class FrontProxySettings:
                                                     "not read yet")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.loaded = threading.Event()
         self._said = ""
 
     def current(self) -> RequestHeaderConfig:
@@ -143,7 +142,6 @@ class FrontProxySettings:
         if config.problem:
             self._say(config.problem)
         self._current = config
-        self.loaded.set()
         return config
 
     def _say(self, problem: str) -> None:

@@ -2,27 +2,35 @@
 APIService's ``caBundle`` for the name ``<service>.<namespace>.svc``.
 
 Either given (``--remote-api-cert-dir``: ``tls.crt`` and ``tls.key``, e.g. from
-cert-manager, read again when they change; the caBundle is then the issuer's to inject),
-or made by the dispatcher itself, as the operator makes its webhook's: a Secret in its
-namespace holds a CA (``ca.crt``, newest first, and ``ca.key``) and the serving
-certificate it signed (``tls.crt``, ``tls.key``); every replica keeps that Secret right
-(writes are conditional on its resourceVersion, so two replicas never overwrite each
-other) and copies ``ca.crt`` into the APIService's caBundle. The CA lives ten times as long
-as a serving certificate and each is renewed at 2/3 of its life; a new CA joins the bundle
-before anything it signed is served (a serving certificate is renewed under the newest CA
-at its own renewal, long after)."""
+cert-manager; the caBundle is then the issuer's to inject), or made by the dispatcher
+itself: a Secret in its namespace holds a CA (``ca.crt``, newest first, and ``ca.key``)
+and the serving certificate it signed (``tls.crt``, ``tls.key``); every replica keeps that
+Secret right (writes are conditional on its resourceVersion, so two replicas never
+overwrite each other), copies ``ca.crt`` into the APIService's caBundle and only then
+writes the pair into a private directory of its own. Either way the pair is served by
+``controller_kit.serving_certificate.ServingCertificate`` over that directory (read again
+when it changes; a broken pair keeps the previous one).
+
+The CA lives ten times as long as a serving certificate and each is renewed at 2/3 of its
+life. A new CA joins the bundle (older ones stay until they expire); a serving certificate
+falling due is renewed under the newest CA only once the APIService's caBundle has held
+that CA for ``SETTLE_SECONDS`` (the aggregator takes a changed APIService up through its
+watch), so nothing is served that the aggregator does not trust yet. Only a Secret without
+a usable certificate for the Service's names gets one at once: nothing that works is
+replaced before its successor is trusted."""
 
 from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import logging
 import os
-import ssl
+import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from cryptography import x509
@@ -41,6 +49,7 @@ SERVING_VALIDITY = datetime.timedelta(days=365)
 CA_LIFETIMES = 10
 RENEW_AT = 2 / 3
 SYNC_SECONDS = 60.0
+SETTLE_SECONDS = 10.0
 APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 
 
@@ -75,9 +84,17 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
         return False
 
 
+def fingerprint(cert: x509.Certificate) -> str:
+    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
 def plan(data: Mapping[str, bytes], hosts: tuple[str, ...], now: datetime.datetime,
-         validity: datetime.timedelta = SERVING_VALIDITY) -> tuple[dict[str, bytes] | None, str]:
-    """The Secret's next content (None: keep it) and why. Pure but for key generation."""
+         validity: datetime.timedelta = SERVING_VALIDITY,
+         trusted: Collection[str] | None = None) -> tuple[dict[str, bytes] | None, str]:
+    """The Secret's next content (None: keep it) and why. ``trusted``: the fingerprints of
+    the CAs the aggregator trusts by now (None: nobody verifies, e.g. no APIService); a
+    usable serving certificate falling due waits for the newest CA to be among them. Pure
+    but for key generation."""
     try:
         bundle = [c for c in x509.load_pem_x509_certificates(data.get(CA_CRT) or b"")
                   if c.not_valid_after_utc > now]
@@ -105,7 +122,13 @@ def plan(data: Mapping[str, bytes], hosts: tuple[str, ...], now: datetime.dateti
     except (ValueError, TypeError, IndexError):
         serving, usable = None, False
     content = {CA_CRT: b"".join(cert_pem(c) for c in bundle), CA_KEY: key_pem(ca.key)}
-    if not usable or _due(serving, now) or _names(serving) != set(hosts):
+    needed = not usable or _names(serving) != set(hosts)
+    if not needed and _due(serving, now) and trusted is not None \
+            and fingerprint(ca.cert) not in trusted:
+        why.append("the serving certificate is due and waits until the APIService's "
+                   "caBundle trusts the newest CA")
+        content.update({TLS_CRT: data[TLS_CRT], TLS_KEY: data[TLS_KEY]})
+    elif needed or _due(serving, now):
         key, cert = ca.issue("trainjob-dispatcher-remote-api", dns_names=hosts, server=True,
                              validity=validity)
         content.update({TLS_CRT: cert_pem(cert), TLS_KEY: key_pem(key)})
@@ -117,75 +140,30 @@ def plan(data: Mapping[str, bytes], hosts: tuple[str, ...], now: datetime.dateti
     return content, "; ".join(why) or "expired CAs left out of the bundle"
 
 
-@dataclass(frozen=True)
-class Pair:
-    """What to serve: the certificate chain and its key (PEM), and a stamp that changes
-    when they do."""
-
-    chain: bytes
-    key: bytes
-    stamp: object
-
-
-def load_pair(context: ssl.SSLContext, pair: Pair) -> None:
-    """``load_cert_chain`` reads files only: an anonymous in-memory file (Linux), else a
-    private temporary one removed at once."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("remote-view-certificate", os.MFD_CLOEXEC)
-        try:
-            os.write(fd, pair.chain + b"\n" + pair.key)
-            context.load_cert_chain(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-        return
-    with tempfile.TemporaryDirectory() as private:
-        path = Path(private) / "pair.pem"
-        path.write_bytes(pair.chain + b"\n" + pair.key)
-        context.load_cert_chain(path)
-
-
-class DirectoryCertificate:
-    """``tls.crt`` and ``tls.key`` in ``directory``, read again when they change."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self._pair: Pair | None = None
-
-    def start(self) -> DirectoryCertificate:
-        self.pair()
-        return self
-
-    def pair(self) -> Pair | None:
-        crt, key = self.directory / TLS_CRT, self.directory / TLS_KEY
-        try:
-            stamp = tuple((s.st_ino, s.st_mtime_ns, s.st_size)
-                          for s in (crt.stat(), key.stat()))
-            if self._pair is None or self._pair.stamp != stamp:
-                self._pair = Pair(crt.read_bytes(), key.read_bytes(), stamp)
-        except OSError as err:
-            if self._pair is None:
-                raise OSError(f"--remote-api-cert-dir {self.directory}: cannot read "
-                              f"{Path(err.filename or crt).name}: {err.strerror}") from None
-        return self._pair
-
-    def stop(self) -> None:
-        pass
-
-
 class SecretCertificate:
-    """The Secret ``namespace/secret`` kept (module docstring) and served; its CA injected
-    into APIService ``apiservice``. ``pair()`` is None until the Secret was read."""
+    """The Secret ``namespace/secret`` kept (module docstring), its CA injected into
+    APIService ``apiservice``, its pair written into ``directory`` (a private temporary
+    one, removed by ``stop``) once injected. ``synced`` is set once a pair was written."""
 
     def __init__(self, api: client.ApiClient, namespace: str, secret: str,
                  hosts: tuple[str, ...], apiservice: str,
                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
-                     datetime.UTC)):
+                     datetime.UTC),
+                 settle_seconds: float = SETTLE_SECONDS):
         self.api, self.namespace, self.secret = api, namespace, secret
         self.hosts, self.apiservice, self._clock = hosts, apiservice, clock
-        self._pair: Pair | None = None
+        self.settle_seconds = settle_seconds
+        self.directory = Path(tempfile.mkdtemp(prefix="remote-view-certificate-"))
         self._stop = threading.Event()
         self.synced = threading.Event()
         self._said = ""
+        self._served: bytes | None = None
+        # When each CA was first seen in the APIService's caBundle (monotonic).
+        self._bundled_since: dict[str, float] = {}
+
+    @property
+    def where(self) -> str:
+        return f"Secret {self.namespace}/{self.secret}"
 
     def start(self) -> SecretCertificate:
         self.sync()
@@ -194,9 +172,7 @@ class SecretCertificate:
 
     def stop(self) -> None:
         self._stop.set()
-
-    def pair(self) -> Pair | None:
-        return self._pair
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def _run(self) -> None:
         while not self._stop.wait(SYNC_SECONDS if self.synced.is_set() else 2.0):
@@ -208,10 +184,10 @@ class SecretCertificate:
             log.log(level, "remote view: %s", message)
 
     def sync(self) -> None:
-        """One pass: the Secret right, served, and its CA in the APIService's caBundle."""
+        """One pass: the Secret right, its CA in the APIService's caBundle, then served."""
         path = f"/api/v1/namespaces/{self.namespace}/secrets/{self.secret}"
-        where = f"Secret {self.namespace}/{self.secret}"
         try:
+            apiservice = self._apiservice()
             try:
                 secret = request_json(self.api, "GET", path, None)
             except ApiException as err:
@@ -220,7 +196,8 @@ class SecretCertificate:
                 secret = None
             data = {k: base64.b64decode(v) for k, v in
                     ((secret or {}).get("data") or {}).items()}
-            content, why = plan(data, self.hosts, self._clock())
+            content, why = plan(data, self.hosts, self._clock(),
+                                trusted=self._trusted(apiservice))
             if content is not None:
                 body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                         "metadata": {"name": self.secret, "namespace": self.namespace,
@@ -239,32 +216,57 @@ class SecretCertificate:
                     if err.status == 409:
                         return  # another replica wrote it first: read it on the next pass
                     raise
-                log.info("remote view: %s written: %s", where, why)
+                log.info("remote view: %s written: %s", self.where, why)
                 data = content
-            self._pair = Pair(data[TLS_CRT], data[TLS_KEY], hash(data[TLS_CRT]))
-            self.synced.set()
-            self._inject(data[CA_CRT])
+            if apiservice is not None:
+                self._inject(apiservice, data[CA_CRT])
+            self._serve(data[TLS_CRT], data[TLS_KEY])
+            self._say(logging.DEBUG, "")
         except Exception as err:  # noqa: BLE001 - retried on the next pass
-            self._say(logging.WARNING, f"cannot keep the serving certificate in {where}: "
+            self._say(logging.WARNING, f"cannot keep the serving certificate in {self.where}: "
                                        f"{describe_error(err)}")
 
-    def _inject(self, bundle: bytes) -> None:
-        path = f"{APISERVICES}/{self.apiservice}"
+    def _apiservice(self) -> dict | None:
         try:
-            current = request_json(self.api, "GET", path, None)
+            return request_json(self.api, "GET", f"{APISERVICES}/{self.apiservice}", None)
         except ApiException as err:
-            if err.status == 404:
-                self._say(logging.INFO, f"APIService {self.apiservice} is not installed: "
-                                        "kubectl reaches the remote view once "
-                                        "manifests/remote-api is applied")
-                return
-            raise
+            if err.status != 404:
+                raise
+        self._say(logging.INFO, f"APIService {self.apiservice} is not installed: kubectl "
+                                "reaches the remote view once manifests/remote-api is applied")
+        return None
+
+    def _trusted(self, apiservice: dict | None) -> set[str] | None:
+        """The CAs the aggregator trusts by now: in the caBundle for the settle time (None
+        without an APIService: nothing verifies the certificate through it)."""
+        if apiservice is None:
+            return None
+        try:
+            bundled = {fingerprint(cert) for cert in x509.load_pem_x509_certificates(
+                base64.b64decode((apiservice.get("spec") or {}).get("caBundle") or ""))}
+        except ValueError:
+            bundled = set()
+        now = time.monotonic()
+        self._bundled_since = {fp: self._bundled_since.get(fp, now) for fp in bundled}
+        return {fp for fp, since in self._bundled_since.items()
+                if now - since >= self.settle_seconds}
+
+    def _inject(self, apiservice: dict, bundle: bytes) -> None:
         wanted = base64.b64encode(bundle).decode()
-        if (current.get("spec") or {}).get("caBundle") != wanted:
-            request_json(self.api, "PATCH", path, {"spec": {"caBundle": wanted}},
-                         content_type=MERGE_PATCH)
+        if (apiservice.get("spec") or {}).get("caBundle") != wanted:
+            request_json(self.api, "PATCH", f"{APISERVICES}/{self.apiservice}",
+                         {"spec": {"caBundle": wanted}}, content_type=MERGE_PATCH)
             log.info("remote view: the CA of the serving certificate injected into "
                      "APIService %s", self.apiservice)
-        self._say(logging.DEBUG, "")
 
-
+    def _serve(self, chain: bytes, key: bytes) -> None:
+        """The pair into the directory, the key first, each replaced whole (a reader
+        between the two sees a mismatched pair and keeps serving the previous one)."""
+        if self._served != chain + key:
+            for name, content in ((TLS_KEY, key), (TLS_CRT, chain)):
+                fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{name}.")
+                with os.fdopen(fd, "wb") as out:
+                    out.write(content)
+                os.replace(temporary, self.directory / name)
+            self._served = chain + key
+        self.synced.set()

@@ -72,12 +72,6 @@ def log_options(query: Mapping[str, list[str]]) -> dict[str, object]:
     return options
 
 
-# The kubernetes client's keyword for each option.
-CLIENT_KEYWORDS = {"container": "container", "follow": "follow", "tailLines": "tail_lines",
-                   "sinceSeconds": "since_seconds", "timestamps": "timestamps",
-                   "previous": "previous", "limitBytes": "limit_bytes"}
-
-
 def as_query(options: Mapping[str, object]) -> list[tuple[str, str]]:
     """``options`` as the worker's pods/log query parameters."""
     return [(name, str(value).lower() if isinstance(value, bool) else str(value))

@@ -2,29 +2,39 @@
 standby: reads need no leadership, and every replica keeps the caches that find a job's
 copy.
 
-Bounded so that no caller can hold the process: at most ``max_connections`` connections
-are served at once (more are closed at once), each by a thread of its own that waits at
-most ``KEEPALIVE_SECONDS`` for a request; at most ``max_streams`` logs are relayed at once
-(beyond: 429 with the reason); a log is relayed a buffer of ``STREAM_BUFFER`` bytes at a
-time (a slow reader slows the worker's stream, nothing piles up here) and ends when the
-worker sends nothing for the idle timeout, or as soon as the caller goes away."""
+Only the aggregation layer is served: a connection must present a client certificate of
+the front proxy's CA (``requestheader-client-ca-file``) in its TLS handshake, or it is
+closed there. Bounded so that no caller can hold the process, with the bounded listener of
+the secure metrics endpoint (``controller_kit.observability.bind_server``,
+``connection_limits``): at most ``max_streams`` + ``EXTRA_CONNECTIONS`` connections are
+served at once by a fixed pool of threads (more wait a moment in a short line, then are
+closed); a connection's TLS handshake and its first request's headers are done within
+``HEADERS_SECONDS``, the next request on a kept-alive connection comes within
+``KEEPALIVE_SECONDS``, or it is cut; a request refused as unauthenticated closes its
+connection. An authenticated request is then answered within its own bounds: the worker
+reads' timeouts and budget, ``IO_SECONDS`` for each write to a caller that stopped
+reading; at most ``max_streams`` logs are relayed at once (beyond: 429 with the reason); a
+log is relayed a buffer of ``STREAM_BUFFER`` bytes at a time (a slow reader slows the
+worker's stream, nothing piles up here) and ends when the worker sends nothing for the
+idle timeout, or as soon as the caller goes away."""
 
 from __future__ import annotations
 
 import http.server
 import logging
 import select
-import socket
 import ssl
 import threading
-import time
-from collections.abc import Callable
+from collections import defaultdict
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from dispatcher.placement import cluster_selector
+from controller_kit import label_selector
+from controller_kit.connection_limits import ConnectionLimits
+from controller_kit.observability import Server, bind_server
+from controller_kit.serving_certificate import ServingCertificate
 from dispatcher.remote_view import (
     APISERVICE,
     EVENTS,
@@ -39,23 +49,29 @@ from dispatcher.remote_view import (
 )
 from dispatcher.remote_view.authn import FrontProxySettings, Unauthenticated, User, authenticate
 from dispatcher.remote_view.authz import AccessReviews, Attributes
-from dispatcher.remote_view.certificate import (
-    DirectoryCertificate,
-    SecretCertificate,
-    hosts_of,
-    load_pair,
-)
+from dispatcher.remote_view.certificate import SecretCertificate, hosts_of
 from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem
 from dispatcher.remote_view.logs import BadLogOption, log_options
 from dispatcher.remote_view.worker_reads import USER_AGENT, WorkerAnswer, WorkerReads
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_SECONDS = 60.0
-HANDSHAKE_SECONDS = 10.0
+# The TLS handshake and the first request's headers, and then each next request's headers
+# on a kept-alive connection: the aggregator sends them at once, a caller that does not is
+# cut. (Its connections idle longer are closed here; it opens new ones.)
+HEADERS_SECONDS = 10.0
+KEEPALIVE_SECONDS = 10.0
+# A request other than a log's is answered within this long (its worker reads have their
+# own timeouts and budget), or cut.
+ANSWER_SECONDS = 60.0
+# Each blocking read or write of a connection, e.g. to a caller that stopped reading.
+IO_SECONDS = 30.0
 STREAM_BUFFER = 64 * 1024
 # Connections beyond the log streams: lists, discovery, the aggregator's checks.
 EXTRA_CONNECTIONS = 32
+# Connections accepted beyond the pool's threads, and how long one waits for a thread.
+WAITING_CONNECTIONS = 64
+WAIT_SECONDS = 2.0
 KINDS = {PODS: "TrainJobPod", EVENTS: "TrainJobEvent"}
 
 
@@ -84,143 +100,104 @@ class Refusal(Exception):
 class RemoteView:
     """The server and what it answers with; ``start()`` listens, ``stop()`` ends it."""
 
-    def __init__(self, settings: Settings, manager, locator: CopyLocator,
-                 ready: Callable[[], tuple[bool, str]]):
+    def __init__(self, settings: Settings, manager, locator: CopyLocator):
         self.settings = settings
         self.locator = locator
-        self._ready = ready
         self.front_proxy = FrontProxySettings(manager)
         self.reviews = AccessReviews(manager, USER_AGENT)
         self.reads = WorkerReads(settings.stream_idle_timeout)
-        self.certificate = (DirectoryCertificate(settings.cert_dir) if settings.cert_dir
-                            else SecretCertificate(manager, settings.namespace, settings.secret,
-                                                   hosts_of(settings.service,
-                                                            settings.namespace),
-                                                   settings.apiservice))
+        self.certificate = None if settings.cert_dir else SecretCertificate(
+            manager, settings.namespace, settings.secret,
+            hosts_of(settings.service, settings.namespace), settings.apiservice)
+        self.serving = ServingCertificate(
+            settings.cert_dir or self.certificate.directory, what="remote view",
+            flag="--remote-api-cert-dir" if settings.cert_dir
+            else f"the pair of {self.certificate.where}, written to")
         self.streams = threading.BoundedSemaphore(settings.max_streams)
-        self._connections = threading.BoundedSemaphore(settings.max_streams
-                                                       + EXTRA_CONNECTIONS)
-        self._contexts: dict[tuple, ssl.SSLContext] = {}
-        self._socket: socket.socket | None = None
-        self._stopping = threading.Event()
+        self.limits = ConnectionLimits(threads=settings.max_streams + EXTRA_CONNECTIONS,
+                                       waiting=WAITING_CONNECTIONS, wait_seconds=WAIT_SECONDS,
+                                       deadline_seconds=HEADERS_SECONDS)
+        self.dropped: dict[str, int] = defaultdict(int)  # connections closed unserved, by why
+        self._server: Server | None = None
         self.port = settings.port
 
     # --- running --------------------------------------------------------------------
 
     def start(self) -> RemoteView:
         self.front_proxy.start()
-        self.certificate.start()
-        host = self.settings.host
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, self.settings.port), family=family,
-                                            backlog=64, reuse_port=False,
-                                            dualstack_ipv6=host == "::")
-        self.port = self._socket.getsockname()[1]
-        threading.Thread(target=self._accept, name="remote-view-accept", daemon=True).start()
-        log.info("remote view (%s) serving on %s port %d: at most %d log streams at once",
-                 GROUP_VERSION, host, self.port, self.settings.max_streams)
+        if self.certificate is not None:
+            self.certificate.start()
+        handler = type("RemoteViewHandler", (_Handler,), {"view": self})
+        self._server = bind_server(self.settings.host, self.settings.port, handler,
+                                   tls=self._context, limits=self.limits,
+                                   on_drop=self._dropped, name="remote-view-connection")
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, name="remote-view",
+                         daemon=True).start()
+        log.info("remote view (%s) serving on %s port %d to the front proxy's client "
+                 "certificate only: at most %d log streams and %d connections at once",
+                 GROUP_VERSION, self.settings.host, self.port, self.settings.max_streams,
+                 self.limits.threads)
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._socket is not None:
-            try:
-                self._socket.close()
-            except OSError:
-                pass
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server.pool.close()
         self.front_proxy.stop()
-        self.certificate.stop()
+        if self.certificate is not None:
+            self.certificate.stop()
         self.reads.close()
         self.reviews.close()
 
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                sock, address = self._socket.accept()
-            except OSError:
-                if self._stopping.is_set():
-                    return
-                time.sleep(0.1)
-                continue
-            if not self._connections.acquire(blocking=False):
-                log.debug("remote view: %s connections served already; closing one from %s",
-                          self.settings.max_streams + EXTRA_CONNECTIONS, address)
-                sock.close()
-                continue
-            threading.Thread(target=self._serve, args=(sock, address), daemon=True,
-                             name="remote-view-connection").start()
+    def _dropped(self, reason: str) -> None:
+        self.dropped[reason] += 1
 
-    def _context(self) -> ssl.SSLContext | None:
-        """The TLS context for a new connection: the current certificate, and client
-        certificates verified against the front proxy's current CA."""
-        pair = self.certificate.pair()
-        if pair is None:
-            return None
+    def _context(self) -> ssl.SSLContext:
+        """The TLS context for a new connection: the current certificate, and a client
+        certificate of the front proxy's current CA required. Raises (the connection is
+        closed unserved) while there is no certificate or no front-proxy CA."""
         config = self.front_proxy.current()
-        key = (pair.stamp, config.client_ca)
-        context = self._contexts.get(key)
-        if context is None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.set_alpn_protocols(["http/1.1"])
-            load_pair(context, pair)
-            if config.client_ca:
-                context.load_verify_locations(cadata=config.client_ca)
-                context.verify_mode = ssl.CERT_OPTIONAL
-            self._contexts = {key: context}
-        return context
-
-    def _serve(self, sock: socket.socket, address) -> None:
-        try:
-            context = self._context()
-            if context is None:
-                return
-            sock.settimeout(HANDSHAKE_SECONDS)
-            try:
-                tls = context.wrap_socket(sock, server_side=True)
-            except (ssl.SSLError, OSError) as err:
-                log.debug("remote view: TLS handshake with %s failed: %s", address, err)
-                return
-            tls.settimeout(KEEPALIVE_SECONDS)
-            _Handler(tls, address, self)
-        except Exception:  # one connection must not end the server
-            log.debug("remote view: connection from %s failed", address, exc_info=True)
-        finally:
-            try:
-                sock.close()
-            except OSError:
-                pass
-            self._connections.release()
+        if config.problem:
+            raise OSError(config.problem)
+        if self.certificate is not None and not self.certificate.synced.is_set():
+            raise OSError(f"no serving certificate yet ({self.certificate.where})")
+        return self.serving.context(config.client_ca)
 
     # --- answers --------------------------------------------------------------------
 
-    def health(self, path: str) -> tuple[int, str]:
-        if path in ("/healthz", "/livez"):
-            return 200, "ok"
-        ready, why = self._ready()
+    def problem(self) -> str | None:
+        """Why the view cannot serve now (None: it can), for the dispatcher's readiness."""
+        if self._server is None:
+            return "the remote view is not listening yet"
         problem = self.front_proxy.current().problem
-        if not ready:
-            return 500, why
         if problem:
-            return 500, problem
-        if self.certificate.pair() is None:
-            return 500, "no serving certificate yet"
-        return 200, "ok"
+            return f"remote view: {problem}"
+        if self.certificate is not None and not self.certificate.synced.is_set():
+            return f"remote view: no serving certificate yet ({self.certificate.where})"
+        try:
+            self.serving.context()
+        except OSError as err:
+            return f"remote view: {err}"
+        return None
 
     def authorize(self, user: User, attributes: Attributes) -> None:
-        verdict = self.reviews.review(user, attributes)
+        decision = self.reviews.review(user, attributes)
+        if decision.allowed:
+            return
         resource = attributes.resource + (f"/{attributes.subresource}"
                                           if attributes.subresource else "")
-        if verdict.failed:
-            raise Refusal(500, f"{resource}.{GROUP} {attributes.name}: {verdict.reason}; "
-                               "retry later", attributes.name, attributes.resource)
-        if not verdict.allowed:
-            name = f' "{attributes.name}"' if attributes.name else ""
-            raise Refusal(403, f"{attributes.resource}.{GROUP}{name} is forbidden: User "
-                               f'"{user.name}" cannot {attributes.describe()}: '
-                               f"{verdict.reason or 'no RBAC rule allows it'} (the view, "
-                               "edit and admin ClusterRoles grant it once manifests/remote-api "
-                               "is applied)", attributes.name, attributes.resource)
+        if decision.status != 403:
+            raise Refusal(int(decision.status), f"{resource}.{GROUP} {attributes.name}: "
+                                                f"{decision.reason}; retry later",
+                          attributes.name, attributes.resource)
+        name = f' "{attributes.name}"' if attributes.name else ""
+        raise Refusal(403, f"{attributes.resource}.{GROUP}{name} is forbidden: User "
+                           f'"{user.name}" cannot {attributes.describe()}: '
+                           f"{decision.reason or 'no RBAC rule allows it'} (the view, edit "
+                           "and admin ClusterRoles grant it once manifests/remote-api is "
+                           "applied)", attributes.name, attributes.resource)
 
     def _job_names(self, namespace: str, selector) -> tuple[list[str], bool]:
         """The TrainJobs a list asks about, and whether the selector named them."""
@@ -233,14 +210,18 @@ class RemoteView:
             return sorted(named), True
         return self.locator.jobs(namespace), False
 
-    def list_items(self, resource: str, namespace: str, query: dict) -> list[dict]:
+    def list_items(self, resource: str, namespace: str, query: dict
+                   ) -> tuple[list[dict], list[str]]:
+        """The items a list asks for, and what to warn the caller of (Events left out).
+        The copies are read per worker: one Pods or Events LIST each, whatever their
+        number."""
         text = (query.get("labelSelector") or [""])[-1]
         try:
-            selector = cluster_selector.parse(text) if text.strip() else None
-        except cluster_selector.InvalidSelector as err:
+            selector = label_selector.parse(text) if text.strip() else None
+        except label_selector.InvalidSelector as err:
             raise Refusal(400, f"labelSelector {text!r}: {err}") from None
         names, named = self._job_names(namespace, selector)
-        found = []
+        by_worker: dict[str, list[Copy]] = defaultdict(list)
         for name in names:
             try:
                 copy = self.locator.find(namespace, name)
@@ -248,21 +229,44 @@ class RemoteView:
                 if named and len(names) == 1:
                     raise Refusal(problem.code, str(problem), name, "TrainJob") from None
                 continue
-            found += self._read(resource, copy)
-        return [item for item in found
-                if selector is None or selector.matches(item["metadata"]["labels"])]
+            by_worker[copy.worker.name].append(copy)
+        found: list[dict] = []
+        warnings: list[str] = []
+        for worker in sorted(by_worker):
+            read, cut = self._read_all(resource, by_worker[worker])
+            found += read
+            if cut:
+                warnings.append(cut)
+        return ([item for item in found
+                 if selector is None or selector.matches(item["metadata"]["labels"])],
+                warnings)
 
-    def _read(self, resource: str, copy: Copy, name: str | None = None) -> list[dict]:
+    def _read_all(self, resource: str, copies: list[Copy]) -> tuple[list[dict], str]:
+        """The items of ``copies`` (one worker's, one namespace's), and what was cut."""
+        worker = copies[0].worker.name
+        try:
+            if resource == PODS:
+                pods = self.reads.pods_of(copies)
+                return [items.pod_item(pod, copy.name, worker)
+                        for copy in copies for pod in pods[copy.name]], ""
+            events, cut = self.reads.events_of(copies)
+            return [items.event_item(event, copy.name, worker)
+                    for copy in copies for event in events[copy.name]], cut
+        except WorkerAnswer as answer:
+            name = copies[0].name if len(copies) == 1 else ""
+            raise Refusal(answer.code, str(answer), name, KINDS[resource]) from None
+
+    def _read(self, resource: str, copy: Copy, name: str) -> list[dict]:
+        """The Pod or Event named ``name`` of ``copy``, if it is one of its."""
         worker = copy.worker.name
         try:
             if resource == PODS:
                 return [items.pod_item(pod, copy.name, worker)
                         for pod in self.reads.pods(copy, name)]
-            return [items.event_item(event, copy.name, worker)
-                    for event in self.reads.events(copy)
-                    if name is None or event["metadata"]["name"] == name]
+            events, _ = self.reads.events_of([copy], name)
+            return [items.event_item(event, copy.name, worker) for event in events[copy.name]]
         except WorkerAnswer as answer:
-            raise Refusal(answer.code, str(answer), name or copy.name, KINDS[resource]) from None
+            raise Refusal(answer.code, str(answer), name, KINDS[resource]) from None
 
     def find(self, resource: str, namespace: str, name: str) -> tuple[Copy, dict]:
         """The copy a Pod (or Event) named ``name`` belongs to, and its item: the jobs whose
@@ -289,11 +293,24 @@ class RemoteView:
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "trainjob-dispatcher-remote-view"
-    view: RemoteView
+    timeout = IO_SECONDS
+    view: RemoteView  # set on the subclass each RemoteView serves with
+    _requests = 0
 
-    def __init__(self, request, client_address, view: RemoteView):
-        self.view = view
-        super().__init__(request, client_address, view)
+    def handle_one_request(self) -> None:
+        # The first request's headers are within the pool's deadline, which began with the
+        # handshake; each next one on a kept-alive connection gets a deadline of its own.
+        if self._requests and not self.server.pool.set_deadline(KEEPALIVE_SECONDS):
+            self.close_connection = True
+            return
+        self._requests += 1
+        super().handle_one_request()
+
+    def _answering(self, seconds: float | None) -> None:
+        """The request is authenticated: it is answered within ``seconds`` (None: its own
+        bounds only, a log stream's), no longer the headers' deadline."""
+        if not self.server.pool.set_deadline(seconds):
+            raise ConnectionResetError("cut at its deadline")
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         log.debug("remote view: %s %s", self.address_string(), format % args)
@@ -313,8 +330,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _json(self, code: int, obj: dict, headers: dict[str, str] | None = None) -> None:
         self._send(code, orjson.dumps(obj), headers=headers)
 
+    def send_warnings(self, warnings: list[str]) -> None:
+        """Warnings kubectl prints (``Warning: ...``), as the apiserver sends them."""
+        for text in warnings:
+            self.send_header("Warning", '299 - "' + text.replace('"', "'") + '"')
+
     def _refuse(self, refusal: Refusal) -> None:
-        headers = {"Retry-After": "1"} if refusal.code == 429 else None
+        headers = {"Retry-After": "1"} if refusal.code == 429 else {}
+        if self.close_connection:
+            headers["Connection"] = "close"
         if refusal.code >= 500:
             log.warning("remote view: %s %s: %s", self.command, self.path, refusal)
         self._json(refusal.code, items.status(refusal.code, str(refusal), name=refusal.name,
@@ -343,14 +367,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
         if path in ("/healthz", "/livez", "/readyz"):
-            code, text = self.view.health(path)
-            self._send(code, text.encode(), "text/plain; charset=utf-8")
+            # Only the front proxy's certificate gets this far; the kubelet probes the
+            # dispatcher's health port, never this one.
+            problem = self.view.problem() if path == "/readyz" else None
+            self._send(500 if problem else 200, (problem or "ok").encode(),
+                       "text/plain; charset=utf-8")
             return
         try:
             user = authenticate(self.view.front_proxy.current(),
                                 self.connection.getpeercert(), self.headers)
         except Unauthenticated as err:
+            self.close_connection = True  # nothing more is waited for on this connection
             raise Refusal(401, f"Unauthorized: {err}") from None
+        self._answering(ANSWER_SECONDS)
         document = discovery.document(path)
         if document is not None:
             self._json(200, document)
@@ -382,16 +411,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             _, item = self.view.find(resource, namespace, name)
             self._answer(resource, [item], single=True)
             return
-        self._answer(resource, self.view.list_items(resource, namespace, query))
+        found, warnings = self.view.list_items(resource, namespace, query)
+        self._answer(resource, found, warnings=warnings)
 
-    def _answer(self, resource: str, found: list[dict], single: bool = False) -> None:
+    def _answer(self, resource: str, found: list[dict], single: bool = False,
+                warnings: list[str] = ()) -> None:
         kind = KINDS[resource]
         if items.wants_table(self.headers.get("Accept")):
-            self._json(200, items.table(kind, found))
+            body = items.table(kind, found)
         elif single:
-            self._json(200, found[0])
+            body = found[0]
         else:
-            self._json(200, items.list_of(kind, found))
+            body = items.list_of(kind, found)
+        data = orjson.dumps(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_warnings(list(warnings))
+        self.end_headers()
+        self.wfile.write(data)
 
     # --- logs -----------------------------------------------------------------------
 
@@ -401,6 +439,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except BadLogOption as err:
             raise Refusal(400, f"{PODS}/{LOG} {namespace}/{pod}: {err}", pod, "TrainJobPod") \
                 from None
+        self._answering(None)  # bounded by the worker's idle timeout and IO_SECONDS
         if not self.view.streams.acquire(blocking=False):
             raise Refusal(429, f"{PODS}/{LOG} {namespace}/{pod}: "
                                f"{self.view.settings.max_streams} logs are being relayed "
@@ -469,8 +508,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
 
 
-def start_remote_view(manager, config, trainjobs, registry,
-                      ready: Callable[[], tuple[bool, str]]) -> RemoteView | None:
+def start_remote_view(manager, config, trainjobs, registry) -> RemoteView | None:
     """The remote view of the dispatcher's configuration, started; None when it is off
     (no ``remote_api_port``)."""
     if config.remote_api_port is None:
@@ -484,4 +522,4 @@ def start_remote_view(manager, config, trainjobs, registry,
                         service=config.remote_api_service)
     locator = CopyLocator(trainjobs.get, trainjobs.list,
                           lambda: registry.snapshot(draining=True))
-    return RemoteView(settings, manager, locator, ready).start()
+    return RemoteView(settings, manager, locator).start()

@@ -20,10 +20,12 @@ import http.client
 import json
 import os
 import queue
+import socket
 import ssl
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,12 @@ from clusters import fixtures, kustomize, worker_stack
 from clusters.binaries import find_binaries
 from clusters.controlplane import free_port
 from clusters.pki import FRONT_PROXY_CLIENT, cert_pem, key_pem
-from clusters.testing import ServiceProcess, eventually
+from clusters.testing import ServiceProcess, eventually, request_counts
 from dispatcher.remote_view import APISERVICE, GROUP_VERSION, SERVICE, TRAINJOB_LABEL
+from dispatcher.remote_view.copies import Copy
+from dispatcher.remote_view.server import EXTRA_CONNECTIONS, HEADERS_SECONDS
+from dispatcher.remote_view.worker_reads import WorkerReads
+from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 
 from dispatch_helpers import CONFIG, create, trainjob, wait_placed
@@ -297,20 +303,122 @@ def test_a_job_without_a_copy_is_not_found(remote_view, namespace):
         "manager" in out.stderr, out.stderr
 
 
-def test_without_the_front_proxy_certificate_nothing_is_served(remote_view):
+AGGREGATOR = {"X-Remote-User": "system:kube-aggregator", "X-Remote-Group": "system:masters"}
+REFUSED_IN_HANDSHAKE = (ssl.SSLError, ConnectionResetError, BrokenPipeError,
+                        http.client.RemoteDisconnected)
+
+
+def test_only_the_front_proxys_certificate_is_served(remote_view):
     env = remote_view
-    answer = env.direct(f"/apis/{GROUP_VERSION}/namespaces/default/trainjobpods",
-                        env.front_proxy_context(with_certificate=False),
-                        {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"})
+    # Without a client certificate, or with one of another CA (the cluster's own), the
+    # handshake fails: nothing is served, the probes' paths neither (the kubelet probes the
+    # health port).
+    for context in (env.front_proxy_context(with_certificate=False),
+                    env.front_proxy_context(other_ca=True)):
+        for path in (f"/apis/{GROUP_VERSION}/namespaces/default/trainjobpods", "/healthz"):
+            with pytest.raises(REFUSED_IN_HANDSHAKE):
+                env.direct(path, context, AGGREGATOR).read()
+    # The front proxy's certificate without a user: 401, and the connection is closed.
+    answer = env.direct(f"/apis/{GROUP_VERSION}", env.front_proxy_context())
     body = json.loads(answer.read())
     assert answer.status == 401 and body["reason"] == "Unauthorized", body
-    assert "no client certificate" in body["message"], body
-    # A certificate of another CA (the cluster's own) is refused in the handshake.
-    with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
-        env.direct("/apis", env.front_proxy_context(other_ca=True)).read()
-    # The probes need no certificate.
-    answer = env.direct("/healthz", env.front_proxy_context(with_certificate=False))
+    assert "no user in the X-Remote-User header" in body["message"], body
+    assert answer.getheader("Connection") == "close"
+    answer = env.direct("/readyz", env.front_proxy_context())
     assert (answer.status, answer.read()) == (200, b"ok")
+
+
+def test_idle_connections_do_not_keep_the_aggregator_out(remote_view):
+    """As many idle TCP connections as the remote view has connection threads: each is
+    cut at the deadline of its handshake and headers, so the aggregator's request is
+    served within that deadline, though the idle sockets are still held open."""
+    env = remote_view
+    threads = MAX_STREAMS + EXTRA_CONNECTIONS
+    idle = [socket.create_connection(("127.0.0.1", env.port), timeout=5)
+            for _ in range(threads)]
+    context = env.front_proxy_context()
+    started = time.monotonic()
+
+    def discovery() -> int | str:
+        try:
+            answer = env.direct(f"/apis/{GROUP_VERSION}", context, AGGREGATOR, timeout=5)
+            return answer.status
+        except (OSError, http.client.HTTPException) as err:
+            return repr(err)
+
+    try:
+        eventually(discovery, lambda got: got == 200, timeout=HEADERS_SECONDS + 15,
+                   interval=0.5, expected=f"the aggregator's discovery request served once "
+                                          f"{threads} idle connections reach their deadline")
+        took = time.monotonic() - started
+        assert took < HEADERS_SECONDS + 10, took
+        for sock in idle:
+            try:
+                assert sock.recv(1) == b"", "an idle connection was answered"
+            except ConnectionResetError:
+                pass  # cut: as good as closed
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_list_reads_each_worker_once_whatever_the_number_of_jobs(remote_view, namespace):
+    """Three jobs on worker-1: listing the namespace's TrainJobPods costs worker-1's
+    apiserver one Pods LIST, and its TrainJobEvents one Events LIST."""
+    env = remote_view
+    worker = env.multicluster[WORKER]
+    names = ("grouped-a", "grouped-b", "grouped-c")
+    for name in names:
+        create(env.manager, namespace, trainjob(name, runtime=RUNTIME))
+    for name in names:
+        assert wait_placed(env, namespace, name)[0] == WORKER
+    # Each job's copy makes three Pods (the trainer and two initializers).
+    eventually(lambda: len(worker.core.list_namespaced_pod(namespace).items),
+               lambda count: count == 3 * len(names), timeout=60,
+               expected=f"the {3 * len(names)} Pods of {names} on {WORKER}")
+    context = env.front_proxy_context()
+    base = f"/apis/{GROUP_VERSION}/namespaces/{namespace}"
+    listed = {}
+    for resource, plural in (("trainjobpods", "pods"), ("trainjobevents", "events")):
+        before = request_counts(worker.control_plane)
+        answer = env.direct(f"{base}/{resource}", context, AGGREGATOR)
+        listed[resource] = json.loads(answer.read())
+        assert answer.status == 200, listed[resource]
+        lists = request_counts(worker.control_plane)[("", plural, "", "LIST")] - before[
+            ("", plural, "", "LIST")]
+        assert lists == 1, f"{resource} of {len(names)} jobs: {lists} {plural} LISTs on " \
+                           f"{WORKER}, expected one"
+    assert sorted({p["status"]["trainJob"] for p in listed["trainjobpods"]["items"]}) == \
+        sorted(names) and len(listed["trainjobpods"]["items"]) == 3 * len(names), listed
+
+
+def test_events_beyond_the_bound_are_read_a_page_at_a_time_and_the_cut_is_said(
+        multicluster, namespace):
+    worker = multicluster[WORKER]
+    for index in range(5):
+        worker.core.create_namespaced_event(namespace, client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"paged-{index}"),
+            involved_object=client.V1ObjectReference(
+                kind="Pod", name=f"paged-node-0-0-{index}", namespace=namespace),
+            reason="Tested", message=f"event {index}", type="Normal"))
+    copy = Copy(namespace, "paged", WorkerCluster(WORKER, 0, "", api=worker.api))
+    bounded = WorkerReads(5, events_page=2, events_limit=4)
+    try:
+        before = request_counts(worker.control_plane)[("", "events", "", "LIST")]
+        found, cut = bounded.events_of([copy])
+        pages = request_counts(worker.control_plane)[("", "events", "", "LIST")] - before
+        assert pages == 2 and len(found["paged"]) == 4, (pages, found)
+        assert f"namespace {namespace} holds more than 4 Events; only the first 4 were " \
+               "read" in cut, cut
+    finally:
+        bounded.close()
+    whole = WorkerReads(5, events_page=2)
+    try:
+        found, cut = whole.events_of([copy])
+        assert cut == "" and sorted(e["metadata"]["name"] for e in found["paged"]) == [
+            f"paged-{index}" for index in range(5)], (cut, found)
+    finally:
+        whole.close()
 
 
 def test_logs_are_passed_the_options_and_follow_streams(remote_view, namespace):

@@ -1012,9 +1012,19 @@ def test_the_metrics_network_policy_admits_only_the_monitoring_namespace(
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     sources = {port["port"]: rule.get("from") for rule in policy["spec"]["ingress"]
                for port in rule["ports"]}
-    assert set(sources) <= ports, f"ports the Pod does not name: {set(sources) - ports}"
+    # The remote view's port is named by the Deployment once manifests/remote-api/serving
+    # is added too; the apiserver calls it, from no Pod.
+    serving = {p["name"] for p in one(rendered("with-serving", components=[
+        os.path.relpath(kustomize.base_path(name), tmp_path / "with-serving")
+        for name in (component, "remote-api/serving")]), "Deployment")["spec"]["template"][
+        "spec"]["containers"][0]["ports"]} if overlay == "manager" else set()
+    assert set(sources) <= ports | serving, \
+        f"ports the Pod does not name: {set(sources) - ports - serving}"
     assert sources.pop("metrics") == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
+    if overlay == "manager":
+        assert sources.pop("remote-api", "no rule") is None, "the remote view's port is " \
+            "admitted from anywhere: the apiserver calls it"
     assert sources == ({"webhook": None, "trainer-status": None} if "webhook" in ports
                        else {}), sources  # no rule for the probes' port, "health"
     assert by_kind(kustomize.render(overlay), "NetworkPolicy") == [], (

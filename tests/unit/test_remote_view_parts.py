@@ -8,10 +8,20 @@ import datetime
 from email.message import Message
 
 import pytest
+import yaml
+from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
+from controller_kit.kubeclient import find_kubeconfig
 from dispatcher import kubectl_plugin
-from dispatcher.remote_view import TRAINJOB_LABEL, WORKER_LABEL, certificate, discovery, items
+from dispatcher.remote_view import (
+    TRAINJOB_LABEL,
+    WORKER_LABEL,
+    certificate,
+    discovery,
+    items,
+    worker_reads,
+)
 from dispatcher.remote_view.authn import RequestHeaderConfig, Unauthenticated, authenticate
 from dispatcher.remote_view.logs import BadLogOption, as_query, log_options
 
@@ -141,6 +151,50 @@ def test_the_serving_certificate_is_made_once_and_renewed_at_two_thirds():
     aged, why = certificate.plan(first, hosts, now + datetime.timedelta(days=2500))
     assert "a new CA" in why and aged[certificate.CA_CRT].startswith(b"-----BEGIN")
     assert aged[certificate.CA_CRT].count(b"BEGIN CERTIFICATE") == 2, "old CA kept in bundle"
+
+
+def test_a_due_serving_certificate_waits_until_the_aggregator_trusts_the_newest_ca():
+    hosts = certificate.hosts_of("svc", "ns")
+    now = datetime.datetime.now(datetime.UTC)
+    first, _ = certificate.plan({}, hosts, now)
+    [ca] = x509.load_pem_x509_certificates(first[certificate.CA_CRT])
+    later = now + datetime.timedelta(days=250)  # the serving certificate is due
+    assert certificate.plan(first, hosts, later, trusted=set()) == (None, ""), \
+        "nothing replaced before the caBundle trusts its CA"
+    renewed, why = certificate.plan(first, hosts, later,
+                                    trusted={certificate.fingerprint(ca)})
+    assert renewed[certificate.TLS_CRT] != first[certificate.TLS_CRT] and "serving" in why
+    # Nothing usable (here: for other names) is replaced at once, trusted or not.
+    moved, _ = certificate.plan(first, certificate.hosts_of("other", "ns"), now, trusted=set())
+    assert moved[certificate.TLS_CRT] != first[certificate.TLS_CRT]
+
+
+def test_a_workers_events_are_given_to_the_copies_they_are_about():
+    def event(kind, name):
+        return {"metadata": {"name": f"{name}.1"}, "involvedObject": {"kind": kind,
+                                                                      "name": name}}
+    found = worker_reads._by_copy(
+        [event("JobSet", "a"), event("Pod", "a-node-0-0-x"), event("Pod", "a-b-node-0-0-y"),
+         event("Pod", "ab-node-0-0-z"), event("ConfigMap", "a-config")], {"a", "a-b", "c"})
+    assert [e["involvedObject"]["name"] for e in found["a"]] == [
+        "a", "a-node-0-0-x", "a-b-node-0-0-y"]
+    assert [e["involvedObject"]["name"] for e in found["a-b"]] == ["a-b-node-0-0-y"]
+    assert found["c"] == []
+
+
+def test_the_plugin_takes_the_namespace_of_the_kubeconfigs_context(tmp_path, monkeypatch):
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.write_text(yaml.safe_dump({
+        "current-context": "mine", "clusters": [{"name": "c", "cluster": {"server": "x"}}],
+        "contexts": [{"name": "mine", "context": {"cluster": "c", "namespace": "team"}}]}))
+    second.write_text(yaml.safe_dump({
+        "current-context": "other", "clusters": [{"name": "c", "cluster": {"server": "y"}}],
+        "contexts": [{"name": "mine", "context": {"cluster": "c", "namespace": "later"}},
+                     {"name": "other", "context": {"cluster": "c"}}]}))
+    monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
+    source = find_kubeconfig(None)
+    assert kubectl_plugin._namespace(source, None) == "team", "the first file wins"
+    assert kubectl_plugin._namespace(source, "other") == "default"
 
 
 def test_the_plugin_reads_the_trainers_log_unless_told():
