@@ -61,6 +61,11 @@ Scenarios, in this order:
             the same writes per job at the same rates by a plain client with no
             placement and no caches; a Pod event's time to its room counted (the
             dispatcher's dispatcher_capacity_event_apply_seconds); budgets met or missed
+  log-streams  (--suite log-streams only) steady arrival at 50 jobs/s on 3 workers,
+            plain and with 50 users following logs (follow=true) through the remote
+            view, the manager's aggregation layer to the dispatcher, alternately, 3 runs
+            each way: dispatch p50/p99 both ways and their ratio, the dispatcher's CPU
+            per job, the streams' bytes and lines, streams refused (429)
 The sync and each steady step run 3 times (--repeats), each after the machine settled (no
 Event left for the dispatcher to write, the machine's CPU under 35% busy over a second);
 a percentile is over all the repeats' samples, shown with each repeat's min, median and

@@ -431,6 +431,13 @@ def measure(ctx: scenarios.BenchContext, workers: list[str], pods: list[str],
             "readers_cpu_seconds": round(readers_cpu_after - readers_cpu_before, 2),
             "readers_cpu_seconds_alone": round(readers_cpu_before - readers_cpu, 2),
         }
+        # Less what relaying alone cost for as long (its share with no job arriving):
+        # what the dispatches themselves cost with the streams open.
+        relay = window.figures()["cpu_share"] or 0.0
+        spent = figures["dispatcher"]
+        run["dispatcher_cpu_ms_per_job_less_relay"] = round(
+            1000 * max(0.0, spent["cpu_seconds"] - relay * spent["wall_seconds"])
+            / figures["dispatched"], 2) if figures["dispatched"] else None
         streamed.append(run)
         log.info("log streams: run %d with %d streams: p99 %s ms, %d lines received",
                  index + 1, run["streams"]["opened"], run["latency"]["p99_ms"],
@@ -442,6 +449,10 @@ def measure(ctx: scenarios.BenchContext, workers: list[str], pods: list[str],
             step(index)
 
     without, with_ = _pooled(plain), _pooled(streamed)
+    less_relay = [r["dispatcher_cpu_ms_per_job_less_relay"] for r in streamed
+                  if r.get("dispatcher_cpu_ms_per_job_less_relay") is not None]
+    with_["dispatcher_cpu_ms_per_job_less_relay"] = (
+        round(statistics.median(less_relay), 2) if less_relay else None)
     streams = [r["streams"] for r in streamed]
     arrived = [s["while_jobs_arrived"] for s in streams]
     alone = [s["alone"] for s in streams]
@@ -619,4 +630,8 @@ def render(results: dict) -> str:
         f"({streams['alone_lines_per_second']} lines/s relayed) |",
         f"| the followers' own CPU (their process) | {streams['readers_cpu_seconds']} s |",
     ]
+    net = streamed.get("dispatcher_cpu_ms_per_job_less_relay")
+    if net is not None:
+        lines.append("| dispatcher CPU ms/job with the streams, less relaying's share "
+                     f"(median of runs) | {_ms(net)} |")
     return "\n".join(lines)
