@@ -223,6 +223,40 @@ def test_heaps_kept_between_placements_pack_as_heaps_made_afresh():
     assert short > 10, f"only {short} placements met a Node short of its held room"
 
 
+def test_a_changed_node_costs_its_own_rescoring_not_every_nodes(monkeypatch):
+    """The heaps and sums a placement reads are brought up to date from the Nodes changed
+    since the last one (their generations): a Node cordoned and another taking a pod cost
+    the next placement a few scores, not a score of every Node; and it packs as a worker
+    working everything out afresh does."""
+    kept, fresh = WorkerCapacity("kept"), WorkerCapacity("fresh")
+    nodes = fleet(200)  # 160 untainted Nodes admit a plain pod
+    for capacity in (kept, fresh):
+        for each in nodes:
+            capacity.on_node(ADDED, None, each)
+    scores = []
+    real_rank = capacity_module._rank
+    monkeypatch.setattr(capacity_module, "_rank", lambda *args: scores.append(1) or real_rank(
+        *args))
+    shape = {"cpu": D(2), "memory": D(2**31)}
+    kept.free()
+    kept.pack([shape] * 4)
+    first = len(scores)
+    cordoned = copy.deepcopy(nodes[1])
+    cordoned["spec"]["unschedulable"] = True
+    for capacity in (kept, fresh):
+        capacity.on_node(MODIFIED, None, cordoned)
+        capacity.on_pod(ADDED, None, pod("p", node_name="n2", cpu="30", memory="1Gi"))
+    scores.clear()
+    kept_free, plan = kept.free(), kept.pack([shape] * 4)
+    assert first >= 160 and len(scores) <= 12, \
+        f"Nodes scored: {first} for the first placement, {len(scores)} for the next"
+    fresh.drop_caches()
+    assert (kept_free, plan, plan.pods) == (fresh.free(), (again := fresh.pack([shape] * 4)),
+                                           again.pods)
+    assert "n1" not in plan
+    kept.check()
+
+
 def test_a_node_heartbeat_and_a_pods_status_change_leave_the_room_alone():
     capacity = WorkerCapacity("w")
     first = node("a", cpu=8)
