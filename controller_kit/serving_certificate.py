@@ -74,6 +74,8 @@ class ServingCertificate:
         if not client_ca:
             return served
         with self._lock:
+            if id(served) not in self._pem:  # replaced meanwhile by another thread
+                served = self._loaded[1]
             kept = self._verifying
             if kept is not None and kept[0] is served and kept[1] == client_ca:
                 return kept[2]

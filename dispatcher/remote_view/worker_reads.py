@@ -40,8 +40,10 @@ EVENTS_PAGE = 500
 EVENTS_LIMIT = 5000
 # A worker's reads for the remote view (or the dashboard), per second, and saved up; a
 # read that would wait longer than READ_WAIT_SECONDS for the budget is refused (429).
-READ_QPS = 10.0
-READ_BURST = 20
+# Sized so that --remote-api-max-streams (50) users opening their logs at once (two reads
+# each: the Pod, then its log) pass on one worker without waiting more than a second.
+READ_QPS = 50.0
+READ_BURST = 100
 READ_WAIT_SECONDS = 1.0
 # The JobSet names one Pods LIST selects by name (`in (...)`); more copies on one worker
 # are selected by the label's presence and kept here (a URL of bounded length).

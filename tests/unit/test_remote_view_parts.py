@@ -138,35 +138,44 @@ def test_the_user_comes_from_the_front_proxys_headers_only():
 
 def test_the_serving_certificate_is_made_once_and_renewed_at_two_thirds():
     hosts = certificate.hosts_of("svc", "ns")
+    assert hosts == ("svc.ns.svc", "svc.ns.svc.cluster.local")
     now = datetime.datetime.now(datetime.UTC)
-    first, why = certificate.plan({}, hosts, now)
-    assert first is not None and "no CA yet" in why
-    assert certificate.plan(first, hosts, now) == (None, "")
+    first = certificate.next_step({}, hosts, now, trusted=None)
+    assert first.data is not None and "no certificates yet" in first.reason
+    assert certificate.next_step(first.data, hosts, now, trusted=None).data is None
     later = now + datetime.timedelta(days=250)  # past 2/3 of the serving year
-    renewed, why = certificate.plan(first, hosts, later)
-    assert renewed[certificate.CA_CRT] == first[certificate.CA_CRT], "the CA is kept"
-    assert renewed[certificate.TLS_CRT] != first[certificate.TLS_CRT] and "serving" in why
-    moved, why = certificate.plan(first, certificate.hosts_of("other", "ns"), now)
-    assert moved[certificate.TLS_CRT] != first[certificate.TLS_CRT]
-    aged, why = certificate.plan(first, hosts, now + datetime.timedelta(days=2500))
-    assert "a new CA" in why and aged[certificate.CA_CRT].startswith(b"-----BEGIN")
-    assert aged[certificate.CA_CRT].count(b"BEGIN CERTIFICATE") == 2, "old CA kept in bundle"
+    renewed = certificate.next_step(first.data, hosts, later, trusted=None)
+    assert renewed.data[certificate.CA_CRT] == first.data[certificate.CA_CRT], "CA kept"
+    assert renewed.data[certificate.TLS_CRT] != first.data[certificate.TLS_CRT]
+    # Another Service name: a new certificate once its CA has settled (10 s after it was
+    # made; no APIService here trusts anything else).
+    soon = now + datetime.timedelta(minutes=1)
+    moved = certificate.next_step(first.data, certificate.hosts_of("other", "ns"), soon,
+                                  trusted=None)
+    assert moved.data[certificate.TLS_CRT] != first.data[certificate.TLS_CRT]
+    aged = certificate.next_step(first.data, hosts, now + datetime.timedelta(days=2500),
+                                 trusted=None)
+    assert "new CA" in aged.reason
+    assert aged.data[certificate.CA_CRT].count(b"BEGIN CERTIFICATE") == 2, "old CA kept"
 
 
 def test_a_due_serving_certificate_waits_until_the_aggregator_trusts_the_newest_ca():
     hosts = certificate.hosts_of("svc", "ns")
     now = datetime.datetime.now(datetime.UTC)
-    first, _ = certificate.plan({}, hosts, now)
+    first = certificate.next_step({}, hosts, now, trusted=None).data
     [ca] = x509.load_pem_x509_certificates(first[certificate.CA_CRT])
     later = now + datetime.timedelta(days=250)  # the serving certificate is due
-    assert certificate.plan(first, hosts, later, trusted=set()) == (None, ""), \
+    waiting = certificate.next_step(first, hosts, later, trusted=set())
+    assert waiting.data is None and "trust the newest CA" in waiting.reason, \
         "nothing replaced before the caBundle trusts its CA"
-    renewed, why = certificate.plan(first, hosts, later,
+    renewed = certificate.next_step(first, hosts, later,
                                     trusted={certificate.fingerprint(ca)})
-    assert renewed[certificate.TLS_CRT] != first[certificate.TLS_CRT] and "serving" in why
-    # Nothing usable (here: for other names) is replaced at once, trusted or not.
-    moved, _ = certificate.plan(first, certificate.hosts_of("other", "ns"), now, trusted=set())
-    assert moved[certificate.TLS_CRT] != first[certificate.TLS_CRT]
+    assert renewed.data[certificate.TLS_CRT] != first[certificate.TLS_CRT]
+    # Nothing usable (here: none at all) is replaced at once, trusted or not.
+    remade = certificate.next_step({k: v for k, v in first.items()
+                                    if k != certificate.TLS_CRT}, hosts, now, trusted=set())
+    assert remade.data[certificate.TLS_CRT] and remade.data[certificate.CA_CRT] == first[
+        certificate.CA_CRT]
 
 
 def test_a_workers_events_are_given_to_the_copies_they_are_about():
