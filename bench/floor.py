@@ -23,9 +23,11 @@ connections per thread, the Event through ``controller_kit.events``), on as many
 as the dispatcher has concurrent reconciles. Its jobs arrive through the same load
 generator, as TrainJobs not managed by MultiKueue (which the dispatcher leaves alone),
 and each create's answer goes straight to the floor's queue: no watch, no cache, the
-worker taken in turn (no placement). Its copies carry an origin label of their own, so
-the dispatcher neither caches nor collects them. The latency is the same as the
-dispatcher's: the benchmark's watches, the manager's ``ADDED`` to the worker's ``ADDED``.
+worker taken in turn (no placement). Once its copy is made, each job is deleted by threads
+of their own, as the reaper's are not the dispatcher's. Its copies carry an origin label of
+their own, so the dispatcher neither caches nor collects them. The latency is the same as
+the dispatcher's: the benchmark's watches, the manager's ``ADDED`` to the worker's
+``ADDED``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ FOOTPRINT = ({"cpu": "100m"}, 3)
 RETRIES = 5
 RETRIED = (429, 500, 503, 504)
 ERRORS_KEPT = 5
+# Threads making the user's deletes, as many as the suite's reaper has: not the floor's own,
+# as the reaper's deletes are not the dispatcher's.
+USER_THREADS = 4
 
 
 def reconcile_threads(dispatcher_args: tuple[str, ...]) -> int:
@@ -99,6 +104,7 @@ class Floor:
         self.recorder = EventRecorder(self.manager, USER_AGENT)
         self.threads = threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="floor")
+        self.users = ThreadPoolExecutor(USER_THREADS, thread_name_prefix="floor-user")
         self.lock = threading.Lock()
         self.idle = threading.Condition(self.lock)
         self.outstanding = 0  # dispatches and teardowns submitted and not ended
@@ -124,10 +130,10 @@ class Floor:
         """A job the user just created (the create's answer): dispatch it."""
         self._submit(self._dispatch, created, time.perf_counter())
 
-    def _submit(self, step: Callable, *args) -> None:
+    def _submit(self, step: Callable, *args, pool: ThreadPoolExecutor | None = None) -> None:
         with self.lock:
             self.outstanding += 1
-        self.pool.submit(self._guarded, step, *args)
+        (pool or self.pool).submit(self._guarded, step, *args)
 
     def _guarded(self, step: Callable, *args) -> None:
         try:
@@ -176,15 +182,20 @@ class Floor:
         with self.lock:
             self.steps[key] = {"queue": started - queued, "patch": patched - started,
                                "create": done - patched}
-        self._submit(self._teardown, written, worker, copy)
+        self._submit(self._user_deletes, written, worker, copy, pool=self.users)
 
-    def _teardown(self, manager: dict, worker: str, copy: dict) -> None:
-        """The user's delete, then writes 4-5: the copy's delete, the finalizer's removal."""
+    def _user_deletes(self, manager: dict, worker: str, copy: dict) -> None:
+        """The user's delete (the suite's reaper deletes the dispatcher's jobs so, once
+        their copy is seen); then the dispatcher's part of the teardown."""
         meta = manager["metadata"]
         path = writes.object_path(c.TRAINER_GROUP, c.TRAINER_VERSION, meta["namespace"],
                                   c.TRAINJOBS, meta["name"])
         deleted = _retrying(lambda: writes.request_json(
             self.manager, "DELETE", path, {"propagationPolicy": "Background"}))
+        self._submit(self._teardown, deleted, worker, copy)
+
+    def _teardown(self, deleted: dict, worker: str, copy: dict) -> None:
+        """Writes 4-5: the copy's delete, the finalizer's removal."""
         copy_meta = copy["metadata"]
         try:
             _retrying(lambda: writes.request_json(
@@ -238,6 +249,7 @@ class Floor:
         return len(left)
 
     def close(self) -> None:
+        self.users.shutdown(wait=True)
         self.pool.shutdown(wait=True)
         self.recorder.flush(timeout=30)
         for api in (self.manager, *self.workers.values()):
