@@ -108,6 +108,7 @@ SYNCED_TEXT = "caches synced in"
 _SYNCED_LINE = re.compile(r"(?P<worker>[\w.-]+): caches synced in (?P<seconds>[\d.]+) ?s")
 SYNC_GAUGE = "dispatcher_worker_cache_sync_seconds"
 APPLY_HISTOGRAM = "dispatcher_capacity_event_apply_seconds"
+HANDLER_HISTOGRAM = "dispatcher_capacity_event_handler_seconds"
 # Budgets: the dispatcher's dispatch p99 against the floor's, a Pod event's apply p99, one
 # wide job's placement CPU p99.
 FLOOR_RATIO, APPLY_MS, WIDE_CPU_MS = 1.25, 5.0, 10.0
@@ -659,17 +660,32 @@ def placements(env: BenchClusters, timelines: Timelines, workers: list[str],
 
 # --- a Pod event's way into the room placement reads ----------------------------------
 
-def apply_buckets(dispatcher: ServiceProcess) -> dict[float, float] | None:
-    """The dispatcher's ``dispatcher_capacity_event_apply_seconds`` buckets now (upper
-    bound -> events at or under it, cumulative); None when it has no such histogram."""
+def apply_buckets(dispatcher: ServiceProcess) -> dict[str, dict[float, float]] | None:
+    """The dispatcher's ``dispatcher_capacity_event_apply_seconds`` and ``..._handler_
+    seconds`` buckets now (name -> upper bound -> events at or under it, cumulative); None
+    when it has no such histogram."""
     try:
         _, text = dispatcher.get("/metrics")
     except OSError:
         return None
-    buckets = {float(s.labels["le"]): s.value
-               for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == APPLY_HISTOGRAM + "_bucket"}
-    return buckets or None
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in (APPLY_HISTOGRAM + "_bucket", HANDLER_HISTOGRAM + "_bucket"):
+                buckets.setdefault(s.name[:-len("_bucket")], {})[float(s.labels["le"])] = \
+                    s.value
+    return buckets if APPLY_HISTOGRAM in buckets else None
+
+
+def event_figures(before: dict | None, after: dict | None) -> dict | None:
+    """``apply_figures`` of a Pod change's apply between two ``apply_buckets`` readings,
+    with the capacity handler's own time as ``handler``."""
+    if before is None or after is None:
+        return None
+    figures = apply_figures(before.get(APPLY_HISTOGRAM), after.get(APPLY_HISTOGRAM))
+    figures["handler"] = apply_figures(before.get(HANDLER_HISTOGRAM),
+                                       after.get(HANDLER_HISTOGRAM))
+    return figures
 
 
 def apply_figures(before: dict[float, float] | None,
@@ -1048,7 +1064,7 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                 before = apply_buckets(env.dispatcher)
                 results["churn"] = churn_cost(env, settings.scale_window_seconds, churns)
                 # The churn alone, no placement running: what a Pod change costs to count.
-                results["churn"]["event_apply"] = apply_figures(before,
+                results["churn"]["event_apply"] = event_figures(before,
                                                                 apply_buckets(env.dispatcher))
                 results["steady_churn"] = []
                 results["floor"] = []
@@ -1064,7 +1080,7 @@ def run_scale(settings: BenchSettings, output: Path, state_dir: Path | None,
                                                    settle=False)
                     finally:
                         figures_reaped = reaper.stop()
-                    figures["event_apply"] = apply_figures(before, apply_buckets(env.dispatcher))
+                    figures["event_apply"] = event_figures(before, apply_buckets(env.dispatcher))
                     figures["writes"] = dispatcher_writes(env, namespace)
                     figures.pop("runs", None)
                     figures["deleted_once_copied"] = figures_reaped

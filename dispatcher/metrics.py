@@ -86,7 +86,13 @@ class DispatcherMetrics:
             "in the room placement reads (it waits while a placement holds that worker's "
             "room); changes only, every worker", registry=self.registry,
             buckets=_APPLY_BUCKETS)
+        self.capacity_event_handler = Histogram(
+            "dispatcher_capacity_event_handler_seconds",
+            "A worker's Pod event in the capacity handler, for the events that change "
+            "the room: what the informer's thread waits (it never waits for a placement)",
+            registry=self.registry, buckets=_APPLY_BUCKETS)
         WorkerCapacity.pod_event_applied = self.capacity_event_apply.observe
+        WorkerCapacity.pod_event_handled = self.capacity_event_handler.observe
 
     def observer(self, cluster: str):
         """A request observer for one cluster's client: dispatcher_api_requests_total by

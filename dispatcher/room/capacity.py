@@ -153,9 +153,12 @@ class WorkerCapacity:
     """
 
     # Told, for each Pod change, the seconds from its event reaching ``on_pod`` to its
-    # change counted in the picture: a handler's change waits there while a decision
-    # holds the picture. Set process-wide by the dispatcher's metrics.
+    # change counted in the picture (a handler's change waits there while a decision
+    # holds the picture, until the next reader or handler takes it in), and to the
+    # handler's return (what the informer waited). Set process-wide by the dispatcher's
+    # metrics.
     pod_event_applied: Callable[[float], None] | None = None
+    pod_event_handled: Callable[[float], None] | None = None
 
     def __init__(self, name: str = "", scoring: str = LEAST_ALLOCATED,
                  clock: Callable[[], float] = time.monotonic):
@@ -280,6 +283,8 @@ class WorkerCapacity:
                 self._seen_pods[key] = use
             self._pending.append((_Change.POD, key, previous, use, received))
         self._take_in_if_free()
+        if self.pod_event_handled is not None:
+            self.pod_event_handled(time.perf_counter() - received)
         return True
 
     def _take_in_if_free(self) -> None:

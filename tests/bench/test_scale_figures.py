@@ -24,6 +24,17 @@ def test_the_event_apply_percentiles_are_those_of_the_events_between_the_reading
     assert scale.apply_figures(None, after) is None  # a dispatcher without the histogram
 
 
+def test_the_handlers_own_time_is_given_beside_the_apply():
+    before = {scale.APPLY_HISTOGRAM: {0.005: 0.0, INF: 0.0},
+              scale.HANDLER_HISTOGRAM: {0.005: 0.0, INF: 0.0}}
+    after = {scale.APPLY_HISTOGRAM: {0.005: 3.0, INF: 4.0},
+             scale.HANDLER_HISTOGRAM: {0.005: 4.0, INF: 4.0}}
+    figures = scale.event_figures(before, after)
+    assert (figures["events"], figures["within_budget_share"]) == (4, 0.75), figures
+    assert figures["handler"]["within_budget_share"] == 1.0, figures
+    assert scale.event_figures(None, after) is None
+
+
 def test_beyond_the_last_bound_the_percentile_is_that_bound():
     figures = scale.apply_figures({}, {0.001: 1.0, 0.005: 1.0, INF: 4.0})
     assert (figures["p50_ms"], figures["p99_ms"], figures["within_budget_share"]) == \
