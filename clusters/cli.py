@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "mode: the external MultiKueue dispatcher of a Kueue with "
                         "--kueue-dispatcher trainjob-dispatcher.io/capacity, every worker "
                         "running Kueue too)")
+    deploy.add_argument("--remote-api", action="store_true",
+                        help="with the remote view (docs/remote-view.md): the overlay with "
+                        "the component manifests/remote-api/serving, then manifests/"
+                        "remote-api; waits until its APIService is Available on both "
+                        "dispatcher replicas")
 
     release = sub.add_parser(
         "release", help="write the installable manifests of a release, images set",
@@ -299,7 +304,7 @@ def _deploy(args) -> int:
 
     state_owner.refuse_others(Path(args.state_dir).resolve(), "kind", "deploy")
     report = deploy(KindClusters(args.state_dir), timeout=args.timeout,
-                    manager_overlay=args.manager_overlay)
+                    manager_overlay=args.manager_overlay, with_remote_api=args.remote_api)
     if args.json:
         print(json.dumps({"steps": report.steps, "seconds": round(report.seconds, 1)}))
     else:

@@ -28,7 +28,12 @@ state directory, as a team deploys it, from the shipped manifests:
 5. wait until both Deployments are rolled out, the operators' webhooks answer, a dispatcher
    holds the Lease and every worker is Active (the dispatcher's condition; in Kueue mode
    Kueue's, about its own connection; beside Kueue, whose MultiKueue controller owns that
-   condition, only the rollout and the Lease are waited for).
+   condition, only the rollout and the Lease are waited for);
+6. ``--remote-api``: in step 3 the manager's overlay is applied with the component
+   ``manifests/remote-api/serving``, and ``manifests/remote-api`` right after it (the
+   remote view's aggregated API, ``clusters.kind.remote_api``; its RBAC lets a replica
+   serve it, which its readiness waits for); after step 5, deploy waits until the
+   APIService is Available and its Service routes to both dispatcher replicas.
 
 The queues are the team's own, never deploy's: in Kueue mode, the MultiKueueConfig,
 AdmissionCheck, ClusterQueues and LocalQueues (Kueue's MultiKueue guide) come from the team.
@@ -52,7 +57,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clusters import binaries, fixtures, images, kustomize
 from clusters.controlplane import ControlPlaneError
-from clusters.kind import KindClusters, waits
+from clusters.kind import KindClusters, remote_api, waits
 from clusters.kind import kueue as kind_kueue
 from controller_kit.kubeclient import api_client
 from trainjob import constants as c
@@ -147,11 +152,16 @@ class DeployReport:
 def apply_base(kubeconfig: Path, base: str) -> None:
     """``kubectl apply --server-side -k manifests/<base>``. Conflicts are forced: a deploy
     again after a change to the manifests takes the fields over from the one before."""
+    apply_kustomization(kubeconfig, kustomize.base_path(base), f"manifests/{base}")
+
+
+def apply_kustomization(kubeconfig: Path, directory: Path, what: str) -> None:
+    """``kubectl apply --server-side -k <directory>`` (``what`` names it in a failure)."""
     out = kustomize.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts",
-                            f"--field-manager={FIELD_MANAGER}", "-k",
-                            str(kustomize.base_path(base)), timeout=180)
+                            f"--field-manager={FIELD_MANAGER}", "-k", str(directory),
+                            timeout=180)
     if out.returncode != 0:
-        raise ControlPlaneError(f"kubectl apply -k manifests/{base} failed: "
+        raise ControlPlaneError(f"kubectl apply -k {what} failed: "
                                 f"{out.stderr.strip()[-2000:]}")
 
 
@@ -327,9 +337,10 @@ def workers_problem(api: client.ApiClient, workers: list[str]) -> str | None:
 
 def deploy(kind: KindClusters, timeout: float = 300,
            progress: binaries.Progress = binaries.stderr_progress,
-           manager_overlay: str = MANAGER_BASE) -> DeployReport:
+           manager_overlay: str = MANAGER_BASE, with_remote_api: bool = False) -> DeployReport:
     """Deploy the product into ``kind``'s clusters (see the module doc), the manager from
-    ``manager_overlay`` (one of ``MANAGER_OVERLAYS``)."""
+    ``manager_overlay`` (one of ``MANAGER_OVERLAYS``); ``with_remote_api``: with the remote
+    view's serving component and base (step 6)."""
     begun = time.monotonic()
     deadline = begun + timeout
     state = kind.load()
@@ -376,7 +387,7 @@ def deploy(kind: KindClusters, timeout: float = 300,
     progress(f"deploying into {', '.join(names)}")
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
         manager = pool.submit(_deploy_manager, kind, shipped, report, deadline,
-                              manager_overlay)
+                              manager_overlay, with_remote_api)
         tokens = {w: pool.submit(deploy_worker, kind, w, shipped, report, deadline, kueue_mode)
                   for w in workers}
         manager.result()
@@ -397,12 +408,33 @@ def deploy(kind: KindClusters, timeout: float = 300,
         report.add("manager", "dispatcher rolled out, leading"
                    + ("" if with_kueue and not kueue_mode else ", every worker Active"),
                    started)
+        if with_remote_api:
+            started = time.monotonic()
+            waits.wait_for("manager: the remote view's APIService on both replicas", lambda: (
+                remote_api.endpoints_problem(api, shipped.dispatcher_namespace,
+                                             shipped.dispatcher_deployment)
+                or remote_api.apiservice_problem(api)), deadline)
+            report.add("manager", "the remote view's APIService Available on both replicas",
+                       started)
     report.seconds = time.monotonic() - begun
     return report
 
 
+def manager_kustomization(kind: KindClusters, overlay: str = MANAGER_BASE,
+                          with_remote_api: bool = False) -> tuple[Path, str]:
+    """The directory deploy applies on the manager, and how a failure names it:
+    ``manifests/<overlay>``, or with the remote view's serving component, the overlay
+    ``clusters.kind.remote_api`` writes in the state directory (``kubectl delete -k`` of
+    either removes the manager's part)."""
+    if not with_remote_api:
+        return kustomize.base_path(overlay), f"manifests/{overlay}"
+    directory = remote_api.overlay(kind.state_dir, overlay)
+    return directory, f"{directory} (manifests/{overlay} + manifests/{remote_api.COMPONENT})"
+
+
 def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
-                    deadline: float, overlay: str = MANAGER_BASE) -> None:
+                    deadline: float, overlay: str = MANAGER_BASE,
+                    with_remote_api: bool = False) -> None:
     started = time.monotonic()
     _load(kind, "manager", [images.DISPATCHER_IMAGE], False, deadline)
     report.add("manager", "image loaded", started)
@@ -411,8 +443,16 @@ def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
         applied = ensure_crds(kind.kubeconfig("manager"), api, (TRAINER_CRDS, MULTIKUEUE_CRDS))
     report.add("manager", _crds_step(applied), started)
     started = time.monotonic()
-    apply_base(kind.kubeconfig("manager"), overlay)
-    report.add("manager", f"manifests/{overlay} applied", started)
+    directory, what = manager_kustomization(kind, overlay, with_remote_api)
+    apply_kustomization(kind.kubeconfig("manager"), directory, what)
+    report.add("manager", f"{what} applied", started)
+    if with_remote_api:
+        # Before any wait: a replica serving the remote view is ready only once it reads
+        # the front proxy's settings and keeps its certificate, which this base's RBAC
+        # allows.
+        started = time.monotonic()
+        apply_base(kind.kubeconfig("manager"), remote_api.BASE)
+        report.add("manager", f"manifests/{remote_api.BASE} applied", started)
 
 
 def _write_kubeconfig(path: Path, kubeconfig: dict) -> Path:
