@@ -38,7 +38,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -47,7 +47,6 @@ from kubernetes.client.exceptions import ApiException
 
 if TYPE_CHECKING:
     from controller_kit.controller_metrics import LeaderMetric
-    from controller_kit.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +59,6 @@ _RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "rene
                   "leaseTransitions")
 _SPEC_FIELDS = _RECORD_FIELDS + ("preferredHolder", "strategy")
 _TIME_FIELDS = ("acquireTime", "renewTime")
-
-
-def stop_writing(stopping: bool, lost_leadership: threading.Event,
-                 queues: Iterable[WorkQueue], stop_requested: threading.Event | None) -> None:
-    """What a controller does when its term ends: nothing more when it was asked to stop
-    (the Lease is released next); otherwise another replica may take over once the Lease
-    runs out, so it stops writing now (its queues shut) and ends the process, which its
-    supervisor restarts as a standby."""
-    if stopping:
-        log.info("leadership given up: stopping as asked")
-        return
-    log.error("lost leadership: stopping")
-    lost_leadership.set()
-    for queue in queues:
-        queue.shutdown()
-    if stop_requested is not None:
-        stop_requested.set()
 
 
 class LeaderElector:

@@ -1,6 +1,7 @@
 """Running a controller process: signals, the metrics and health listeners, the reconcile
 workers (and whether they still take work: liveness), and an orderly stop. Shared by the
-dispatcher and the operator commands."""
+dispatcher and the operator commands; what the controller runs, and in which order, is its
+``manager.Manager``'s."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,9 @@ from controller_kit.observability import Check, ObservabilityServer, Route, addr
 from controller_kit.serving_certificate import ServingCertificate
 from controller_kit.workqueue import ShutDown, WorkQueue
 
+if TYPE_CHECKING:
+    from controller_kit.manager import Manager
+
 log = logging.getLogger(__name__)
 
 
@@ -38,14 +42,6 @@ class Requeue(Exception):
     def __init__(self, delay: float, why: str):
         super().__init__(why)
         self.delay = delay
-
-
-class Controller(Protocol):
-    def start(self) -> Any: ...
-
-    def stop(self) -> None: ...
-
-    def ready(self) -> tuple[bool, str]: ...
 
 
 class Server(Protocol):
@@ -202,7 +198,7 @@ def _listen(what: str, host: str, port: int, flag: str, **server) -> Observabili
         raise ListenError(what, host, port, flag, err) from err
 
 
-def _observability(controller: Controller, registry: CollectorRegistry, listeners: Listeners,
+def _observability(manager: Manager, registry: CollectorRegistry, listeners: Listeners,
                    api: ApiClient | None, routes: dict[str, Route] | None,
                    routes_listener: RoutesListener | None) -> list[ObservabilityServer]:
     """The metrics listener (first), the probes' own and the routes' own when they have
@@ -241,14 +237,14 @@ def _observability(controller: Controller, registry: CollectorRegistry, listener
             started.append(_listen(what + (" and the dashboard" if shared else ""),
                                    listeners.metrics_host, listeners.metrics_port,
                                    "--metrics-port", registry=registry,
-                                   ready=None if listeners.probes_apart else controller.ready,
+                                   ready=None if listeners.probes_apart else manager.ready,
                                    live=live, routes=shared))
         if listeners.probes_apart:
             assert listeners.health_probe_host is not None
             assert listeners.health_probe_port is not None
             probes = _listen("health probes", listeners.health_probe_host,
                              listeners.health_probe_port, "--health-probe-port", registry=None,
-                             ready=controller.ready, live=live)
+                             ready=manager.ready, live=live)
             started.append(probes)
             log.info("health probes on %s/healthz and /readyz", probes.url)
         if routes and routes_listener is not None:
@@ -264,22 +260,20 @@ def _observability(controller: Controller, registry: CollectorRegistry, listener
     return started
 
 
-def serve(name: str, controller: Controller, registry: CollectorRegistry,
+def serve(name: str, manager: Manager, registry: CollectorRegistry,
           listeners: Listeners, api: ApiClient | None = None,
           extra_servers: Callable[[], list[Server]] | None = None,
-          stop: threading.Event | None = None,
-          failed: Callable[[], bool] | None = None,
           routes: dict[str, Route] | None = None,
           routes_listener: RoutesListener | None = None,
           gc_sweep_seconds: float = SWEEP_SECONDS) -> int:
     """Serve metrics and health where ``listeners`` say (secure metrics are authenticated
     against ``api``'s apiserver), and ``routes`` (beside plain metrics, or on
-    ``routes_listener``), start ``controller`` (then ``extra_servers``), run until
-    SIGINT/SIGTERM or until ``stop`` is set by someone else, then stop everything in
-    reverse order; the interpreter's frozen objects are swept every ``gc_sweep_seconds``
-    (0: never; controller_kit/gc_pauses.py). Returns the exit code (1 when ``failed()`` says the
-    stop was a failure, e.g. lost leadership)."""
-    stop = stop or threading.Event()
+    ``routes_listener``), start ``manager`` (then ``extra_servers``), run until
+    SIGINT/SIGTERM or until the manager's ``stop_requested`` is set otherwise (a lost
+    lease), then stop everything in reverse order; the interpreter's frozen objects are
+    swept every ``gc_sweep_seconds`` (0: never; controller_kit/gc_pauses.py). Returns the
+    exit code (1 when the manager says the stop was a failure, e.g. lost leadership)."""
+    stop = manager.stop_requested
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # Before the caches fill: they are most of what a full collection would walk, again
@@ -287,11 +281,11 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry,
     collector = GcPauses(registry, gc_sweep_seconds).install()
     servers: list[Server] = []
     try:
-        observability = _observability(controller, registry, listeners, api, routes,
+        observability = _observability(manager, registry, listeners, api, routes,
                                        routes_listener)
         servers.extend(observability)
         metrics = observability[0]
-        controller.start()
+        manager.start()
         # The caches have synced (reconciles may have begun): freeze what they hold.
         collector.sweep()
         servers.extend(extra_servers() if extra_servers else [])
@@ -307,9 +301,9 @@ def serve(name: str, controller: Controller, registry: CollectorRegistry,
     finally:
         for server in reversed(servers):
             server.stop()
-        controller.stop()
+        manager.stop()
         collector.uninstall()
-    if failed is not None and failed():
+    if manager.failed():
         log.error("%s stopped after a failure", name)
         return 1
     log.info("%s stopped", name)

@@ -6,7 +6,6 @@ import argparse
 import logging
 import socket
 import sys
-import threading
 
 from kubernetes.client.exceptions import ApiException
 
@@ -236,9 +235,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
 
-    stop = threading.Event()
     controller = DispatcherController(manager, config, workers=args.workers,
-                                      instance=socket.gethostname(), stop_requested=stop)
+                                      instance=socket.gethostname())
     manager.observer = controller.metrics.observer("manager")
     try:
         routes = dashboard.routes(controller)
@@ -254,9 +252,8 @@ def _main(argv: list[str] | None) -> int:
     else:
         log.info("dispatcher starting (origin %s, namespace %s)", config.origin,
                  config.namespace)
-    return serve("dispatcher", controller, controller.metrics.registry,
-                 config.metrics_listeners(), manager, stop=stop,
-                 failed=controller.lost_leadership.is_set,
+    return serve("dispatcher", controller.lifecycle, controller.metrics.registry,
+                 config.metrics_listeners(), manager,
                  routes=routes, routes_listener=_dashboard_listener(config),
                  gc_sweep_seconds=config.python_gc_sweep_seconds)
 

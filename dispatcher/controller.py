@@ -10,6 +10,9 @@ What wakes a job up:
 * room that changes with time, where no event says so: the pods of a job placed a while
   ago stop counting as in flight (capacity's ``ARRIVAL_WINDOW_SECONDS``), looked for every
   ``WAITING_RECHECK_SECONDS``.
+
+What runs, and in which order, is registered with a ``controller_kit.manager.Manager``
+(``_register``), which starts it, reports readiness, runs leader election and stops it.
 """
 
 from __future__ import annotations
@@ -18,19 +21,22 @@ import datetime
 import functools
 import logging
 import socket
-import threading
-import time
 import uuid
-from collections.abc import Callable
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
 
 from controller_kit.events import EventRecorder
 from controller_kit.informer import Informer
-from controller_kit.kubeclient import describe_error
-from controller_kit.leader import LeaderElector, stop_writing
-from controller_kit.service import start_workers
+from controller_kit.manager import (
+    FailureEvents,
+    Lease,
+    Manager,
+    Runnable,
+    cache,
+    reconcile_workers,
+)
 from controller_kit.workqueue import WorkQueue
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
 from dispatcher.config import DispatcherConfig
@@ -82,7 +88,7 @@ def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
 class DispatcherController:
     def __init__(self, manager: client.ApiClient, config: DispatcherConfig,
                  workers: int = 8, metrics: DispatcherMetrics | None = None,
-                 instance: str = "", stop_requested: threading.Event | None = None):
+                 instance: str = ""):
         self.manager = manager
         self.config = config
         self.metrics = metrics or DispatcherMetrics()
@@ -140,27 +146,20 @@ class DispatcherController:
         else:
             self.nominator.queue.instrument(
                 self.metrics.controllers.queue(NOMINATION_CONTROLLER))
-        self._workers = workers
-        self._threads: list[threading.Thread] = []
         # Interval jobs only: UTC spares tzlocal guessing (and warning about) the zone.
         self._scheduler = BackgroundScheduler(daemon=True, timezone=datetime.UTC)
-        self._started = False
-        self._stopping = False
         self.remote_view = None  # dispatcher/remote_view, started with the caches
-        self.lost_leadership = threading.Event()
-        self.stop_requested = stop_requested
-        self.elector = None
-        if config.leader_elect:
-            identity = f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-            lease = f"trainjob-dispatcher-{config.origin}"
-            self.elector = LeaderElector(
-                manager, config.namespace, lease, identity,
-                lease_duration=config.lease_duration_seconds,
-                renew_deadline=config.renew_deadline_seconds,
-                retry_period=config.retry_period_seconds,
-                on_started_leading=self._started_leading,
-                on_stopped_leading=self._stopped_leading,
-                metric=self.metrics.controllers.leader(lease))
+        lease = Lease(config.namespace, f"trainjob-dispatcher-{config.origin}",
+                      config.lease_duration_seconds, config.renew_deadline_seconds,
+                      config.retry_period_seconds) if config.leader_elect else None
+        self.lifecycle = Manager(
+            "dispatcher", api=manager, lease=lease,
+            identity=f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None)
+        self._register(workers)
+        # With --remote-api-port, a replica is ready once its remote view can serve: the
+        # APIService's Service sends the aggregator to ready replicas only.
+        self.lifecycle.add_check(self._remote_view_ready)
 
     # --- event routing --------------------------------------------------------------
 
@@ -256,130 +255,144 @@ class DispatcherController:
         for key in keys:
             self.queue.add(key)
 
-    # --- running --------------------------------------------------------------------
+    # --- what runs -------------------------------------------------------------------
 
-    # --- leadership ---------------------------------------------------------------------
-
-    @property
-    def leading(self) -> bool:
-        return self.elector.is_leader if self.elector is not None else self._started
-
-    def _started_leading(self) -> None:
-        """Only the leader writes: reconcile workers, garbage collection and the
-        MultiKueueCluster conditions start here, from warm caches."""
-        log.info("leading: dispatching")
-        self._scheduler.add_job(self._recheck_waiting, "interval",
-                                seconds=WAITING_RECHECK_SECONDS, id="waiting-recheck",
-                                max_instances=1, coalesce=True, replace_existing=True)
-        if self.nominator is not None:
-            # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
-            self._threads = start_workers(
-                self.nominator.queue, self.nominator.reconcile, self._workers, "nominate",
-                self._on_error, metrics=self.metrics.controllers.reconciles(NOMINATION_CONTROLLER))
-            for obj in self.nominator.workloads.list():
-                self.nominator.queue.add((obj["metadata"]["namespace"],
-                                          obj["metadata"]["name"]))
-            # What a standby saw of the workers is told now (an Event for one unusable).
-            self.registry.publish_all()
-            return
-        # The line first, before any reconcile can place a job: see ``restore``.
-        jobs = [job for job in self.trainjobs.list() if self._ours(job)]
-        restored = self.order.restore(jobs)
-        if restored:
-            log.info("%d waiting jobs back in line, highest priority first", restored)
-        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
-                                      "dispatch", self._on_error,
-                                      metrics=self.metrics.controllers.reconciles(
-                                          DISPATCH_CONTROLLER))
-        if self.config.gc_interval_seconds > 0:
-            self._scheduler.add_job(self.collect_garbage, "interval",
-                                    seconds=self.config.gc_interval_seconds,
-                                    id="garbage-collection", max_instances=1, coalesce=True,
-                                    replace_existing=True)
-        self.registry.publish_all()
-        self._requeue_keys(self.reconciler.waiting_for_room())
-        for job in jobs:
-            self._on_manager_trainjob("SYNC", None, job)
-
-    def _stopped_leading(self) -> None:
-        queues = [self.queue] + ([self.nominator.queue] if self.nominator is not None else [])
-        stop_writing(self._stopping, self.lost_leadership, queues, self.stop_requested)
-
-    def start(self, sync_timeout: float = 60) -> DispatcherController:
-        required_apis.require(self.manager, "manager", MANAGER_APIS)
+    def _register(self, workers: int) -> None:
+        """What the dispatcher runs, in order: every replica's caches and servers, then,
+        while it leads, the workers and what only the leader writes."""
+        add = self.lifecycle.add
+        # What the manager must serve: a missing CRD is named with how to install it.
+        add(Runnable("the manager's APIs", start=lambda _: required_apis.require(
+            self.manager, "manager", MANAGER_APIS)))
         # The jobs first: the registry keeps a worker that left it while jobs are placed
         # there (to drain it), so it needs to know where jobs are placed.
-        self.trainjobs.start()
-        if not self._wait_until(self.trainjobs.synced.is_set, sync_timeout):
-            if self._stop_asked():
-                return self
-            raise TimeoutError("manager TrainJob cache not synced")
-        self.registry.start(sync_timeout)
+        add(cache("manager TrainJob cache", self.trainjobs))
+        add(Runnable("worker registry", start=self.registry.start, stop=self.registry.stop))
         # Every replica serves the remote view: reads need no leadership.
+        add(Runnable("remote view", start=lambda _: self._start_remote_view(),
+                     stop=self._stop_remote_view))
+        if self.nominator is not None:
+            add(Runnable("Workload caches", start=self.nominator.start,
+                         stop=self.nominator.stop))
+        if self.priority_classes is not None:
+            add(Runnable("PriorityClass cache", start=lambda _: self.priority_classes.start(),
+                         stop=self.priority_classes.stop))
+        if self.worker_events is not None:
+            add(Runnable("worker Events mirror", start=lambda _: self.worker_events.start(),
+                         stop=self.worker_events.stop))
+        # Placement decisions need the workers' caches, so the first decisions are not made
+        # against empty pictures: each connected worker's caches synced or failed. A worker
+        # that does not answer must not hold up dispatching to the rest (not required).
+        # (The PriorityClasses too: the first waiting jobs take their places by them.)
+        add(Runnable("worker caches", synced=self._worker_caches_answered, required=False))
+        # And a verdict on each from then on: a job decided while a worker's first probe
+        # is out would not see that worker (the best fit may be it).
+        add(Runnable("worker probes", start=lambda _: self.registry.probe_and_wait(
+            self.registry.prober.timeout + 1.0)))
+        add(Runnable("scheduler", start=lambda _: self._scheduler.start(),
+                     stop=lambda: self._scheduler.shutdown(wait=False)))
+        # Only the leader writes: it starts here, from warm caches.
+        add(self._interval("waiting recheck", self._recheck_waiting, WAITING_RECHECK_SECONDS,
+                           says="leading: dispatching"), leader_only=True)
+        if self.nominator is not None:
+            # Kueue mode: Kueue copies, syncs and collects garbage; only nominations here.
+            add(reconcile_workers(
+                "nominate", self.nominator.queue, self.nominator.reconcile, workers,
+                FailureEvents("Workload", "nominate", "NominationError",
+                              self._workload_target, self.recorder,
+                              self.metrics.reconcile_errors.inc),
+                metrics=self.metrics.controllers.reconciles(NOMINATION_CONTROLLER)),
+                leader_only=True)
+            add(Runnable("first nominations", start=lambda _: self._first_nominations()),
+                leader_only=True)
+            return
+        # The line first, before any reconcile can place a job: see ``restore``.
+        add(Runnable("waiting line", start=lambda _: self._restore_line()), leader_only=True)
+        add(reconcile_workers(
+            "dispatch", self.queue, self.reconciler.reconcile, workers,
+            FailureEvents(c.TRAINJOB_KIND, "dispatch", "DispatchError", self.trainjobs.get,
+                          self.recorder, self.metrics.reconcile_errors.inc),
+            metrics=self.metrics.controllers.reconciles(DISPATCH_CONTROLLER)),
+            leader_only=True)
+        if self.config.gc_interval_seconds > 0:
+            add(self._interval("garbage collection", self.collect_garbage,
+                               self.config.gc_interval_seconds), leader_only=True)
+        add(Runnable("first pass", start=lambda _: self._first_pass()), leader_only=True)
+
+    def _interval(self, name: str, job, seconds: float, says: str = "") -> Runnable:
+        """``job`` every ``seconds`` on the scheduler, while this runnable runs."""
+        def start(_: float) -> None:
+            if says:
+                log.info(says)
+            self._scheduler.add_job(job, "interval", seconds=seconds, id=name,
+                                    max_instances=1, coalesce=True, replace_existing=True)
+
+        def stop() -> None:
+            try:
+                self._scheduler.remove_job(name)
+            except JobLookupError:
+                pass
+        return Runnable(name, start=start, stop=stop)
+
+    def _start_remote_view(self) -> None:
         self.remote_view = start_remote_view(self.manager, self.config, self.trainjobs,
                                              self.registry)
-        if self.nominator is not None:
-            self.nominator.start(sync_timeout)
-        if self.priority_classes is not None:
-            self.priority_classes.start()
-        if self.worker_events is not None:
-            self.worker_events.start()
-        # Placement decisions need the workers' caches, so the first decisions are not made
-        # against empty pictures: wait until each connected worker's caches have synced or
-        # failed. A worker that does not answer must not hold up dispatching to the rest.
-        # (The PriorityClasses too: the first waiting jobs take their places by them.)
+
+    def _remote_view_ready(self) -> str | None:
+        if self.config.remote_api_port is None:
+            return None
+        return self.remote_view.problem() if self.remote_view is not None else (
+            "the remote view is not started yet")
+
+    def _stop_remote_view(self) -> None:
+        if self.remote_view is not None:
+            self.remote_view.stop()
+
+    def _worker_caches_answered(self) -> bool:
         informers = [informer for worker in self.registry.snapshot()
                      for informer in worker.informers.values()] + (
             [self.priority_classes] if self.priority_classes is not None else [])
-        self._wait_until(lambda: all(i.synced.is_set() or i.last_error for i in informers),
-                         sync_timeout)
-        # And a verdict on each from then on: a job decided while a worker's first probe
-        # is out would not see that worker (the best fit may be it).
-        self.registry.probe_and_wait(self.registry.prober.timeout + 1.0)
-        if self._stop_asked():
-            return self
-        self._scheduler.start()
-        self._started = True
-        if self.elector is not None:
-            self.elector.start()
-        else:
-            self._started_leading()
-        return self
+        return all(i.synced.is_set() or i.last_error for i in informers)
 
-    def _stop_asked(self) -> bool:
-        return self.stop_requested is not None and self.stop_requested.is_set()
+    def _workload_target(self, namespace: str, name: str) -> dict | None:
+        obj = self.nominator.workloads.get(namespace, name)
+        return WorkloadNominator._event_target(obj) if obj is not None else None
 
-    def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
-        """Whether ``condition`` came true within ``timeout``; a stop request (SIGTERM while
-        starting) ends the wait at once."""
-        deadline = time.monotonic() + timeout
-        stop = self.stop_requested or threading.Event()
-        while not condition():
-            if stop.is_set() or time.monotonic() >= deadline:
-                return False
-            stop.wait(0.05)
-        return True
+    def _first_nominations(self) -> None:
+        for obj in self.nominator.workloads.list():
+            self.nominator.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+        # What a standby saw of the workers is told now (an Event for one unusable).
+        self.registry.publish_all()
+
+    def _restore_line(self) -> None:
+        restored = self.order.restore([job for job in self.trainjobs.list() if self._ours(job)])
+        if restored:
+            log.info("%d waiting jobs back in line, highest priority first", restored)
+
+    def _first_pass(self) -> None:
+        self.registry.publish_all()
+        self._requeue_keys(self.reconciler.waiting_for_room())
+        for job in self.trainjobs.list():
+            if self._ours(job):
+                self._on_manager_trainjob("SYNC", None, job)
+
+    # --- running --------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.lifecycle.leading
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once the caches are synced (and, with --remote-api-port, the remote view
-        can serve: the APIService's Service sends the aggregator to ready replicas only),
-        as leader or as a warm standby. Kueue mode waiting for Kueue is nothing to fix in
-        this process: said after the role (``; idle: <why>``), never a failure, so the
-        replica keeps serving what it serves (the remote view among them)."""
-        if not self.trainjobs.synced.is_set():
-            return False, "manager TrainJob cache not synced"
-        if self.config.remote_api_port is not None:
-            problem = self.remote_view.problem() if self.remote_view is not None else (
-                "the remote view is not started yet")
-            if problem:
-                return False, problem
-        text = "ok" if self.elector is None else "leader" if self.elector.is_leader else (
-            f"standby (leader: {self.elector.leader or 'none yet'})")
-        if self.nominator is not None:
+        """Ready once the caches are synced (and the remote view can serve, when on), as
+        leader or as a warm standby. Kueue mode waiting for Kueue is nothing to fix in this
+        process: said after the role (``; idle: <why>``), never a failure, so the replica
+        keeps serving what it serves (the remote view among them)."""
+        ok, text = self.lifecycle.ready()
+        if ok and self.nominator is not None:
             idle, why = self.kueue_mode_idle()
             if idle:
                 text = f"{text}; idle: {why}"
-        return True, text
+        return ok, text
 
     def kueue_mode_idle(self) -> tuple[bool, str]:
         """Kueue mode waits for Kueue: (True, why) when Kueue does not run on the manager
@@ -398,35 +411,3 @@ class DispatcherController:
         """One garbage-collection sweep over every connected worker."""
         return garbage_collection.sweep(self.registry, self.trainjobs, self.config.origin,
                                         self.metrics)
-
-    def stop(self) -> None:
-        self._stopping = True
-        if self.remote_view is not None:
-            self.remote_view.stop()
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
-        self.queue.shutdown()
-        if self.nominator is not None:
-            self.nominator.queue.shutdown()
-        for thread in self._threads:
-            thread.join(5)  # finish in-flight writes before the lease is given up
-        if self.elector is not None:
-            self.elector.stop(release=not self.lost_leadership.is_set())
-        if self.worker_events is not None:
-            self.worker_events.stop()
-        self.trainjobs.stop()
-        if self.priority_classes is not None:
-            self.priority_classes.stop()
-        if self.nominator is not None:
-            self.nominator.stop()
-        self.registry.stop()
-
-    def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
-        self.metrics.reconcile_errors.inc()
-        why = describe_error(err)
-        log.warning("TrainJob %s/%s: dispatch failed (%s); retry in %.2fs",
-                    key[0], key[1], why, delay)
-        job = self.trainjobs.get(*key)
-        if first and job is not None:
-            self.recorder.event(job, "Warning", "DispatchError",
-                                f"dispatch failed, retrying with backoff: {why}")

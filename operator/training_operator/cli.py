@@ -11,7 +11,6 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 from controller_kit import command_line, listeners, logs
@@ -218,14 +217,15 @@ def _trainer_status_plugins(args: argparse.Namespace, internal: bool = False) ->
 
 def _lease(args: argparse.Namespace):
     """The leader election settings from the flags; None without --leader-elect."""
-    from training_operator.controller import LeaseSettings, lease_name
+    from controller_kit.manager import Lease
+    from training_operator.controller import lease_name
 
     if not args.leader_elect:
         return None
     if not args.lease_duration > args.renew_deadline > 1.2 * args.retry_period:
         raise ValueError("--renew-deadline must be less than --lease-duration and more than "
                          "1.2 x --retry-period (a leader must stop before a standby may start)")
-    return LeaseSettings(args.leader_elect_namespace, lease_name(args.namespace),
+    return Lease(args.leader_elect_namespace, lease_name(args.namespace),
                          args.lease_duration, args.renew_deadline, args.retry_period)
 
 
@@ -256,10 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - configuration errors end the process clearly
         print(f"error: cannot load Kubernetes configuration: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
     controller = OperatorController(api, namespace=args.namespace, workers=args.workers,
                                     instance=socket.gethostname(), extra_plugins=status_plugins,
-                                    lease=lease, stop_requested=stop)
+                                    lease=lease)
     if args.webhook_cert_dir:
         controller.webhook_serving = False
 
@@ -275,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             keeper = WebhookCertificates(
                 api, certificates, Path(args.webhook_cert_dir),
                 registry=controller.metrics.registry,
-                is_leader=lambda: controller.elector is None or controller.elector.is_leader)
+                is_leader=lambda: controller.lifecycle.leading)
             servers.append(keeper.start())
             # Listening starts once the Secret's certificate is in place; /readyz says no
             # until then.
             while not keeper.serving.wait(0.5):
-                if stop.is_set():
+                if controller.lifecycle.stop_requested.is_set():
                     return servers
         server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
                                host=args.webhook_host, on_review=controller.observe_review,
@@ -317,6 +316,5 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("operator starting (namespace: %s%s)", args.namespace or "all",
              f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
-    return serve("operator", controller, controller.metrics.registry, where, api, webhook,
-                 stop=stop, failed=controller.lost_leadership.is_set,
-                 gc_sweep_seconds=args.python_gc_sweep_seconds)
+    return serve("operator", controller.lifecycle, controller.metrics.registry, where, api,
+                 webhook, gc_sweep_seconds=args.python_gc_sweep_seconds)

@@ -3,10 +3,11 @@
 Watched: TrainJobs (the subject), JobSets (status comes from them), TrainingRuntimes and
 ClusterTrainingRuntimes (a job waiting for a missing runtime starts when it appears).
 
-With leader election (``LeaseSettings``), several replicas keep warm caches and serve the
+With leader election (a ``Lease``), several replicas keep warm caches and serve the
 admission webhook (which only reads those caches), but only the Lease holder reconciles.
 So a rolling update never leaves TrainJob writes without a webhook to answer them, and
-never has two reconcilers writing one JobSet.
+never has two reconcilers writing one JobSet. Starting, readiness, leadership and stopping
+are the ``controller_kit.manager.Manager``'s: this module says what it runs.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import threading
-import time
 import uuid
-from dataclasses import dataclass
 
 from kubernetes import client
 
 from controller_kit.events import EventRecorder
 from controller_kit.informer import Informer
-from controller_kit.kubeclient import RateLimitedApiClient, describe_error
-from controller_kit.leader import LeaderElector, stop_writing
-from controller_kit.service import start_workers
+from controller_kit.kubeclient import RateLimitedApiClient
+from controller_kit.manager import (
+    FailureEvents,
+    Lease,
+    Manager,
+    Runnable,
+    cache,
+    reconcile_workers,
+)
 from controller_kit.workqueue import WorkQueue
 from training_operator.metrics import CONTROLLER, OperatorMetrics
 from training_operator.reconciler import Caches, TrainJobReconciler
@@ -46,17 +50,6 @@ def lease_name(namespace: str | None) -> str:
     return f"{LEASE_PREFIX}-{namespace}" if namespace else LEASE_PREFIX
 
 
-@dataclass(frozen=True)
-class LeaseSettings:
-    """Leader election: the Lease ``namespace/name`` and client-go's three durations."""
-
-    namespace: str
-    name: str
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-
-
 def _custom_list(api: client.ApiClient, group: str, version: str, plural: str,
                  namespace: str | None):
     custom = client.CustomObjectsApi(api)
@@ -70,8 +63,7 @@ class OperatorController:
     def __init__(self, api: client.ApiClient, namespace: str | None = None, workers: int = 4,
                  metrics: OperatorMetrics | None = None, instance: str = "",
                  extra_plugins: list[Plugin] | None = None,
-                 lease: LeaseSettings | None = None,
-                 stop_requested: threading.Event | None = None):
+                 lease: Lease | None = None):
         self.api = api
         self.namespace = namespace
         self.metrics = metrics or OperatorMetrics()
@@ -93,27 +85,35 @@ class OperatorController:
             requeue_after=lambda namespace, name, delay: self.queue.add_after(
                 (namespace, name), delay),
             plugins=registered() + list(extra_plugins) if extra_plugins else None)
-        self._workers = workers
-        self._threads: list[threading.Thread] = []
         # None: no webhook in this process; False until it listens (not ready before: the
         # Service would send admission reviews to a Pod that refuses them).
         self.webhook_serving: bool | None = None
-        self.lost_leadership = threading.Event()
-        self.stop_requested = stop_requested
-        self._stopping = False
-        self.elector = None
-        if lease is not None:
-            identity = f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-            self.elector = LeaderElector(
-                api, lease.namespace, lease.name, identity,
-                lease_duration=lease.lease_duration, renew_deadline=lease.renew_deadline,
-                retry_period=lease.retry_period, on_started_leading=self._started_leading,
-                on_stopped_leading=self._stopped_leading,
-                metric=self.metrics.controllers.leader(lease.name))
         self.trainjobs.add_handler(self._on_trainjob)
         self.jobsets.add_handler(self._on_jobset)
         self.runtimes.add_handler(self._on_runtime)
         self.cluster_runtimes.add_handler(self._on_runtime)
+        # What runs, in order: a missing CRD is named with how to install it (not left to a
+        # cache that never syncs), the caches, and, on the leader only, the workers.
+        self.lifecycle = Manager(
+            "operator", api=api, lease=lease,
+            identity=f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None)
+        self.lifecycle.add(Runnable("the worker's APIs", start=lambda _: required_apis.require(
+            api, "worker", [required_apis.TRAINJOBS, required_apis.TRAININGRUNTIMES,
+                            required_apis.CLUSTERTRAININGRUNTIMES, required_apis.JOBSETS])))
+        for informer in self.informers:
+            self.lifecycle.add(cache(f"{informer.name} cache", informer))
+        self.lifecycle.add_check(lambda: "webhook not serving yet"
+                                 if self.webhook_serving is False else None)
+        self.lifecycle.add(reconcile_workers(
+            "reconcile", self.queue, self.reconciler.reconcile, workers,
+            FailureEvents(c.TRAINJOB_KIND, "reconcile", "ReconcileError", self.trainjobs.get,
+                          self.recorder, self.metrics.reconcile_errors.inc),
+            self.metrics.reconcile_duration.observe,
+            self.metrics.controllers.reconciles(CONTROLLER)), leader_only=True)
+        # All jobs are added again when a term begins, as a resync (the queue kept every
+        # key the informers added meanwhile).
+        self.lifecycle.add(Runnable("resync", start=lambda _: self._resync()), leader_only=True)
 
     @property
     def informers(self) -> list[Informer]:
@@ -147,40 +147,9 @@ class OperatorController:
 
     # --- running --------------------------------------------------------------------
 
-    def start(self, sync_timeout: float = 60) -> OperatorController:
-        # A missing CRD is named with how to install it, not left to a cache that never syncs.
-        required_apis.require(self.api, "worker", [
-            required_apis.TRAINJOBS, required_apis.TRAININGRUNTIMES,
-            required_apis.CLUSTERTRAININGRUNTIMES, required_apis.JOBSETS])
-        for informer in self.informers:
-            informer.start()
-        deadline = time.monotonic() + sync_timeout
-        for informer in self.informers:
-            if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"{informer.name} cache not synced after {sync_timeout}s")
-        if self.elector is not None:
-            self.elector.start()
-        else:
-            self._started_leading()
-        return self
-
-    # --- leadership -------------------------------------------------------------------
-
-    def _started_leading(self) -> None:
-        """Only the leader reconciles; it starts from warm caches. (The queue kept every
-        key the informers added meanwhile; all jobs are added again all the same, as a
-        resync.)"""
-        if self.elector is not None:
-            log.info("leading: reconciling")
-        self._threads = start_workers(self.queue, self.reconciler.reconcile, self._workers,
-                                      "reconcile", self._on_error,
-                                      self.metrics.reconcile_duration.observe,
-                                      self.metrics.controllers.reconciles(CONTROLLER))
+    def _resync(self) -> None:
         for job in self.trainjobs.list():
             self._on_trainjob("SYNC", None, job)
-
-    def _stopped_leading(self) -> None:
-        stop_writing(self._stopping, self.lost_leadership, [self.queue], self.stop_requested)
 
     def lookups(self) -> CacheLookups:
         """What the webhook reads: the operator's caches (no API call per review)."""
@@ -193,37 +162,3 @@ class OperatorController:
         self.metrics.webhook_duration.observe(seconds)
         if not allowed:
             self.metrics.webhook_rejections.labels(reason=reason or "unknown").inc()
-
-    def ready(self) -> tuple[bool, str]:
-        """Ready once the caches are synced and the webhook (if any) listens, as leader or
-        as a standby: a standby's webhook answers as well as the leader's."""
-        missing = [i.name for i in self.informers if not i.synced.is_set()]
-        if missing:
-            return False, f"caches not synced: {', '.join(missing)}"
-        if self.webhook_serving is False:
-            return False, "webhook not serving yet"
-        if self.elector is None:
-            return True, "ok"
-        return True, "leader" if self.elector.is_leader else (
-            f"standby (leader: {self.elector.leader or 'none yet'})")
-
-    def stop(self) -> None:
-        self._stopping = True
-        self.queue.shutdown()
-        for thread in self._threads:
-            thread.join(5)  # finish in-flight writes before the Lease is given up
-        if self.elector is not None:
-            self.elector.stop(release=not self.lost_leadership.is_set())
-        for informer in self.informers:
-            informer.stop()
-
-    def _on_error(self, key, err: Exception, first: bool, delay: float) -> None:
-        self.metrics.reconcile_errors.inc()
-        why = describe_error(err)
-        log.warning("TrainJob %s/%s: reconcile failed (%s); retry in %.2fs",
-                    key[0], key[1], why, delay)
-        job = self.trainjobs.get(*key)
-        if first and job is not None:
-            # Once per streak of failures: people see it; retries do not spam.
-            self.recorder.event(job, "Warning", "ReconcileError",
-                                f"reconcile failed, retrying with backoff: {why}")

@@ -1,0 +1,225 @@
+"""The controller lifecycle (controller_kit.manager) without leader election: start order,
+waiting for what must sync, reverse stop, the readiness text, failing runnables, and one
+Event per streak of reconcile failures. Leadership against a real apiserver is in
+tests/trainjob/test_manager_leadership.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from clusters.testing import eventually
+from controller_kit.manager import (
+    FailureEvents,
+    Manager,
+    Runnable,
+    cache,
+    reconcile_workers,
+)
+from controller_kit.workqueue import WorkQueue
+
+
+class Journal:
+    """What the runnables did, in order: ("start" | "stop", name)."""
+
+    def __init__(self):
+        self.entries: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def runnable(self, name: str, synced=None, required: bool = True, fail: bool = False):
+        def start(_seconds_left: float) -> None:
+            with self._lock:
+                self.entries.append(("start", name))
+            if fail:
+                raise RuntimeError(f"{name} cannot start")
+
+        def stop() -> None:
+            with self._lock:
+                self.entries.append(("stop", name))
+        return Runnable(name, start=start, stop=stop, synced=synced, required=required)
+
+    def of(self, what: str) -> list[str]:
+        with self._lock:
+            return [name for kind, name in self.entries if kind == what]
+
+
+class Flag:
+    """A cache stand-in: synced once ``synced`` is set (by the test, or at start)."""
+
+    def __init__(self, sync_at_start: bool = True):
+        self.synced = threading.Event()
+        self._sync_at_start = sync_at_start
+        self.stopped = False
+
+    def start(self):
+        if self._sync_at_start:
+            self.synced.set()
+        return self
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_starts_in_order_leader_only_last_and_stops_in_reverse():
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("caches", synced=lambda: True))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    manager.add(journal.runnable("server"))
+    manager.add(journal.runnable("first pass"), leader_only=True)
+    assert not manager.leading
+    manager.start(sync_timeout=5)
+    assert journal.of("start") == ["caches", "server", "workers", "first pass"]
+    assert manager.leading, "without election the workers' start makes it the writer"
+    manager.stop()
+    assert journal.of("stop") == ["first pass", "workers", "server", "caches"]
+    assert not manager.failed()
+
+
+def test_the_next_runnable_waits_for_the_cache_before_it_and_readiness_names_it():
+    slow = Flag(sync_at_start=False)
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(cache("TrainJob cache", Flag()))
+    manager.add(cache("JobSet cache", slow))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    manager.add_check(lambda: "webhook not serving yet")
+    assert manager.ready() == (False, "TrainJob cache not synced")
+    starting = threading.Thread(target=manager.start, kwargs={"sync_timeout": 30})
+    starting.start()
+    try:
+        eventually(manager.ready, lambda answer: answer == (False, "JobSet cache not synced"),
+                   timeout=5, expected="the first cache synced, the second named as not")
+        assert journal.of("start") == [], "workers started before every cache synced"
+        slow.synced.set()
+        starting.join(10)
+        assert not starting.is_alive(), "start did not return once the caches synced"
+        assert journal.of("start") == ["workers"]
+        # The caches are in: the extra check speaks next, then nothing stands against it.
+        assert manager.ready() == (False, "webhook not serving yet")
+    finally:
+        slow.synced.set()
+        starting.join(10)
+        manager.stop()
+    assert slow.stopped
+
+
+def test_ready_without_election_is_ok():
+    manager = Manager("test")
+    manager.add(cache("cache", Flag()))
+    manager.start(sync_timeout=5)
+    try:
+        assert manager.ready() == (True, "ok")
+    finally:
+        manager.stop()
+
+
+def test_a_required_runnable_not_synced_fails_the_start_by_name_and_a_stop_undoes_it():
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("apis"))
+    manager.add(journal.runnable("stuck cache", synced=lambda: False))
+    manager.add(journal.runnable("after"))
+    with pytest.raises(TimeoutError, match="stuck cache not synced after 0.2s"):
+        manager.start(sync_timeout=0.2)
+    assert journal.of("start") == ["apis", "stuck cache"]
+    manager.stop()
+    assert journal.of("stop") == ["stuck cache", "apis"]
+
+
+def test_one_not_required_is_waited_for_then_left_out_of_readiness():
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("worker caches", synced=lambda: False, required=False))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    manager.start(sync_timeout=0.2)
+    try:
+        assert journal.of("start") == ["worker caches", "workers"]
+        assert manager.ready() == (True, "ok")
+    finally:
+        manager.stop()
+
+
+def test_a_runnable_that_fails_to_start_stops_the_start_and_only_what_started_stops():
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("first"))
+    manager.add(journal.runnable("broken", fail=True))
+    manager.add(journal.runnable("never"))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    with pytest.raises(RuntimeError, match="broken cannot start"):
+        manager.start(sync_timeout=5)
+    manager.stop()
+    assert journal.of("start") == ["first", "broken"]
+    assert journal.of("stop") == ["broken", "first"]
+
+
+def test_a_leader_only_runnable_that_fails_ends_the_term_and_the_process(caplog):
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("cache"))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    manager.add(journal.runnable("broken", fail=True), leader_only=True)
+    manager.add(journal.runnable("never"), leader_only=True)
+    manager.start(sync_timeout=5)
+    assert manager.stop_requested.is_set() and manager.failed()
+    assert "broken failed to start; stopping" in caplog.text
+    # The term's runnables stopped at once (no writes from a half-started leader).
+    assert journal.of("stop") == ["broken", "workers"]
+    manager.stop()
+    assert journal.of("stop") == ["broken", "workers", "cache"]
+
+
+def test_a_stop_asked_for_while_starting_ends_the_start_quietly():
+    journal = Journal()
+    manager = Manager("test")
+    manager.add(journal.runnable("cache", synced=lambda: False))
+    manager.add(journal.runnable("workers"), leader_only=True)
+    starting = threading.Thread(target=manager.start, kwargs={"sync_timeout": 60})
+    starting.start()
+    eventually(lambda: journal.of("start"), lambda started: started == ["cache"], timeout=5,
+               expected="the cache started and waited for")
+    manager.stop_requested.set()  # what SIGTERM does
+    starting.join(5)
+    assert not starting.is_alive(), "a stop request did not end the wait for a cache"
+    manager.stop()
+    assert journal.of("start") == ["cache"] and journal.of("stop") == ["cache"]
+    assert not manager.failed()
+
+
+class Recorder:
+    def __init__(self):
+        self.events: list[tuple[str, str, str, str]] = []
+
+    def event(self, obj: dict, kind: str, reason: str, message: str) -> None:
+        self.events.append((obj["metadata"]["name"], kind, reason, message))
+
+
+def test_a_failure_streak_is_one_event_and_every_failure_is_counted():
+    job = {"metadata": {"namespace": "team-a", "name": "train"}}
+    recorder, counted = Recorder(), []
+    attempts, done = [], threading.Event()
+
+    def reconcile(namespace: str, name: str) -> None:
+        attempts.append(name)
+        if len(attempts) < 4:
+            raise RuntimeError("the apiserver said no")
+        done.set()
+
+    queue = WorkQueue(base_delay=0.001, max_delay=0.01)
+    report = FailureEvents("TrainJob", "reconcile", "ReconcileError",
+                           lambda ns, name: job if (ns, name) == ("team-a", "train") else None,
+                           recorder, lambda: counted.append(1))
+    manager = Manager("test")
+    manager.add(reconcile_workers("reconcile", queue, reconcile, 2, report), leader_only=True)
+    manager.start(sync_timeout=5)
+    try:
+        queue.add(("team-a", "train"))
+        assert done.wait(10), f"never reconciled after the failures; attempts: {attempts}"
+        assert len(counted) == 3
+        assert recorder.events == [("train", "Warning", "ReconcileError",
+                                    "reconcile failed, retrying with backoff: "
+                                    "RuntimeError: the apiserver said no")]
+    finally:
+        manager.stop()
