@@ -408,7 +408,10 @@ def test_a_namespace_viewer_reads_and_follows_the_lines_of_a_job_that_exits_3(
     assert first.match(text[0]), text
     assert last.match(text[-1]), text
     steps = [(at, int(STEP.match(line)[1])) for at, line in got if STEP.match(line)]
-    assert [s for _, s in steps] == list(range(1, len(steps) + 1)), text
+    # In the order printed, none twice (a step is the whole seconds elapsed at a tick: on
+    # a busy machine a late tick skips a number).
+    numbers = [s for _, s in steps]
+    assert numbers[0] == 1 and numbers == sorted(set(numbers)), text
     # Streamed: the steps printed while it was followed arrived one by one after the
     # lines already there, not all at the end.
     live = [step for at, step in steps if at > got[0][0] + 1.5]
@@ -510,7 +513,7 @@ def test_the_leaders_pod_deleted_while_logs_are_followed_never_hangs(
             if state == "goes on":
                 steps = [int(STEP.match(line)[1]) for _, line in follow.collect()
                          if STEP.match(line)]
-                assert steps == list(range(steps[0], steps[0] + len(steps))), steps
+                assert steps == sorted(set(steps)), steps
     finally:
         for follow in follows:
             follow.stop()
