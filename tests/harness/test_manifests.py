@@ -519,7 +519,7 @@ def test_the_dashboard_is_not_served_on_every_interface(overlay):
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["metrics"] == config.metrics_port and address[1] not in ports.values()
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["port"] == "health"
 
 
@@ -554,9 +554,13 @@ def test_metrics_are_served_as_controller_runtime_serves_them(base, overlay, mon
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert (ports["metrics"], ports["health"]) == (
         where.metrics_port, where.health_probe_port) == (8443, 8081), (ports, where)
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                        ("readinessProbe", "/readyz")):
         assert container[probe]["httpGet"] == {"path": path, "port": "health"}, probe
         assert container[probe]["timeoutSeconds"] >= 5, probe
+    # A start on a busy node is not cut short by liveness: minutes to come up.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120, startup
     account = (deployment["metadata"]["namespace"], pod["spec"]["serviceAccountName"])
     auth = _rules(objects, "ClusterRole", f"{name}-metrics-auth")
     assert _allows(auth, "authentication.k8s.io", "tokenreviews", "create")
