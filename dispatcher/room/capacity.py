@@ -19,6 +19,7 @@ those in flight could strand one another in some order of arrival waits for them
 from __future__ import annotations
 
 import ast
+import contextlib
 import heapq
 import logging
 import threading
@@ -127,11 +128,13 @@ class WorkerCapacity:
     * **the picture** (``_lock``, held through a decision): Nodes, bound pods' use,
       reservations and their plans, and their running sums (``_used``, ``_counted``,
       ``_node_planned``, ...: changed with what they sum). Every reader takes in the
-      pending changes first (``_catch_up``), in the order they were made; a handler that
-      finds ``_lock`` free takes them in itself, so an idle worker's picture is never
-      behind. Each change of a Node's room (a pod bound or gone there, room planned or
-      freed there, the Node itself added, changed or gone) gives that Node the worker's
-      next **generation** (``_generations``, in the order given: the newest last).
+      pending changes first (``_catch_up``), in the order they were made, and again as it
+      lets the picture go (``_picture``); a handler that finds ``_lock`` free takes them in
+      itself. So an idle worker's picture is never behind, and a change that came during a
+      decision is counted when that decision ends. Each change of a Node's room (a pod
+      bound or gone there, room planned or freed there, the Node itself added, changed or
+      gone) gives that Node the worker's next **generation** (``_generations``, in the
+      order given: the newest last).
     * **the derived caches**, each with its one rule of invalidation:
 
       - ``_rooms[(node, held)]``: a Node's room; dropped when the Node gets a generation;
@@ -154,7 +157,7 @@ class WorkerCapacity:
 
     # Told, for each Pod change, the seconds from its event reaching ``on_pod`` to its
     # change counted in the picture (a handler's change waits there while a decision
-    # holds the picture, until the next reader or handler takes it in), and to the
+    # holds the picture, until that decision lets it go), and to the
     # handler's return (what the informer waited). Set process-wide by the dispatcher's
     # metrics.
     pod_event_applied: Callable[[float], None] | None = None
@@ -286,6 +289,23 @@ class WorkerCapacity:
         if self.pod_event_handled is not None:
             self.pod_event_handled(time.perf_counter() - received)
         return True
+
+    @contextlib.contextmanager
+    def _picture(self) -> Iterator[None]:
+        """Hold the picture for a decision or a read; on letting it go, take in what the
+        handlers left pending meanwhile, so a change waits for one decision at most, not
+        for the next event or reader (at a slow churn, seconds)."""
+        self._lock.acquire()
+        try:
+            yield
+        finally:
+            try:
+                self._catch_up()
+            finally:
+                self._lock.release()
+        # A change appended between that catch-up and the release found the picture held.
+        if self._pending:
+            self._take_in_if_free()
 
     def _take_in_if_free(self) -> None:
         """Take the pending changes in now unless a decision holds the picture (it takes
@@ -422,7 +442,7 @@ class WorkerCapacity:
     def window_passed(self) -> bool:
         """Whether the pods of some job stopped counting as in flight since the last call:
         jobs that wait on the order of arrival may fit now, and no event says so."""
-        with self._lock:
+        with self._picture():
             self._catch_up()
             since, now = self._window_looked_at, self._clock()
             self._window_looked_at = now
@@ -472,7 +492,7 @@ class WorkerCapacity:
              tolerations: list[dict] | None = None) -> Resources:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
-        with self._lock:
+        with self._picture():
             self._catch_up()
             return self._free(self._admitting(node_selector, tolerations).set,
                               _rules(node_selector, tolerations))
@@ -495,7 +515,7 @@ class WorkerCapacity:
         sign = -1 if self.scoring == MOST_ALLOCATED else 1
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
         wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
-        with self._lock:
+        with self._picture():
             self._catch_up()
             found = self._admitting(node_selector, tolerations)
             names, admitted, allocatable, rules = (found.names, found.set, found.allocatable,
@@ -540,7 +560,7 @@ class WorkerCapacity:
         packing heuristic, which may say no where a cleverer packing fits, and then the
         job merely does not hold this worker for itself."""
         largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
-        with self._lock:
+        with self._picture():
             self._catch_up()
             room = {name: dict(self._nodes[name].allocatable)
                     for name in self._admitting(node_selector, tolerations).names}
@@ -795,7 +815,7 @@ class WorkerCapacity:
         ("Nodes excluded: 2 without label pool=gpu (nodeSelector), 1 with taint
         gpu=true:NoSchedule (not tolerated)"), or None when every Node admits them."""
         rules: Counter[str] = Counter()
-        with self._lock:
+        with self._picture():
             self._catch_up()
             for node in self._nodes.values():
                 rule = ("not Ready or cordoned" if not node.usable else
@@ -841,7 +861,7 @@ class WorkerCapacity:
         """Totals over usable nodes: node and reservation counts, and per ``CAPACITY_STATES``
         the amounts by resource. The one computation the dashboard, the status command and
         the capacity metrics all read (``summary``, ``by_resource``)."""
-        with self._lock:
+        with self._picture():
             self._catch_up()
             if self._totals is not None and self._totals[0] == self._changes:
                 return self._totals[1]  # nothing moved since: a scrape costs nothing
@@ -867,7 +887,7 @@ class WorkerCapacity:
         """Work out every kept sum and cache afresh from the Nodes, the bound pods and the
         reservations, and compare with what is kept: AssertionError naming the first that
         differs (the randomized tests call it after each step)."""
-        with self._lock:
+        with self._picture():
             self._catch_up()
             self._check()
 
@@ -971,7 +991,7 @@ class WorkerCapacity:
     def drop_caches(self) -> None:
         """Drop every derived cache (see the class docstring): each is made afresh when
         next read. For tests that hold the kept caches to a picture without them."""
-        with self._lock:
+        with self._picture():
             self._rooms.clear()
             self._admitted.clear()
             self._free_sums.clear()

@@ -914,3 +914,22 @@ def test_check_finds_a_kept_sum_that_drifted():
     capacity._used["a"]["cpu"] = D(2)  # a bookkeeping bug, as check must catch it
     with pytest.raises(AssertionError, match="used per Node"):
         capacity.check()
+
+
+def test_a_pod_change_during_a_decision_is_counted_when_the_decision_ends(monkeypatch):
+    """A handler never waits for a decision: its change waits in the index. It is counted
+    as the decision lets the picture go, not only when the next event or reader comes
+    (at a slow churn, seconds later)."""
+    applied: list[float] = []
+    monkeypatch.setattr(WorkerCapacity, "pod_event_applied", applied.append)
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity, node("a"))
+    with capacity._picture():  # a decision holding the picture
+        handler = threading.Thread(target=capacity.on_pod, args=(
+            ADDED, None, pod("p1", node_name="a", cpu="3")))
+        handler.start()
+        handler.join(timeout=10)
+        assert not handler.is_alive(), "the Pod handler waited for the decision"
+        assert applied == [], "the change was counted while the decision held the picture"
+    assert len(applied) == 1, f"after the decision: {len(applied)} changes counted, not 1"
+    assert capacity.free()["cpu"] == D(5)
