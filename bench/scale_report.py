@@ -86,8 +86,8 @@ def _floor_table(results: dict) -> list[str]:
              "log. A Pod event's apply: from the dispatcher's capacity handler receiving it "
              "to its change counted in the room placement reads "
              "(`dispatcher_capacity_event_apply_seconds`, interpolated in its buckets): a "
-             "change that comes while a placement holds that worker's room is counted by "
-             "the next reader or handler; in the handler: what the informer's thread "
+             "change that comes while a placement holds that worker's room is counted as "
+             "that placement lets it go; in the handler: what the informer's thread "
              "waited (`dispatcher_capacity_event_handler_seconds`).", "",
              "| rate | dispatched: dispatcher / floor | dispatcher p50 / p99 ms "
              "| floor p50 / p99 ms | ratio p50 / p99 | PATCH p50 / p99 ms: dispatcher, floor "
