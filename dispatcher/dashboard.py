@@ -254,33 +254,32 @@ def job_routes(trainjob: Callable[[str, str], dict | None], life: JobLife) -> di
                                  "it has no copy on a worker", name, "TrainJob")
         return None
 
-    def job(query: dict[str, list[str]]) -> Response:
+    def answer(path: str, query: dict[str, list[str]], parse, read) -> Response:
+        """Parameters parsed (400 naming the bad one), the job checked, then ``read``."""
         try:
-            found = _parameters(JOB_PATH, query, JOB_PARAMETERS, JOB_PARAMETERS)
+            found, options = parse(query)
         except BadParameter as err:
-            return _refusal(400, f"{JOB_PATH}: {err}")
+            return _refusal(400, f"{path}: {err}")
         refused = multicluster(found)
         if refused is not None:
             return refused
         try:
-            return _json(200, life.job(found["namespace"], found["name"]))
+            return _json(200, read(found, options))
         except LifeProblem as problem:
             return _refusal(problem.code, str(problem), problem.name, problem.kind)
 
+    def job(query: dict[str, list[str]]) -> Response:
+        return answer(JOB_PATH, query, lambda q: (
+            _parameters(JOB_PATH, q, JOB_PARAMETERS, JOB_PARAMETERS), None),
+            lambda found, _: life.job(found["namespace"], found["name"]))
+
     def log(query: dict[str, list[str]]) -> Response:
-        try:
-            found = _parameters(LOG_PATH, query, LOG_PARAMETERS, (*JOB_PARAMETERS, "pod"))
-            container, tail = _log_parameters(found)
-        except BadParameter as err:
-            return _refusal(400, f"{LOG_PATH}: {err}")
-        refused = multicluster(found)
-        if refused is not None:
-            return refused
-        try:
-            return _json(200, life.log(found["namespace"], found["name"], found["pod"],
-                                       container, tail))
-        except LifeProblem as problem:
-            return _refusal(problem.code, str(problem), problem.name, problem.kind)
+        def parse(q: dict[str, list[str]]):
+            found = _parameters(LOG_PATH, q, LOG_PARAMETERS, (*JOB_PARAMETERS, "pod"))
+            return found, _log_parameters(found)
+
+        return answer(LOG_PATH, query, parse, lambda found, options: life.log(
+            found["namespace"], found["name"], found["pod"], *options))
 
     return {JOB_PATH: job, LOG_PATH: log}
 
