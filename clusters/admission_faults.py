@@ -21,6 +21,8 @@ from pathlib import Path
 
 from kubernetes import client
 
+from clusters.machine_load import Deadline
+
 REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
            504: "Timeout"}
 
@@ -144,11 +146,11 @@ class AdmissionFaults:
         asynchronously): dry-run ConfigMap creates reach it without storing anything."""
         core = client.CoreV1Api(self.cluster.api)
         body = {"metadata": {"name": "admission-faults-probe"}}
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while not self._probed.is_set():
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise TimeoutError(f"webhook {self.name} not called by cluster "
-                                   f"{self.cluster.name} within {timeout:.0f}s")
+                                   f"{self.cluster.name} within {deadline.waited()}")
             core.create_namespaced_config_map(self.namespace, body, dry_run="All")
             self._probed.wait(0.1)
 

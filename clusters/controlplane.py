@@ -28,6 +28,7 @@ import yaml
 
 from clusters import kueue, nodes, processes, worker_stack
 from clusters.binaries import ControlPlaneBinaries
+from clusters.machine_load import Deadline
 from clusters.pki import FRONT_PROXY_CLIENT, ClusterPKI
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
@@ -474,8 +475,9 @@ def wait_until(
     interval: float = 0.1,
 ) -> None:
     """Poll ``probe`` until true. Fail early if ``alive()`` turns false (the process died),
-    and fail with the component's log tail either way."""
-    deadline = time.monotonic() + timeout
+    and fail with the component's log tail either way. ``timeout`` is what an idle machine
+    needs; a busy one stretches it by its load (``Deadline``)."""
+    deadline = Deadline(timeout)
     while True:
         if probe():
             return
@@ -483,7 +485,8 @@ def wait_until(
             tail = processes.log_tail(log_file) if log_file else ""
             raise ControlPlaneError(
                 f"{what}: process exited before it was ready. Log tail:\n{tail}")
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             tail = processes.log_tail(log_file) if log_file else ""
-            raise ControlPlaneError(f"{what}: not ready after {timeout:.0f}s. Log tail:\n{tail}")
+            raise ControlPlaneError(
+                f"{what}: not ready after {deadline.waited()}. Log tail:\n{tail}")
         time.sleep(interval)

@@ -11,6 +11,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clusters.machine_load import Deadline
+
 FIELD_MANAGER = "trainjob-clusters"
 
 # Which TrainJob/runtime CRDs a cluster serves: the project's (manifests/crds) or upstream
@@ -79,7 +81,8 @@ def install_crds(api_client: client.ApiClient, crds: list[dict], timeout: float 
             _content_type="application/apply-patch+yaml", _preload_content=False,
         ).read()
     custom = client.CustomObjectsApi(api_client)
-    deadline = time.monotonic() + timeout
+    # What an idle machine needs; a busy one stretches it by its load.
+    deadline = Deadline(timeout)
     for crd in crds:
         name = crd["metadata"]["name"]
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
@@ -104,8 +107,9 @@ def install_crds(api_client: client.ApiClient, crds: list[dict], timeout: float 
             names = conditions.get("NamesAccepted")
             if names is not None and names["status"] == "False":
                 raise RuntimeError(f"CRD {name}: names not accepted: {names.get('message')}")
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"CRD {name} not serving after {timeout:.0f}s: {last_seen}")
+            if deadline.passed():
+                raise TimeoutError(f"CRD {name} not serving after {deadline.waited()}: "
+                                   f"{last_seen}")
             time.sleep(0.1)
 
 
@@ -118,7 +122,7 @@ def wait_schema_served(api_client: client.ApiClient, crd: dict, timeout: float =
     kind = crd["spec"]["names"]["kind"]
     version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
     wanted = _spec_fingerprint(version["schema"]["openAPIV3Schema"])
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     seen: object = "not observed yet"
     while True:
         try:
@@ -127,9 +131,9 @@ def wait_schema_served(api_client: client.ApiClient, crd: dict, timeout: float =
             seen = f"no schema yet ({type(err).__name__}: {err})"
         if seen == wanted:
             return
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             raise TimeoutError(f"CRD {crd['metadata']['name']}: schema not served after "
-                               f"{timeout:.0f}s; expected spec fields and defaults {wanted}, "
+                               f"{deadline.waited()}; expected spec fields and defaults {wanted}, "
                                f"saw {seen}")
         time.sleep(0.1)
 

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clusters.machine_load import Deadline
 from controller_kit.yaml_errors import YamlFileError, read_yaml_mapping
 
 # kwok manages exactly the Nodes carrying this annotation (its documented convention).
@@ -194,7 +195,7 @@ def schedulable_problem(node: client.V1Node) -> str | None:
 def wait_schedulable(api: client.ApiClient, names: list[str], timeout: float) -> None:
     """Until every Node in ``names`` is Ready and free of the not-ready taint."""
     core = client.CoreV1Api(api)
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         problems = []
         for name in names:
@@ -206,8 +207,9 @@ def wait_schedulable(api: client.ApiClient, names: list[str], timeout: float) ->
                 problems.append(problem)
         if not problems:
             return
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             raise TimeoutError(
-                f"{len(problems)} Node(s) not schedulable after {timeout:.0f}s (kwok marks them "
-                f"Ready, the node-lifecycle controller lifts the taint): {'; '.join(problems[:3])}")
+                f"{len(problems)} Node(s) not schedulable after {deadline.waited()} (kwok marks "
+                f"them Ready, the node-lifecycle controller lifts the taint): "
+                f"{'; '.join(problems[:3])}")
         time.sleep(0.2)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import http.client
 import json
-import os
 import signal
 import socket
 import ssl
@@ -23,32 +22,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clusters.controlplane import free_port
 
+# The tests and the bench smoke tests read the machine's load from here too.
+from clusters.machine_load import (  # noqa: F401
+    MOST_STRETCH,
+    MOST_WAIT_STRETCH,
+    Deadline,
+    load_stretch,
+    machine_load,
+    stretched,
+)
+
 T = TypeVar("T")
-
-
-# The most a wait is stretched by the machine's load: past that, something hangs.
-MOST_STRETCH = 4.0
-
-
-def load_stretch() -> float:
-    """How much longer than on an idle machine a wait may take now: the load average per
-    CPU (the higher of the last 1 and 5 minutes) where that is above 1, at most
-    ``MOST_STRETCH``. On a shared machine (the other pytest process running kind's
-    clusters, a build) everything a test waits for comes later, without anything hanging."""
-    per_cpu = max(os.getloadavg()[:2]) / (os.cpu_count() or 1)
-    return min(MOST_STRETCH, max(1.0, per_cpu))
-
-
-def machine_load() -> str:
-    """The machine's load, for a failure message: was it waiting on a busy machine?"""
-    one, five, fifteen = os.getloadavg()
-    return (f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} "
-            "CPUs")
-
-
-def stretched(seconds: float) -> float:
-    """``seconds`` of an idle machine, as long as the machine is busy now (``load_stretch``)."""
-    return seconds * load_stretch()
 
 
 class ConditionTimeout(AssertionError):
@@ -70,13 +54,13 @@ def eventually(
     """Call ``observe()`` until ``check`` accepts its result; return that result.
 
     ``timeout`` is what an idle machine needs; when it has passed on a busy one, the wait
-    goes on for as long as the load stretches it (``load_stretch``, at most 4 times).
-    On timeout, fail with ``expected``, the machine's load and the last observation (or
-    the last exception ``observe`` raised), so a red test explains itself. ``observe``
-    raising ``ProcessExited`` ends the wait at once.
+    goes on for as long as the load stretches it (``Deadline``: the load average per CPU,
+    at most ``MOST_WAIT_STRETCH`` times): what it waits for must come, so a longer ceiling
+    costs nothing when it does. On timeout, fail with ``expected``, how long it waited, the
+    machine's load and the last observation (or the last exception ``observe`` raised), so a
+    red test explains itself. ``observe`` raising ``ProcessExited`` ends the wait at once.
     """
-    started = time.monotonic()
-    limit = timeout
+    deadline = Deadline(timeout)
     last: object = "nothing observed"
     while True:
         try:
@@ -88,21 +72,10 @@ def eventually(
             raise
         except Exception as err:  # noqa: BLE001 - the last error is part of the report
             last = f"{type(err).__name__}: {err}"
-        elapsed = time.monotonic() - started
-        if elapsed >= limit:
-            limit = max(limit, timeout * load_stretch())
-            if elapsed >= limit:
-                raise ConditionTimeout(
-                    f"expected {expected} within {_waited(timeout, elapsed)}; last seen: "
-                    f"{last!r}")
+        if deadline.passed():
+            raise ConditionTimeout(
+                f"expected {expected} within {deadline.waited()}; last seen: {last!r}")
         time.sleep(interval)
-
-
-def _waited(timeout: float, elapsed: float) -> str:
-    """How long a wait lasted, against its idle-machine timeout, with the load."""
-    stretch = f"{elapsed:.1f}s, stretched from {timeout:.1f}s" if elapsed > timeout * 1.05 \
-        else f"{timeout:.1f}s"
-    return f"{stretch} ({machine_load()})"
 
 
 def plain_get(port: int, path: str, host: str = "127.0.0.1",

@@ -13,7 +13,7 @@ import time
 
 from clusters import fixtures
 from clusters.admission_faults import AdmissionFaults
-from clusters.testing import eventually, holds_for
+from clusters.testing import eventually, holds_for, machine_load, stretched
 from trainjob import constants as c
 
 from dispatch_helpers import (
@@ -150,8 +150,10 @@ def test_a_frozen_worker_apiserver_does_not_slow_the_other_worker(dispatch_env, 
                    timeout=20, expected="worker-2's status still mirrored promptly")
         elapsed = time.monotonic() - started
         # On an idle machine this takes well under a second; the bound is for a loaded CI
-        # machine, and far below what one hung request (30 s timeout) would cost.
-        assert elapsed < 15, f"5 dispatches and 1 status sync took {elapsed:.1f}s"
+        # machine (stretched by its load), and below what one hung request (30 s timeout)
+        # would cost.
+        assert elapsed < min(stretched(15), 28), (
+            f"5 dispatches and 1 status sync took {elapsed:.1f}s ({machine_load()})")
     finally:
         os.kill(apiserver, signal.SIGCONT)
         env.multicluster["worker-2"].core.delete_node(node)

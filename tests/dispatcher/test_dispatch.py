@@ -14,7 +14,7 @@ from kubernetes import client
 
 from bench import dispatch_log
 from clusters import fixtures
-from clusters.testing import eventually, holds_for
+from clusters.testing import eventually, holds_for, machine_load, stretched
 from trainjob import constants as c
 
 from dispatch_helpers import (
@@ -329,7 +329,8 @@ def test_dispatch_and_sync_latency_over_many_jobs(dispatch_env, namespace, count
         lags.sort()
         print(f"status sync (remote Complete seen -> manager Complete seen) over {len(lags)}: "
               f"median {lags[len(lags) // 2] * 1000:.0f} ms, worst {lags[-1] * 1000:.0f} ms")
-    assert dispatch[-1] < 30, f"slowest dispatch took {dispatch[-1]:.1f}s"
+    assert dispatch[-1] < stretched(30), (
+        f"slowest dispatch took {dispatch[-1]:.1f}s ({machine_load()})")
 
 
 def test_a_remote_deleted_by_someone_else_is_recorded_and_placed_again(dispatch_env,

@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client
 
 from clusters import fixtures
-from clusters.testing import eventually, holds_for
+from clusters.testing import eventually, holds_for, machine_load, stretched
 
 MK = ("kueue.x-k8s.io", "v1beta2")
 
@@ -87,13 +87,16 @@ def test_an_unreachable_worker_delays_neither_the_start_nor_the_stop(
     eventually(lambda: lines_about(dispatcher.log_file, "leading: dispatching"), bool,
                timeout=20, expected=f"the dispatcher leading within seconds although "
                                     f"{closed_port_worker} does not answer")
-    assert time.monotonic() - started < 20
+    # 20 s on an idle machine; on a busy one the start is as much slower as the load says,
+    # but still well short of the 60 s sync timeout it must not wait out.
+    took = time.monotonic() - started
+    assert took < min(stretched(20), 50), f"leading after {took:.1f}s ({machine_load()})"
     stopping = time.monotonic()
     dispatcher.stop()
     took = time.monotonic() - stopping
-    assert dispatcher.proc.returncode == 0 and took < 5, (
+    assert dispatcher.proc.returncode == 0 and took < stretched(5), (
         f"expected a clean exit within 5 s of SIGTERM; exit code {dispatcher.proc.returncode} "
-        f"after {took:.1f}s")
+        f"after {took:.1f}s ({machine_load()})")
 
 
 @pytest.mark.parametrize("module, command", [("dispatcher", "status"), ("dispatcher", "run"),
@@ -141,7 +144,10 @@ def test_missing_crds_are_named_with_how_to_install_them(multicluster, module, c
     assert done.returncode == 1, (done.returncode, done.stderr)
     assert words in done.stderr, done.stderr
     assert "404" not in done.stderr and "HTTP response headers" not in done.stderr, done.stderr
-    assert time.monotonic() - started < 30, "it must not wait for a cache that never syncs"
+    # A start on a busy machine is slower, but must end well before the 60 s sync timeout.
+    took = time.monotonic() - started
+    assert took < min(stretched(30), 50), (
+        f"it must not wait for a cache that never syncs; it took {took:.1f}s ({machine_load()})")
 
 
 @pytest.mark.parametrize("module, command, cluster", [

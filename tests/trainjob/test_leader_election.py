@@ -14,7 +14,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters.testing import eventually, holds_for
+from clusters.testing import eventually, holds_for, machine_load, stretched
 from controller_kit.kubeclient import RateLimitedApiClient
 from controller_kit.leader import LeaderElector
 
@@ -179,8 +179,10 @@ def test_a_standby_takes_over_after_the_leader_crashes(election):
     spec = _leader_is(election, "b")
     took = time.monotonic() - crashed
     # b last saw a renew at most one jittered retry before the crash and must then wait
-    # out the whole lease duration, measured on its own clock.
-    assert LEASE_DURATION - 2.2 * RETRY_PERIOD - 0.1 < took < LEASE_DURATION + 1.5, took
+    # out the whole lease duration, measured on its own clock (and then be given a core to
+    # take it: later on a busy machine).
+    assert LEASE_DURATION - 2.2 * RETRY_PERIOD - 0.1 < took < LEASE_DURATION + stretched(1.5), (
+        f"b took over {took:.2f}s after the crash ({machine_load()})")
     assert spec["leaseTransitions"] == 1
     assert b.leader == "b" and not a.is_leader
     assert election.count("a", "stopped") == 1
@@ -282,7 +284,7 @@ def test_a_partitioned_leader_steps_down_before_a_standby_takes_over(election,
     link.cut.set()
     cut = time.monotonic()
     a_stepped_down = b_took_over = None
-    while b_took_over is None and time.monotonic() - cut < LEASE_DURATION + 3:
+    while b_took_over is None and time.monotonic() - cut < LEASE_DURATION + stretched(3):
         leaders = election.leaders()
         now = time.monotonic() - cut
         assert len(leaders) <= 1, f"a and b both lead {now:.2f}s after the partition"
