@@ -277,7 +277,9 @@ class ServiceProcess:
         else:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            # An orderly stop must come (tests check its exit code): 15 s when idle, as much
+            # longer as a busy machine's load says.
+            self.proc.wait(15 * load_stretch(MOST_WAIT_STRETCH))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clusters import worker_stack
-from clusters.testing import eventually
+from clusters.testing import eventually, machine_load, stretched
 from training_operator.webhook import ApiLookups
 from training_operator.webhook_server import VALIDATE_PATH, WebhookServer
 
@@ -513,9 +513,11 @@ def test_a_review_round_trip_over_a_kept_alive_connection_takes_milliseconds(web
         status, _ = post(conn, body)
         samples.append(time.perf_counter() - started)
         assert status == 200
-    p50 = statistics.median(samples) * 1000
-    # Nagle's algorithm with the client's delayed ACK would add ~40 ms to every review.
-    assert p50 < 20, f"median round trip {p50:.1f} ms"
+    p50, fastest = statistics.median(samples) * 1000, min(samples) * 1000
+    # Nagle's algorithm with the client's delayed ACK would add ~40 ms to every review, the
+    # fastest too; a loaded machine delays the others by as much as its load says.
+    assert fastest < 20 and p50 < stretched(20), (
+        f"round trips: fastest {fastest:.1f} ms, median {p50:.1f} ms ({machine_load()})")
 
 
 def test_a_taken_webhook_port_is_named_with_its_flag(multicluster, tmp_path):

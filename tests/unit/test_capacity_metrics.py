@@ -81,20 +81,22 @@ def test_a_scrape_of_a_thousand_nodes_is_cheap():
     metrics = DispatcherMetrics()
     metrics.count_capacity(lambda: [worker])
     scrapes = 20
-    # After a change each time (a pod bound): the totals are computed afresh.
-    started = time.perf_counter()
+    # After a change each time (a pod bound): the totals are computed afresh. A scrape's
+    # cost is this thread's own CPU time: on a loaded machine wall time is mostly waiting
+    # for a core.
+    started = time.thread_time()
     for index in range(scrapes):
         worker.capacity.on_pod("ADDED", None, _pod(f"new-{index}", "big-1", "1"))
         series = _series(metrics, "dispatcher_worker_capacity")
-    changed = (time.perf_counter() - started) / scrapes
+    changed = (time.thread_time() - started) / scrapes
     # Nothing changed since the last scrape: the totals are reused.
-    started = time.perf_counter()
+    started = time.thread_time()
     for _ in range(scrapes):
         series = _series(metrics, "dispatcher_worker_capacity")
-    unchanged = (time.perf_counter() - started) / scrapes
+    unchanged = (time.thread_time() - started) / scrapes
     assert series[(("cluster", "big"), ("resource", GPU), ("state", "allocatable"))] == 8000
     assert series[(("cluster", "big"), ("resource", GPU), ("state", "used"))] == 500
     assert series[(("cluster", "big"), ("resource", "cpu"), ("state", "used"))] == 500 + scrapes
-    print(f"one scrape of 1,000 Nodes: {changed * 1000:.2f} ms after a change, "
+    print(f"one scrape of 1,000 Nodes: {changed * 1000:.2f} ms of CPU after a change, "
           f"{unchanged * 1000:.2f} ms without")
-    assert changed < 0.1, f"a scrape of 1,000 Nodes took {changed * 1000:.1f} ms"
+    assert changed < 0.1, f"a scrape of 1,000 Nodes took {changed * 1000:.1f} ms of CPU"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusters.machine_load import machine_load, stretched
 from controller_kit.kubeclient import (
     FROM_ENVIRONMENT,
     FROM_FLAG,
@@ -32,7 +33,9 @@ def test_token_bucket_spends_the_burst_then_paces():
     for _ in range(5):
         bucket.acquire()
     elapsed = time.monotonic() - started
-    assert 0.03 <= elapsed < 0.5, f"5 tokens past the burst at 100/s took {elapsed:.3f}s"
+    # At most 0.5 s on an idle machine; each paced wait wakes as late as a loaded one says.
+    assert 0.03 <= elapsed < stretched(0.5), (
+        f"5 tokens past the burst at 100/s took {elapsed:.3f}s ({machine_load()})")
 
 
 def test_the_token_hook_runs_at_most_once_a_second_and_stays_installed():
