@@ -14,6 +14,9 @@ around it. A prediction that packed where the scheduler spreads let a burst frag
 Nodes: every job fit on paper, and a large pod found no Node. Last, a job whose pods and
 those in flight could strand one another in some order of arrival waits for them to bind
 (``arrival``).
+
+Where the pods go is decided in ``packing``, pure, over a snapshot of the picture kept
+here (``WorkerCapacity._snapshot``); this module keeps the picture and its caches.
 """
 
 from __future__ import annotations
@@ -28,25 +31,28 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any, NamedTuple
+from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from dispatcher.room import arrival
+from dispatcher.room import arrival, packing
 from dispatcher.room.amounts import PODS, fits, format_amount, shift
 from dispatcher.room.amounts import accumulate as _accumulate
+from dispatcher.room.packing import LEAST_ALLOCATED, Admitted
+from dispatcher.room.packing import MOST_ALLOCATED as MOST_ALLOCATED
+from dispatcher.room.packing import SCORING_STRATEGIES as SCORING_STRATEGIES
+from dispatcher.room.packing import below_zero as _below_zero
+from dispatcher.room.packing import rank as _rank
 from trainjob import constants as c
 from trainjob.runtime.podsets import PodSet, format_quantity
 
 log = logging.getLogger(__name__)
 
-# kube-scheduler's NodeResourcesFit scoring strategies (its default is LeastAllocated), the
-# resources it scores (cpu and memory, weight 1 each) and what it assumes for a container
-# that requests none of them when scoring (not when filtering).
-LEAST_ALLOCATED = "LeastAllocated"
-MOST_ALLOCATED = "MostAllocated"
-SCORING_STRATEGIES = (LEAST_ALLOCATED, MOST_ALLOCATED)
-_SCORED = (("cpu", Decimal("0.1")), ("memory", Decimal(200 * 2**20)))
+# Names of ``packing`` read here as well: the scoring strategies (by the command line and
+# the tests), what the scheduler scores, and the packer and its room (the scale tests hold
+# them to a plain reference).
+_SCORED = packing.SCORED
+_Packer, _Rooms = packing.Packer, packing.Rooms
 # Placing one job reads these amounts thousands of times: one object each.
 _ZERO = Decimal(0)
 _ONE = Decimal(1)
@@ -95,20 +101,6 @@ class _PodUse:
     # A pod that succeeded: it holds no room on its Node, but it has done its part of its
     # job's reservation, which must not hold that room again while the job runs on.
     finished: bool = False
-
-
-class Plan(dict):
-    """Where ``pack`` put a job's pods: Node -> their requests in sum (what the job's
-    reservation holds there), and ``pods``: Node -> each pod's requests (what the check of
-    arrival orders asks about)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pods: dict[str, list[Resources]] = {}
-
-    def add(self, node: str, pod: Resources) -> None:
-        _accumulate(self.setdefault(node, {}), pod)
-        self.pods.setdefault(node, []).append(pod)
 
 
 class WorkerCapacity:
@@ -216,7 +208,7 @@ class WorkerCapacity:
         self._rooms: dict[tuple[str, bool], Resources] = {}
         # The usable Nodes each rule set admits, until a Node comes, goes or changes its
         # labels, taints or readiness (a heartbeat changes none of them).
-        self._admitted: dict[tuple, _Admitted] = {}
+        self._admitted: dict[tuple, Admitted] = {}
         # The worker's last generation, and each Node's (see the class docstring): the
         # Nodes in the order of their last change, so that those changed since a given
         # generation are the few at the end. (A Node gone keeps its entry, newer than
@@ -232,9 +224,9 @@ class WorkerCapacity:
         # since the last one of that shape, not every Node.
         self._heaps: dict[tuple, _Kept] = {}
         # The Nodes where more room is held for placed jobs than their bound pods leave
-        # (``_displaced``), as of generation ``_short_seen``: with hundreds of jobs in
-        # flight, hundreds of Nodes hold room, and a placement would otherwise look at
-        # each of them.
+        # (``packing.displaced`` moves their held pods), as of generation ``_short_seen``:
+        # with hundreds of jobs in flight, hundreds of Nodes hold room, and a placement
+        # would otherwise look at each of them.
         self._short: set[str] = set()
         self._short_seen = 0
 
@@ -384,8 +376,8 @@ class WorkerCapacity:
                 planned: dict[str, Resources] | None = None,
                 rules: tuple[dict[str, str] | None, list[dict] | None] = (None, None)) -> None:
         """Count a just-placed job's footprint until its pods account for it (idempotent);
-        ``planned`` says on which Nodes its pods were packed (a ``Plan`` also says how,
-        pod by pod), ``rules`` the nodeSelector and tolerations they were packed by.
+        ``planned`` says on which Nodes its pods were packed (a ``packing.Plan`` also says
+        how, pod by pod), ``rules`` the nodeSelector and tolerations they were packed by.
         Re-reserving the same footprint without a plan (the copy's events do) keeps the
         plan; a reservation re-made after a restart has none and counts against every
         selection of Nodes. Only ``reservations.Reservations`` calls this and ``release``.
@@ -506,74 +498,48 @@ class WorkerCapacity:
         The pods of placed jobs that are not bound yet hold room on the Nodes they were
         planned on, but the scheduler does not see those holds, and the pods come in no
         order this dispatcher knows (a trainer after its initializers, a copy that Kueue
-        makes when its clients get to it). So both ends are checked: the held pods first,
-        then this job's (the plan returned); and this job's first, placed as the scheduler
-        sees the Nodes (bound pods only), then the held pods wherever room is left. Held
-        pods whose Node is short (taken by this job, or by a pod the scheduler bound off
-        its plan) go to the other Nodes; if one fits nowhere, the job does not fit here.
-        Reservations without a plan are counted by ``free``."""
-        sign = -1 if self.scoring == MOST_ALLOCATED else 1
-        largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
-        wanted = [{**pod, PODS: pod.get(PODS, _ONE)} for pod in largest_first]
+        makes when its clients get to it). So both ends are checked (``packing.decide``:
+        the held pods first, then this job's, whose plan is returned; and this job's first,
+        then the held pods wherever room is left), and then the orders of arrival
+        (``_order_problem``). Reservations without a plan are counted by ``free``."""
+        wanted = packing.largest_first(pods)
         with self._picture():
             self._catch_up()
             found = self._admitting(node_selector, tolerations)
-            names, admitted, allocatable, rules = (found.names, found.set, found.allocatable,
-                                                   found.rules)
+            decision = packing.decide(wanted, self._snapshot(found))
+            if isinstance(decision, str):
+                return decision
+            return self._order_problem(wanted, found) or decision
 
-            def held(name: str) -> Resources:
-                return self._room(name, True)
-
-            # The held pods first, then this job's.
-            room = _Rooms(admitted, held)
-            problem = self._rehome_held(room, found, sign)
-            if problem:
-                return problem
-            plan = Plan()
-            packer = _Packer(room, allocatable, sign,
-                             kept=self._kept_heap(True, names, admitted, rules, sign))
-            for pod in wanted:
-                name = packer.take(pod)
-                if name is None:
-                    return _no_node_for(pod, room)
-                plan.add(name, pod)
-            if any(node in admitted for node in self._node_planned):
-                # This job's first, where the scheduler would put them, then the held
-                # ones. (With no room held on these Nodes, both orders are the one above.)
-                room = _Rooms(admitted, held)
-                packer = _Packer(_Rooms(admitted, lambda name: self._room(name, False)),
-                                 allocatable, sign,
-                                 kept=self._kept_heap(False, names, admitted, rules, sign))
-                for pod in wanted:
-                    name = packer.take(pod)
-                    if name is None:
-                        return _no_node_for(pod, room)
-                    room.take(name, pod)
-                problem = self._rehome_held(room, found, sign)
-            return problem or self._order_problem(wanted, found) or plan
+    def _snapshot(self, found: Admitted) -> packing.Snapshot:
+        """The picture as a packing over the Nodes ``found`` reads it: the room kept per
+        Node, the room placed jobs hold, and the heaps kept between placements (read, and
+        brought up to date, as the packing asks). Valid while the lock is held. Called
+        under the lock."""
+        return packing.Snapshot(
+            admitted=found,
+            held_room=lambda name: self._room(name, True),
+            bound_room=lambda name: self._room(name, False),
+            sign=packing.sign_of(self.scoring),
+            holds=self._planned_counted,
+            holding=self._node_planned.keys(),
+            short=self._short_nodes(),
+            admitted_for=self._job_admitted,
+            kept=self._kept_heap)
 
     def could_fit(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
                   tolerations: list[dict] | None = None) -> bool:
         """Whether ``pods`` would fit on the usable Nodes that admit them were nothing
         else running: when not, no room that frees here can serve them (the waiting line
-        lets others use it). Largest first onto the fullest Node that takes each: a
-        packing heuristic, which may say no where a cleverer packing fits, and then the
-        job merely does not hold this worker for itself."""
-        largest_first = sorted(pods, key=lambda r: sorted(r.items()), reverse=True)
+        lets others use it). Largest first onto the fullest Node that takes each
+        (``packing.fits_on_empty``): a packing heuristic, which may say no where a cleverer
+        packing fits, and then the job merely does not hold this worker for itself."""
         with self._picture():
             self._catch_up()
-            room = {name: dict(self._nodes[name].allocatable)
-                    for name in self._admitting(node_selector, tolerations).names}
-        for pod in largest_first:
-            wanted = {**pod, PODS: pod.get(PODS, _ONE)}
-            fitting = [name for name, free in room.items() if fits(free, wanted)]
-            if not fitting:
-                return False
-            fullest = min(fitting, key=lambda n: (sorted(room[n].items()), n))
-            shift(room[fullest], wanted, -1)
-        return True
+            allocatable = self._admitting(node_selector, tolerations).allocatable
+        return packing.fits_on_empty(packing.largest_first(pods), allocatable)
 
-    def _order_problem(self, wanted: list[Resources], admitted: _Admitted) -> str | None:
+    def _order_problem(self, wanted: list[Resources], admitted: Admitted) -> str | None:
         """Why the job should wait for the pods of jobs placed in the last
         ``ARRIVAL_WINDOW_SECONDS`` to bind: in some order of arrival, its pods and theirs
         could leave one of them without a Node (``arrival``), where neither group could on
@@ -618,7 +584,7 @@ class WorkerCapacity:
                 f"arrival, theirs and this job's could leave a pod of {asked} without a Node "
                 "(it waits for them to bind)")
 
-    def _absorbed(self, wanted: list[Resources], admitted: _Admitted, held: Resources,
+    def _absorbed(self, wanted: list[Resources], admitted: Admitted, held: Resources,
                   holding: Iterable[str]) -> bool:
         """Whether a usable Node of ``admitted`` could take this job's pods and ``held`` at
         once, and so could every Node of ``holding`` (those with held room). Called under
@@ -673,34 +639,27 @@ class WorkerCapacity:
         part[PODS] = _ONE
         return [part] * count
 
-    def _job_admitted(self, job: JobKey) -> _Admitted:
+    def _job_admitted(self, job: JobKey) -> Admitted:
         """The usable Nodes the rules ``job``'s pods were packed by admit. Called under the
         lock."""
         return self._admitting(*self._rules.get(job, (None, None)))
 
     def _admitting(self, node_selector: dict[str, str] | None,
-                   tolerations: list[dict] | None) -> _Admitted:
+                   tolerations: list[dict] | None) -> Admitted:
         """The usable Nodes a pod with this nodeSelector and these tolerations may land
         on (kept per rule set). Called under the lock."""
         rules = _rules(node_selector, tolerations)
         found = self._admitted.get(rules)
         if found is None:
-            names = [name for name, node in self._nodes.items()
-                     if node.usable and admits(node.labels, node.taints, node_selector,
-                                               tolerations)]
-            allocatable = {name: self._nodes[name].allocatable for name in names}
-            largest: Resources = {}
-            for amounts in allocatable.values():
-                for resource, amount in amounts.items():
-                    if amount > largest.get(resource, _ZERO):
-                        largest[resource] = amount
-            found = self._admitted[rules] = _Admitted(rules, names, frozenset(names),
-                                                      allocatable, largest)
+            allocatable = {name: node.allocatable for name, node in self._nodes.items()
+                           if node.usable and admits(node.labels, node.taints, node_selector,
+                                                     tolerations)}
+            found = self._admitted[rules] = Admitted.of(rules, allocatable)
         return found
 
     def _kept_heap(self, held: bool, names: list[str], members: Collection[str],
                    rules: tuple, sign: int
-                   ) -> Callable[[Resources], tuple[list, dict[str, int]]]:
+                   ) -> packing.HeapSource:
         """For a packer over the room (``held`` or not) of ``names`` (``members`` as a
         set), the Nodes admitted by ``rules``: given a pod shape, a heap of those Nodes that
         fit it, scored, as of now (a copy, to pop from), and the generations its entries
@@ -732,55 +691,6 @@ class WorkerCapacity:
                 del self._heaps[next(iter(self._heaps))]
             return list(kept.heap), generations
         return scored
-
-    def _rehome_held(self, room: _Rooms, found: _Admitted, sign: int) -> str | None:
-        """Pack the held pods of Nodes that are short onto whichever Nodes of ``room``
-        (those ``found`` admitted) their jobs' rules admit and have room (which they
-        take); why one fits nowhere, or None. The packers start from heaps kept between
-        placements: under a steady stream of placements some Node is short most of the
-        time, and scoring every Node for each lump would be most of a placement. Called
-        under the lock."""
-        packers: dict[tuple, _Packer] = {}
-        for lump, job in self._displaced(room):
-            allowed = self._job_admitted(job)
-            packer = packers.get(allowed.rules)
-            if packer is None:
-                names, members, kept_as = found.names, found.set, found.rules
-                if allowed.rules != found.rules:  # the Nodes both admit, kept under both
-                    names = [name for name in allowed.names if name in found.set]
-                    members, kept_as = allowed.set & found.set, (found.rules, allowed.rules)
-                packer = packers[allowed.rules] = _Packer(
-                    room, allowed.allocatable, sign, allowed.set,
-                    kept=self._kept_heap(True, names, members, kept_as, sign))
-            if packer.take(lump) is None:
-                return ("the pods of placed jobs would be left without room: "
-                        + _no_node_for(lump, {n: room[n] for n in room if n in allowed.set}))
-        return None
-
-    def _displaced(self, room: _Rooms) -> list[tuple[Resources, JobKey]]:
-        """The held pods on Nodes whose room is short in some resource, with their jobs,
-        largest first, all taken out of those Nodes' room, to be packed again over the
-        Nodes (which ones the scheduler will put elsewhere depends on the order they come
-        in). One job's held pods on a Node move as one lump: a lump can only be harder to
-        place than its pods. A pod of a placed job bound off its plan keeps the job's held
-        room where it was until the job's last pod binds: which held pod it stood for is
-        not known. Called under the lock."""
-        # Only Nodes with held room have lumps to move: the rest need not be looked at. Those
-        # this packing changed are looked at in its room; the rest are short as kept.
-        changed = room.changed
-        short = {name for name in self._short_nodes() if name in room and name not in changed}
-        short.update(name for name in changed if name in self._node_planned
-                     and _below_zero(room[name]))
-        if not short:
-            return []
-        lumps: list[tuple[Resources, JobKey]] = []
-        for job, per_node in self._planned_counted.items():
-            for name, amounts in per_node.items():
-                if name in short:
-                    lump = {**amounts, PODS: amounts.get(PODS, _ONE)}
-                    room.give(name, lump)
-                    lumps.append((lump, job))
-        return sorted(lumps, key=lambda held: sorted(held[0].items()), reverse=True)
 
     def _short_nodes(self) -> set[str]:
         """The Nodes holding more room for placed jobs than their bound pods leave (read
@@ -1022,16 +932,6 @@ def capacity_by_resource(totals: dict[str, Any]) -> dict[str, dict[str, Decimal]
             for resource in sorted(totals["allocatable"])}
 
 
-class _Admitted(NamedTuple):
-    """The usable Nodes a rule set (``rules``, as ``_rules`` keys it) admits, as a list and
-    a set, what each allocates, and the most any of them allocates of each resource."""
-    rules: tuple
-    names: list[str]
-    set: frozenset[str]
-    allocatable: dict[str, Resources]
-    largest: Resources
-
-
 class _FreeSum:
     """The sum of the contributions to free room of a set of Nodes, and each one's part,
     as of generation ``seen``. Its resources are those some part names, as a sum made
@@ -1070,141 +970,6 @@ def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None)
 def _tolerations_of(rules: tuple) -> list[dict] | None:
     """The tolerations a ``_rules`` key was made from (for ``check``)."""
     return ast.literal_eval(rules[1]) or None
-
-
-class _Rooms:
-    """Nodes' room for one packing: each Node's read when first asked for (``room``: the
-    room kept for it, shared, read only) until the packing changes it, then a copy of its
-    own. A packing changes the room of the few Nodes pods go to, and most often reads only
-    those few (the packers' heaps are kept between packings). The packers over it hear of
-    every change (``take``, ``give``), so their heaps stay true."""
-
-    def __init__(self, names: Collection[str], room: Callable[[str], Resources]):
-        self._names = names
-        self._room = room
-        self._read: dict[str, Resources] = {}
-        self._owned: set[str] = set()
-        self.versions: dict[str, int] = {}
-        self.packers: list[_Packer] = []
-
-    def __getitem__(self, name: str) -> Resources:
-        found = self._read.get(name)
-        if found is None:
-            if name not in self._names:
-                raise KeyError(name)
-            found = self._read[name] = self._room(name)
-        return found
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def items(self) -> Iterator[tuple[str, Resources]]:
-        return ((name, self[name]) for name in self._names)
-
-    def values(self) -> Iterator[Resources]:
-        return (self[name] for name in self._names)
-
-    @property
-    def changed(self) -> set[str]:
-        """The Nodes whose room this packing changed (read only)."""
-        return self._owned
-
-    def own(self, name: str) -> Resources:
-        """``name``'s room, to be changed."""
-        if name not in self._owned:
-            self._read[name] = dict(self[name])
-            self._owned.add(name)
-        return self._read[name]
-
-    def take(self, name: str, amounts: Resources) -> None:
-        """A pod (or a lump of them) takes ``amounts`` on ``name``."""
-        self._change(name, amounts, -1)
-
-    def give(self, name: str, amounts: Resources) -> None:
-        """``amounts`` on ``name`` are free again."""
-        self._change(name, amounts, 1)
-
-    def _change(self, name: str, amounts: Resources, sign: int) -> None:
-        shift(self.own(name), amounts, sign)
-        self.versions[name] = self.versions.get(name, 0) + 1
-        for packer in self.packers:
-            packer.renew(name)
-
-
-class _Packer:
-    """Where the scheduler would put pods in turn over the same ``room`` (``names``' Nodes of
-    it, or all): the Node it scores best among those with room (ties by name). The Nodes
-    that fit the last pod shape are kept in a heap by score. A job's pods are mostly
-    alike, and between two alike pods only the Nodes that changed need scoring again
-    (``renew``: each entry carries the version of the Node's room it was scored on, and an
-    entry of an older one is dropped), so a wide job on a large worker scores each Node
-    once, not once per pod. With ``kept`` (``WorkerCapacity._kept_heap``), the heap for a
-    shape starts from one kept between placements, plus the Nodes this packing changed:
-    then most Nodes are not scored at all.
-
-    Scores are compared as floats: they only rank Nodes, and alike Nodes get equal ones
-    (ties go by name)."""
-
-    def __init__(self, room: _Rooms, allocatable: dict[str, Resources], sign: int,
-                 names: frozenset[str] | None = None,
-                 kept: Callable[[Resources], tuple[list, dict[str, int]]] | None = None):
-        self.room = room
-        self._allocatable = allocatable
-        self._sign = sign
-        self._names = names
-        self._kept = kept
-        self._shape: Resources | None = None
-        # (score, name, version in this packing, version of the kept room)
-        self._heap: list[tuple[float, str, int, int]] = []
-        self._kept_versions: dict[str, int] = _NOTHING
-        room.packers.append(self)
-
-    def take(self, wanted: Resources) -> str | None:
-        """The Node the pod goes to (its room taken), or None when none fits it."""
-        if wanted != self._shape:
-            self._shape = wanted
-            self._start(wanted)
-        versions, kept = self.room.versions, self._kept_versions
-        while self._heap:
-            _, best, version, kept_version = heapq.heappop(self._heap)
-            if version == versions.get(best, 0) and kept_version == kept.get(best, 0):
-                self.room.take(best, wanted)
-                return best
-        return None
-
-    def _start(self, wanted: Resources) -> None:
-        """The heap for a new pod shape."""
-        if self._kept is None:
-            versions = self.room.versions
-            self._heap = [(self._rank(name, wanted), name, versions.get(name, 0), 0)
-                          for name, free in self.room.items()
-                          if self._admits(name) and fits(free, wanted)]
-            heapq.heapify(self._heap)
-            return
-        self._heap, self._kept_versions = self._kept(wanted)
-        for name in self.room.versions:  # the Nodes this packing changed
-            self.renew(name)
-
-    def _admits(self, name: str) -> bool:
-        return self._names is None or name in self._names
-
-    def renew(self, name: str) -> None:
-        """``name``'s room changed: score it again for the current shape."""
-        if self._shape is None or not self._admits(name):
-            return
-        if fits(self.room[name], self._shape):
-            heapq.heappush(self._heap, (self._rank(name, self._shape), name,
-                                        self.room.versions.get(name, 0),
-                                        self._kept_versions.get(name, 0)))
-
-    def _rank(self, name: str, wanted: Resources) -> float:
-        return _rank(self.room[name], self._allocatable[name], wanted, self._sign)
 
 
 class _Kept:
@@ -1250,42 +1015,6 @@ class _Kept:
             seen = self.seen
             self.heap = [entry for entry in self.heap if seen.get(entry[1]) == entry[3]]
             heapq.heapify(self.heap)
-
-
-def _rank(free: Resources, allocatable: Resources, wanted: Resources, sign: int) -> float:
-    """A Node's place in a packer's heap for a pod: the best first."""
-    return -sign * _free_share_float(free, allocatable, wanted)
-
-
-def _free_share_float(free: Resources, allocatable: Resources, wanted: Resources) -> float:
-    """The scheduler's resource score of a Node for a pod, as a share: the mean over cpu
-    and memory of what stays free after the pod, over what the Node allocates (high:
-    LeastAllocated picks it; low: MostAllocated does)."""
-    total, count = 0.0, 0
-    for resource, default in _SCORED:
-        allocated = allocatable.get(resource)
-        if allocated:
-            total += float(free.get(resource, _ZERO) - (wanted.get(resource) or default)) \
-                / float(allocated)
-            count += 1
-    return total / count if count else 0.0
-
-
-def _no_node_for(pod: Resources, room: dict[str, Resources]) -> str:
-    """"no Node has room for a pod of 12 cpu (most free on one Node: 8)"."""
-    asked = {r: a for r, a in pod.items() if a > 0 and r != PODS}
-    if not room:
-        return "no Node admits its pods"
-    parts = []
-    for resource, amount in sorted(asked.items()):
-        most = max(max(free.get(resource, _ZERO), _ZERO) for free in room.values())
-        if most < amount:
-            parts.append(f"{format_amount(resource, amount)} {resource} (most free on one "
-                         f"Node: {format_amount(resource, most)})")
-    if not parts:
-        parts = [" and ".join(f"{format_amount(r, a)} {r}" for r, a in sorted(asked.items()))
-                 + " together"]
-    return "no Node has room for a pod of " + "; ".join(parts)
 
 
 def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
@@ -1399,10 +1128,6 @@ def _round_up(resource: str, amount: Decimal) -> Decimal:
 def _pod_count(amounts: Resources) -> int:
     """The pods that ``amounts`` held for a job stands for (at least one)."""
     return max(int(amounts.get(PODS, _ONE)), 1)
-
-
-def _below_zero(room: Resources) -> bool:
-    return any(amount < 0 for amount in room.values())
 
 
 def _outstanding(wanted: Resources, taken: Resources) -> Resources:
