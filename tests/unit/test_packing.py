@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal as D
 
+from dispatcher.room import packing
 from dispatcher.room.packing import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
@@ -122,3 +123,27 @@ def test_a_job_fits_on_empty_nodes_fullest_first():
     assert fits_on_empty(largest_first([{"cpu": D(4)}, {"cpu": D(8)}]), nodes)
     assert not fits_on_empty(largest_first([{"cpu": D(6)}, {"cpu": D(6)}]), nodes)
     assert not fits_on_empty(largest_first([{"cpu": D(1)}]), {})
+
+
+def test_a_packer_from_a_kept_heap_scores_only_the_nodes_it_changes(monkeypatch):
+    """Alike pods over a heap kept between packings: each Node a pod takes is scored again
+    (its room changed), no other; without a kept heap every Node is scored once. Both put
+    the pods where the scheduler would."""
+    nodes = {f"n{i:02}": {"cpu": D(8 + i % 3), "memory": D(2**35), "pods": D(110)}
+             for i in range(40)}
+    wanted = largest_first([{"cpu": D(2), "memory": D(2**30)}] * 4)
+    sign = sign_of(LEAST_ALLOCATED)
+    heap = sorted((packing.rank(room, nodes[name], wanted[0], sign), name, 0, 0)
+                  for name, room in nodes.items())
+    scored: list[str] = []
+    real = packing.rank
+    monkeypatch.setattr(packing, "rank", lambda *args: scored.append(1) or real(*args))
+    places = []
+    for kept in (lambda shape: (list(heap), {}), None):
+        scored.clear()
+        packer = packing.Packer(packing.Rooms(nodes, nodes.__getitem__), nodes, sign,
+                                kept=kept)
+        places.append([packer.take(pod) for pod in wanted])
+        places.append(len(scored))
+    assert places == [["n02", "n05", "n08", "n11"], 4,
+                      ["n02", "n05", "n08", "n11"], len(nodes) + 4], places
