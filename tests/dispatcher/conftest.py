@@ -56,7 +56,9 @@ class DispatchEnv:
 
 
 @pytest.fixture(scope="module")
-def dispatch_env(multicluster, tmp_path_factory):
+def dispatch_env(multicluster, tmp_path_factory, request):
+    """A module's ``DISPATCHER_ARGS`` are given to its dispatcher too (e.g. a retention of
+    finished copies other than the default)."""
     log_dir = tmp_path_factory.mktemp("dispatch-logs")
     manager = multicluster.manager
     for worker, cpu in (("worker-1", "16"), ("worker-2", "64")):
@@ -87,7 +89,8 @@ def dispatch_env(multicluster, tmp_path_factory):
                                  "--kubeconfig-dir", str(tmp_path_factory.getbasetemp()),
                                  "--kubeconfig-dir", str(multicluster.harness.state_dir),
                                  "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT),
-                                 *LEASE_ARGS, "--log-level", "debug"),
+                                 *LEASE_ARGS, "--log-level", "debug",
+                                 *getattr(request.module, "DISPATCHER_ARGS", ())),
                                 # Restarted after a lost Lease, as its Deployment would: the
                                 # short Lease above can miss a renewal on a loaded machine.
                                 supervised=True).start()
