@@ -183,6 +183,12 @@ class Informer:
         self._thread.start()
         return self
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that lists and watches, once started (its lifecycle's manager watches
+        it)."""
+        return self._thread
+
     def retry_now(self) -> None:
         """Cut a backoff wait short (e.g. the server is known to answer again)."""
         self._retry.set()

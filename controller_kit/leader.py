@@ -129,6 +129,11 @@ class LeaderElector:
         with self._lock:
             return (self._observed or {}).get("holderIdentity") or None
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that campaigns and renews, once started (a manager watches it)."""
+        return self._thread
+
     def start(self) -> LeaderElector:
         """Start campaigning on a daemon thread. An elector can be started again after
         ``stop()``."""

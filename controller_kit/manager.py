@@ -20,6 +20,20 @@ same way for every controller of the project.
 * **A lost lease stops the process.** Another replica may lead once the Lease runs out,
   so the leader-only runnables stop at once, and ``stop_requested`` is set: the process
   ends and its supervisor starts it again as a standby (``failed()`` says so).
+* **A runnable that dies ends the process.** A runnable names the threads that do its
+  work (``threads``); the manager watches those of every runnable that has started and is
+  not being stopped, and its own leader elector's. One that ends while the process runs,
+  raising or returning, is the runnable's death: ``ready()`` names it from then on
+  (``<name> ended: thread <thread> raised <why>`` or ``... returned``), it is logged with
+  its traceback, a Warning Event (``RunnableFailed``) goes on the process's own object
+  (its Pod, from the downward API's ``POD_NAME``, ``POD_NAMESPACE`` and ``POD_UID``; none
+  without them), and ``stop_requested`` is set as for a lost lease: everything stops in
+  order and the process exits non-zero, so its supervisor starts it again whole rather
+  than leaving it ready and doing nothing. Only the first death is said (the Event is one
+  per process: the death ends it). A runnable without ``threads`` is done when its
+  ``start`` returns (a one-shot such as the first pass); one whose threads may finish
+  their work and end declares ``may_finish``: its threads' returning is not a death,
+  their raising still is.
 * **A failure streak is said once** (``FailureEvents``): every failed reconcile is
   logged and counted, and a Warning Event is recorded on the object at the first failure of
   a streak only, so retries with backoff do not flood its Events.
@@ -28,9 +42,11 @@ same way for every controller of the project.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +67,12 @@ WORKERS_STOP_SECONDS = 5.0
 # What a leader logs when its term ends without a stop asked for (the test harness waits
 # for it).
 LOST_LEADERSHIP = "lost leadership: stopping"
+# The reason of the Warning Event a runnable's death leaves on the process's object.
+RUNNABLE_FAILED = "RunnableFailed"
+# How often the manager looks whether the threads of its runnables still run.
+WATCH_SECONDS = 0.5
+# How long a stop after a death waits for its Event to be written (the process ends next).
+EVENT_FLUSH_SECONDS = 5.0
 
 
 def _nothing(*_: Any) -> None:
@@ -63,20 +85,70 @@ class Runnable:
     most ``seconds_left``, the time left of the manager's start); ``stop()`` stops it.
     ``synced``: the manager waits until it says yes before starting the next runnable, and
     ``ready()`` reports it until then; ``required``: not syncing within the start's timeout
-    fails the start (else the wait ends there and readiness leaves it out)."""
+    fails the start (else the wait ends there and readiness leaves it out). ``threads``:
+    the threads doing its work once started (asked again each time they are looked at: the
+    set may change); one ending before ``stop()`` is the runnable's death, unless it
+    returned and ``may_finish`` says its work may end (see the module's docstring)."""
 
     name: str
     start: Callable[[float], Any] = _nothing
     stop: Callable[[], Any] = _nothing
     synced: Callable[[], bool] | None = None
     required: bool = True
+    threads: Callable[[], Iterable[threading.Thread | None]] | None = None
+    may_finish: bool = False
 
 
 def cache(name: str, informer: Any, required: bool = True) -> Runnable:
     """An informer as a runnable: started, waited for until its first list is in (a
     ``controller_kit.informer.Informer``, or anything with its start/stop/synced)."""
     return Runnable(name, start=lambda _: informer.start(), stop=informer.stop,
-                    synced=informer.synced.is_set, required=required)
+                    synced=informer.synced.is_set, required=required,
+                    threads=lambda: [getattr(informer, "thread", None)])
+
+
+def own_pod() -> dict | None:
+    """The process's own Pod as an Event's object, from the downward API's ``POD_NAME``,
+    ``POD_NAMESPACE`` and ``POD_UID`` (the manifests set them); None outside a Pod."""
+    name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if not name or not namespace:
+        return None
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "uid": os.environ.get("POD_UID") or None}}
+
+
+# What killed each thread that died raising: ``threading.excepthook`` is told before the
+# thread counts as ended, so the manager finds the exception when it sees the thread gone.
+_thread_errors: weakref.WeakKeyDictionary[threading.Thread, BaseException] = (
+    weakref.WeakKeyDictionary())
+_thread_errors_lock = threading.Lock()
+
+
+def _record_thread_error(args: threading.ExceptHookArgs, chained: Callable[..., Any]) -> None:
+    if args.thread is not None and args.exc_value is not None:
+        with _thread_errors_lock:
+            _thread_errors[args.thread] = args.exc_value
+    chained(args)
+
+
+def _hear_thread_errors() -> None:
+    """Put the recording in front of whatever hook is there (idempotent; again if
+    something replaced it meanwhile)."""
+    with _thread_errors_lock:
+        current = threading.excepthook
+        if getattr(current, "records_thread_errors", False):
+            return
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            _record_thread_error(args, current)
+        hook.records_thread_errors = True  # type: ignore[attr-defined]
+        threading.excepthook = hook
+
+
+def _thread_error(thread: threading.Thread) -> BaseException | None:
+    with _thread_errors_lock:
+        return _thread_errors.get(thread)
 
 
 @dataclass(frozen=True)
@@ -131,19 +203,30 @@ def reconcile_workers(name: str, queue: WorkQueue, reconcile: Callable[..., None
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    return Runnable(f"{name} workers", start=start, stop=stop)
+    return Runnable(f"{name} workers", start=start, stop=stop, threads=lambda: threads)
 
 
 class Manager:
     """Runs a controller's runnables (see the module's docstring). ``stop_requested`` is
-    the process's stop: set by a signal, by a lost lease or by a leader-only runnable that
-    failed to start."""
+    the process's stop: set by a signal, by a lost lease, by a leader-only runnable that
+    failed to start or by a runnable that died. A death's Warning Event goes through
+    ``recorder`` onto ``involved`` (default: ``own_pod()``)."""
 
     def __init__(self, name: str, *, api: client.ApiClient | None = None,
                  lease: Lease | None = None, identity: str = "",
                  leader_metric: LeaderMetric | None = None,
-                 stop_requested: threading.Event | None = None):
+                 stop_requested: threading.Event | None = None,
+                 recorder: EventRecorder | None = None, involved: dict | None = None,
+                 watch_seconds: float = WATCH_SECONDS):
         self.name = name
+        self._recorder = recorder
+        self._involved = involved if involved is not None else own_pod()
+        self._watch_seconds = watch_seconds
+        self._watched: list[Runnable] = []  # started, not being stopped: their threads
+        self._watcher: threading.Thread | None = None
+        self._quit = threading.Event()  # stop(): the watcher ends
+        self._death: str | None = None  # what ready() says once a runnable died
+        self._told = False  # the death's Event is queued (stop() waits for it)
         self.stop_requested = stop_requested or threading.Event()
         self.lost_leadership = threading.Event()
         self._runnables: list[Runnable] = []
@@ -166,6 +249,8 @@ class Manager:
                 lease_duration=lease.lease_duration, renew_deadline=lease.renew_deadline,
                 retry_period=lease.retry_period, on_started_leading=self._begin_term,
                 on_stopped_leading=self._end_term, metric=leader_metric)
+            elector = self.elector
+            self._election = Runnable("leader election", threads=lambda: [elector.thread])
 
     # --- registering --------------------------------------------------------------------
 
@@ -173,6 +258,11 @@ class Manager:
         """Run ``runnable`` on every replica, or only while this one leads."""
         (self._leader_only if leader_only else self._runnables).append(runnable)
         return runnable
+
+    def add_first(self, runnables: list[Runnable]) -> None:
+        """Run ``runnables`` on every replica before everything added so far (the process's
+        listeners: probes answer while the caches sync, and stop last)."""
+        self._runnables[:0] = runnables
 
     def add_check(self, check: Callable[[], str | None]) -> None:
         """Readiness beyond the caches: ``check()`` says why the process is not ready
@@ -188,7 +278,10 @@ class Manager:
         return self.elector.is_leader if self.elector is not None else self._term
 
     def ready(self) -> tuple[bool, str]:
-        """(ready, one text): what is not ready yet, else the role."""
+        """(ready, one text): a runnable that died, else what is not ready yet, else the
+        role."""
+        if self._death is not None:
+            return False, self._death
         for runnable in self._runnables:
             if runnable.synced is not None and runnable.required and not runnable.synced():
                 return False, f"{runnable.name} not synced"
@@ -202,9 +295,14 @@ class Manager:
             f"standby (leader: {self.elector.leader or 'none yet'})")
 
     def failed(self) -> bool:
-        """Whether the process stops for a failure: a lost lease, or a leader-only
-        runnable that could not start."""
+        """Whether the process stops for a failure: a lost lease, a leader-only runnable
+        that could not start, or a runnable that died."""
         return self.lost_leadership.is_set() or self._failed
+
+    @property
+    def death(self) -> str | None:
+        """Which runnable died and how (None: none did)."""
+        return self._death
 
     # --- running ------------------------------------------------------------------------
 
@@ -214,6 +312,7 @@ class Manager:
         required runnable that did not sync; returns early, quietly, when a stop is asked
         for meanwhile. What started is stopped by ``stop()``."""
         deadline = time.monotonic() + sync_timeout
+        self._watch()
         for runnable in self._runnables:
             if self.stop_requested.is_set():
                 return self
@@ -222,6 +321,7 @@ class Manager:
                     return self
                 self._started.append(runnable)
             runnable.start(max(0.0, deadline - time.monotonic()))
+            self._watching(runnable)
             if runnable.synced is None:
                 continue
             if not self._wait_until(runnable.synced, deadline):
@@ -236,6 +336,10 @@ class Manager:
         self._running = True
         if self.elector is not None:
             self.elector.start()
+            # An elector that fails stops campaigning: a standby would wait forever.
+            with self._lock:
+                if not self._stopping:
+                    self._watched.append(self._election)
         else:
             self._begin_term()
         return self
@@ -247,11 +351,17 @@ class Manager:
             self._stopping = True
         self._stop_term()
         if self.elector is not None:
+            self._stop_one(self._election)  # no longer watched: its thread ends now
             self.elector.stop(release=not self.lost_leadership.is_set())
         with self._lock:
             started, self._started = self._started, []
         for runnable in reversed(started):
             self._stop_one(runnable)
+        self._quit.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(self._watch_seconds + 1.0)
+        if self._told and self._recorder is not None:
+            self._recorder.flush(EVENT_FLUSH_SECONDS)  # before the process ends
 
     def _wait_until(self, condition: Callable[[], bool], deadline: float) -> bool:
         """Whether ``condition`` came true before ``deadline``; a stop request (a signal
@@ -281,6 +391,7 @@ class Manager:
                 self._leading.append(runnable)
             try:
                 runnable.start(0.0)
+                self._watching(runnable)
             except Exception:
                 # A leader that cannot run its workers must not hold the Lease: stop, so
                 # that the process is started again (and a standby may lead meanwhile).
@@ -308,7 +419,89 @@ class Manager:
         for runnable in reversed(leading):
             self._stop_one(runnable)
 
+    # --- deaths -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Start looking after the runnables' threads (once)."""
+        if self._watcher is not None:
+            return
+        _hear_thread_errors()
+        self._watcher = threading.Thread(target=self._look_after, daemon=True,
+                                         name=f"{self.name}-runnables")
+        self._watcher.start()
+
+    def _watching(self, runnable: Runnable) -> None:
+        if runnable.threads is None:
+            return
+        with self._lock:
+            if runnable in self._started or runnable in self._leading:
+                self._watched.append(runnable)
+
+    def _look_after(self) -> None:
+        while not self._quit.wait(self._watch_seconds):
+            if self.stop_requested.is_set():
+                continue  # ending anyway: what ends now is the stop's doing
+            with self._lock:
+                watched = list(self._watched)
+            for runnable in watched:
+                ended = self._ended(runnable)
+                if ended is not None:
+                    self._died(runnable, *ended)
+                    return
+
+    def _ended(self, runnable: Runnable
+               ) -> tuple[threading.Thread, BaseException | None] | None:
+        """A thread of ``runnable`` that ended when it must not have, and what it raised."""
+        try:
+            gone = [thread for thread in self._threads(runnable) if not thread.is_alive()]
+            if not gone:
+                return None
+            # Asked again: a thread may have handed its work over to another and ended
+            # meanwhile (e.g. one that waited for a certificate, then started a server).
+            still = self._threads(runnable)
+        except Exception:  # a broken question is not a death
+            log.exception("%s: cannot tell whether %s runs", self.name, runnable.name)
+            return None
+        with self._lock:
+            if runnable not in self._watched:
+                return None  # being stopped meanwhile
+        for thread in gone:
+            if any(thread is other for other in still):
+                error = _thread_error(thread)
+                if error is None and runnable.may_finish:
+                    continue
+                return thread, error
+        return None
+
+    @staticmethod
+    def _threads(runnable: Runnable) -> list[threading.Thread]:
+        # A thread never started is not running yet, not ended.
+        return [thread for thread in (runnable.threads() if runnable.threads else ())
+                if thread is not None and thread.ident is not None]
+
+    def _died(self, runnable: Runnable, thread: threading.Thread,
+              error: BaseException | None) -> None:
+        """Say the death (readiness, log, Event) and end the process: its supervisor starts
+        it again whole."""
+        how = f"raised {describe_error(error)}" if error is not None else (
+            "returned while the process runs")
+        with self._lock:
+            if self._stopping or self._death is not None:
+                return
+            self._death = f"{runnable.name} ended: thread {thread.name} {how}"
+            self._failed = True
+        log.error("%s: %s; stopping", self.name, self._death,
+                  exc_info=(type(error), error, error.__traceback__) if error else None)
+        if self._recorder is not None and self._involved is not None:
+            self._recorder.event(self._involved, "Warning", RUNNABLE_FAILED,
+                                 f"{self._death}; the process stops to be started again")
+            self._told = True
+        self.stop_requested.set()
+
     def _stop_one(self, runnable: Runnable) -> None:
+        with self._lock:
+            if runnable in self._watched:
+                self._watched.remove(runnable)
         try:
             runnable.stop()
         except Exception:  # the rest must still stop

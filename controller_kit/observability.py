@@ -136,6 +136,11 @@ class ObservabilityServer:
     def url(self) -> str:
         return f"{self.scheme}://{address(self.host, self.port)}"
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread that accepts connections (its lifecycle's manager watches it)."""
+        return self._thread
+
     def start(self) -> ObservabilityServer:
         self._thread.start()
         return self

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
@@ -42,10 +42,6 @@ class Requeue(Exception):
     def __init__(self, delay: float, why: str):
         super().__init__(why)
         self.delay = delay
-
-
-class Server(Protocol):
-    def stop(self) -> None: ...
 
 
 class WorkerHeartbeat:
@@ -198,99 +194,117 @@ def _listen(what: str, host: str, port: int, flag: str, **server) -> Observabili
         raise ListenError(what, host, port, flag, err) from err
 
 
+class _Listener:
+    """One of the process's listeners as a runnable of its manager: it listens when the
+    manager starts it, and the manager watches its serving thread."""
+
+    def __init__(self, what: str, host: str, port: int, flag: str, **server):
+        self.what = what
+        self.server: ObservabilityServer | None = None
+        self._where = (host, port, flag)
+        self._settings = server
+
+    def runnable(self):
+        from controller_kit.manager import Runnable  # the manager imports this module
+
+        return Runnable(f"{self.what} listener", start=self._start, stop=self._stop,
+                        threads=lambda: [self.server.thread] if self.server else [])
+
+    def _start(self, _seconds_left: float) -> None:
+        self.server = _listen(self.what, *self._where, **self._settings)
+
+    def _stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
 def _observability(manager: Manager, registry: CollectorRegistry, listeners: Listeners,
                    api: ApiClient | None, routes: dict[str, Route] | None,
-                   routes_listener: RoutesListener | None) -> list[ObservabilityServer]:
+                   routes_listener: RoutesListener | None) -> list[_Listener]:
     """The metrics listener (first), the probes' own and the routes' own when they have
-    them."""
+    them; not listening yet (each one's start does)."""
     live = liveness(listeners.liveness_stall_timeout_seconds)
     shared = routes if routes_listener is None else None
     if listeners.metrics_secure and shared:
         raise ValueError("routes: the dashboard is never served on the authenticated metrics "
                          "listener; give it a listener of its own")
-    started: list[ObservabilityServer] = []
-    try:
-        if listeners.metrics_secure:
-            if api is None:
-                raise ValueError("secure metrics need the API client whose apiserver "
-                                 "authenticates their callers")
-            certificate = ServingCertificate(
-                listeners.metrics_cert_dir,
-                validity=datetime.timedelta(seconds=listeners.metrics_cert_validity_seconds))
-            certificate.context()  # a missing or broken pair fails here, not per scrape
-            counted = EndpointMetrics(registry)
-            # Anyone who reaches the port may send tokens: they are checked through a client
-            # of their own, with a budget of its own, so that a flood of them never takes
-            # the controller's requests' place (nor its client's rate limit).
-            authorizer = MetricsAuthorizer(review_client(api, listeners.metrics_auth_qps),
-                                           metrics=counted)
-            started.append(_listen(
-                "secure metrics", listeners.metrics_host, listeners.metrics_port,
-                "--metrics-port", registry=registry, ready=None, tls=certificate.context,
-                authorize=authorizer.decide, limits=LIMITS,
-                on_drop=lambda reason: counted.connections_dropped.labels(reason).inc()))
-            log.info("metrics served over HTTPS with %s; every request is authenticated "
-                     "(TokenReview) and authorized (SubjectAccessReview), at most %g new "
-                     "tokens a second", certificate.describe(), listeners.metrics_auth_qps)
-        else:
-            what = "metrics" if listeners.probes_apart else "metrics and health"
-            started.append(_listen(what + (" and the dashboard" if shared else ""),
-                                   listeners.metrics_host, listeners.metrics_port,
-                                   "--metrics-port", registry=registry,
-                                   ready=None if listeners.probes_apart else manager.ready,
-                                   live=live, routes=shared))
-        if listeners.probes_apart:
-            assert listeners.health_probe_host is not None
-            assert listeners.health_probe_port is not None
-            probes = _listen("health probes", listeners.health_probe_host,
-                             listeners.health_probe_port, "--health-probe-port", registry=None,
-                             ready=manager.ready, live=live)
-            started.append(probes)
-            log.info("health probes on %s/healthz and /readyz", probes.url)
-        if routes and routes_listener is not None:
-            listener = routes_listener
-            own = _listen(listener.what, listener.host, listener.port, listener.flag,
-                          registry=None, ready=None, routes=routes)
-            started.append(own)
-            log.info("%s on %s/", listener.what, own.url)
-    except BaseException:
-        for server in reversed(started):
-            server.stop()
-        raise
-    return started
+    planned: list[_Listener] = []
+    if listeners.metrics_secure:
+        if api is None:
+            raise ValueError("secure metrics need the API client whose apiserver "
+                             "authenticates their callers")
+        certificate = ServingCertificate(
+            listeners.metrics_cert_dir,
+            validity=datetime.timedelta(seconds=listeners.metrics_cert_validity_seconds))
+        certificate.context()  # a missing or broken pair fails here, not per scrape
+        counted = EndpointMetrics(registry)
+        # Anyone who reaches the port may send tokens: they are checked through a client
+        # of their own, with a budget of its own, so that a flood of them never takes
+        # the controller's requests' place (nor its client's rate limit).
+        authorizer = MetricsAuthorizer(review_client(api, listeners.metrics_auth_qps),
+                                       metrics=counted)
+        planned.append(_Listener(
+            "secure metrics", listeners.metrics_host, listeners.metrics_port,
+            "--metrics-port", registry=registry, ready=None, tls=certificate.context,
+            authorize=authorizer.decide, limits=LIMITS,
+            on_drop=lambda reason: counted.connections_dropped.labels(reason).inc()))
+        log.info("metrics served over HTTPS with %s; every request is authenticated "
+                 "(TokenReview) and authorized (SubjectAccessReview), at most %g new "
+                 "tokens a second", certificate.describe(), listeners.metrics_auth_qps)
+    else:
+        what = "metrics" if listeners.probes_apart else "metrics and health"
+        planned.append(_Listener(what + (" and the dashboard" if shared else ""),
+                                 listeners.metrics_host, listeners.metrics_port,
+                                 "--metrics-port", registry=registry,
+                                 ready=None if listeners.probes_apart else manager.ready,
+                                 live=live, routes=shared))
+    if listeners.probes_apart:
+        assert listeners.health_probe_host is not None
+        assert listeners.health_probe_port is not None
+        planned.append(_Listener("health probes", listeners.health_probe_host,
+                                 listeners.health_probe_port, "--health-probe-port",
+                                 registry=None, ready=manager.ready, live=live))
+    if routes and routes_listener is not None:
+        listener = routes_listener
+        planned.append(_Listener(listener.what, listener.host, listener.port, listener.flag,
+                                 registry=None, ready=None, routes=routes))
+    return planned
 
 
 def serve(name: str, manager: Manager, registry: CollectorRegistry,
           listeners: Listeners, api: ApiClient | None = None,
-          extra_servers: Callable[[], list[Server]] | None = None,
           routes: dict[str, Route] | None = None,
           routes_listener: RoutesListener | None = None,
           gc_sweep_seconds: float = SWEEP_SECONDS) -> int:
     """Serve metrics and health where ``listeners`` say (secure metrics are authenticated
     against ``api``'s apiserver), and ``routes`` (beside plain metrics, or on
-    ``routes_listener``), start ``manager`` (then ``extra_servers``), run until
-    SIGINT/SIGTERM or until the manager's ``stop_requested`` is set otherwise (a lost
-    lease), then stop everything in reverse order; the interpreter's frozen objects are
-    swept every ``gc_sweep_seconds`` (0: never; controller_kit/gc_pauses.py). Returns the
-    exit code (1 when the manager says the stop was a failure, e.g. lost leadership)."""
+    ``routes_listener``): the listeners are the first runnables of ``manager`` (probes
+    answer while the caches sync; they stop last), so the manager starts, watches and stops
+    them with the rest. Run until SIGINT/SIGTERM or until the manager's ``stop_requested``
+    is set otherwise (a lost lease, a runnable that died), then stop everything in reverse
+    order; the interpreter's frozen objects are swept every ``gc_sweep_seconds`` (0: never;
+    controller_kit/gc_pauses.py). Returns the exit code (1 when the manager says the stop
+    was a failure, e.g. lost leadership or a runnable that died)."""
     stop = manager.stop_requested
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # Before the caches fill: they are most of what a full collection would walk, again
     # and again (controller_kit/gc_pauses.py).
     collector = GcPauses(registry, gc_sweep_seconds).install()
-    servers: list[Server] = []
     try:
-        observability = _observability(manager, registry, listeners, api, routes,
-                                       routes_listener)
-        servers.extend(observability)
-        metrics = observability[0]
+        planned = _observability(manager, registry, listeners, api, routes, routes_listener)
+        manager.add_first([listener.runnable() for listener in planned])
         manager.start()
         # The caches have synced (reconciles may have begun): freeze what they hold.
         collector.sweep()
-        servers.extend(extra_servers() if extra_servers else [])
-        log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
-                 " (authenticated)" if listeners.metrics_secure else "")
+        metrics = planned[0].server
+        if metrics is not None:  # None: a stop asked for while starting
+            log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
+                     " (authenticated)" if listeners.metrics_secure else "")
+            for listener in planned[1:]:
+                if listener.server is not None:
+                    log.info("%s on %s/%s", listener.what, listener.server.url,
+                             "healthz and /readyz" if listener.what == "health probes" else "")
         stop.wait()
     except ListenError as err:
         print(f"error: {err.strerror}", file=sys.stderr)
@@ -299,12 +313,11 @@ def serve(name: str, manager: Manager, registry: CollectorRegistry,
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        for server in reversed(servers):
-            server.stop()
         manager.stop()
         collector.uninstall()
     if manager.failed():
-        log.error("%s stopped after a failure", name)
+        log.error("%s stopped after a failure%s", name,
+                  f" ({manager.death})" if manager.death else "")
         return 1
     log.info("%s stopped", name)
     return 0

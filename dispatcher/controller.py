@@ -155,7 +155,8 @@ class DispatcherController:
         self.lifecycle = Manager(
             "dispatcher", api=manager, lease=lease,
             identity=f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}",
-            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None)
+            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None,
+            recorder=self.recorder)
         self._register(workers)
         # With --remote-api-port, a replica is ready once its remote view can serve: the
         # APIService's Service sends the aggregator to ready replicas only.
@@ -270,7 +271,8 @@ class DispatcherController:
         add(Runnable("worker registry", start=self.registry.start, stop=self.registry.stop))
         # Every replica serves the remote view: reads need no leadership.
         add(Runnable("remote view", start=lambda _: self._start_remote_view(),
-                     stop=self._stop_remote_view))
+                     stop=self._stop_remote_view,
+                     threads=lambda: [getattr(self.remote_view, "thread", None)]))
         if self.nominator is not None:
             add(Runnable("Workload caches", start=self.nominator.start,
                          stop=self.nominator.stop))

@@ -11,6 +11,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from controller_kit import command_line, listeners, logs
@@ -26,6 +27,9 @@ DEFAULT_SERVICE = "training-operator-webhook.training-operator-system.svc"
 DEFAULT_LEASE_NAMESPACE = "training-operator-system"
 INTERNAL, EXTERNAL = "internal", "external"
 PLAIN_METRICS_PORT = 8080
+# How long the webhook's start waits for the certificates' Secret to be read before it
+# waits on in a thread of its own (the Secret may have yet to be written by the leader).
+SECRET_READ_SECONDS = 2.0
 
 DESCRIPTION = """\
 Reconcile TrainJobs owned by the built-in training operator (spec.managedBy unset, empty,
@@ -261,26 +265,42 @@ def main(argv: list[str] | None = None) -> int:
                                     lease=lease)
     if args.webhook_cert_dir:
         controller.webhook_serving = False
+        for runnable in _webhook_runnables(args, api, certificates, controller):
+            controller.lifecycle.add(runnable)
 
-    def webhook() -> list:
-        if not args.webhook_cert_dir:
-            return []
-        from training_operator.webhook_server import WebhookServer
+    log.info("operator starting (namespace: %s%s)", args.namespace or "all",
+             f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
+    return serve("operator", controller.lifecycle, controller.metrics.registry, where, api,
+                 gc_sweep_seconds=args.python_gc_sweep_seconds)
 
-        servers: list = []
-        if certificates is not None:
-            from training_operator.webhook_certificates import WebhookCertificates
 
-            keeper = WebhookCertificates(
-                api, certificates, Path(args.webhook_cert_dir),
-                registry=controller.metrics.registry,
-                is_leader=lambda: controller.lifecycle.leading)
-            servers.append(keeper.start())
-            # Listening starts once the Secret's certificate is in place; /readyz says no
-            # until then.
-            while not keeper.serving.wait(0.5):
-                if controller.lifecycle.stop_requested.is_set():
-                    return servers
+def _webhook_runnables(args: argparse.Namespace, api, certificates, controller) -> list:
+    """The admission webhook's runnables, registered after the caches its reviews read:
+    with internal certificates, their keeper, then the listeners (the webhook, and the
+    trainer status endpoint when on). /readyz says no until every listener is up.
+
+    The listeners start at once when the certificate is there (a port taken fails the
+    start, naming the flag). A certificate the leader has yet to write into the Secret
+    (a first start) is waited for in a thread of its own, not in the start: the leader
+    writes it only once its term begins, after every replica's runnable has started."""
+    from controller_kit.manager import Runnable
+    from training_operator.webhook_server import WebhookServer
+
+    runnables = []
+    keeper = None
+    if certificates is not None:
+        from training_operator.webhook_certificates import WebhookCertificates
+
+        keeper = WebhookCertificates(api, certificates, Path(args.webhook_cert_dir),
+                                     registry=controller.metrics.registry,
+                                     is_leader=lambda: controller.lifecycle.leading)
+        runnables.append(Runnable("webhook certificates", start=lambda _: keeper.start(),
+                                  stop=keeper.stop, threads=lambda: [keeper.thread]))
+    serving: list = []  # the listeners, once all are up
+    waiting: list[threading.Thread] = []
+    stopping = threading.Event()
+
+    def listen() -> None:
         server = WebhookServer(args.webhook_port, args.webhook_cert_dir, controller.lookups(),
                                host=args.webhook_host, on_review=controller.observe_review,
                                drain_seconds=args.webhook_drain_seconds)
@@ -292,29 +312,57 @@ def main(argv: list[str] | None = None) -> int:
             raise ListenError("the admission webhook", args.webhook_host, args.webhook_port,
                               "--webhook-port", err) from err
         log.info("webhook serving on %s", server.url)
-        servers.append(server)
+        servers = [server]
         if args.enable_trainer_status:
-            servers.append(trainer_status(server))
+            servers.append(_trainer_status(args, api, controller, server))
+        serving.extend(servers)
         # Ready only once every listener is up: trainer pods report through the same Service.
         controller.webhook_serving = True
-        return servers
 
-    def trainer_status(server):
-        from training_operator.status_server import StatusServer
+    def wait_then_listen() -> None:
+        while not keeper.serving.wait(0.5):
+            if stopping.is_set():
+                return
+        if not stopping.is_set():
+            listen()
 
-        status_server = StatusServer(args.trainer_status_port, args.webhook_cert_dir, api,
-                                     find_job=controller.trainjobs.get, host=args.webhook_host,
-                                     on_update=controller.observe_trainer_status)
-        try:
-            status_server.start()
-        except OSError as err:
+    def start(seconds_left: float) -> None:
+        # A Secret already there is read within moments: then the listeners start here.
+        if keeper is None or keeper.serving.wait(min(seconds_left, SECRET_READ_SECONDS)):
+            listen()
+            return
+        thread = threading.Thread(target=wait_then_listen, name="webhook-certificate-wait",
+                                  daemon=True)
+        waiting.append(thread)
+        thread.start()
+
+    def stop() -> None:
+        stopping.set()
+        for thread in waiting:
+            thread.join(5)
+        for server in reversed(serving):
             server.stop()
-            raise ListenError("the trainer status endpoint", args.webhook_host,
-                              args.trainer_status_port, "--trainer-status-port", err) from err
-        log.info("trainer status endpoint serving on %s", status_server.url)
-        return status_server
 
-    log.info("operator starting (namespace: %s%s)", args.namespace or "all",
-             f"; leader election on Lease {lease.namespace}/{lease.name}" if lease else "")
-    return serve("operator", controller.lifecycle, controller.metrics.registry, where, api,
-                 webhook, gc_sweep_seconds=args.python_gc_sweep_seconds)
+    def threads() -> list:
+        # The waiting thread hands over to the listeners' own: once they are up it has
+        # ended, and is no longer asked about.
+        return [server.thread for server in serving] if serving else waiting
+
+    runnables.append(Runnable("webhook listeners", start=start, stop=stop, threads=threads))
+    return runnables
+
+
+def _trainer_status(args: argparse.Namespace, api, controller, server):
+    from training_operator.status_server import StatusServer
+
+    status_server = StatusServer(args.trainer_status_port, args.webhook_cert_dir, api,
+                                 find_job=controller.trainjobs.get, host=args.webhook_host,
+                                 on_update=controller.observe_trainer_status)
+    try:
+        status_server.start()
+    except OSError as err:
+        server.stop()
+        raise ListenError("the trainer status endpoint", args.webhook_host,
+                          args.trainer_status_port, "--trainer-status-port", err) from err
+    log.info("trainer status endpoint serving on %s", status_server.url)
+    return status_server

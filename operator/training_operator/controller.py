@@ -97,7 +97,8 @@ class OperatorController:
         self.lifecycle = Manager(
             "operator", api=api, lease=lease,
             identity=f"{instance or socket.gethostname()}-{uuid.uuid4().hex[:8]}",
-            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None)
+            leader_metric=self.metrics.controllers.leader(lease.name) if lease else None,
+            recorder=self.recorder)
         self.lifecycle.add(Runnable("the worker's APIs", start=lambda _: required_apis.require(
             api, "worker", [required_apis.TRAINJOBS, required_apis.TRAININGRUNTIMES,
                             required_apis.CLUSTERTRAININGRUNTIMES, required_apis.JOBSETS])))

@@ -161,6 +161,11 @@ class WebhookCertificates:
 
     # --- running --------------------------------------------------------------------
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that keeps the Secret (the leader) and the files (every replica)."""
+        return self._thread
+
     def start(self) -> WebhookCertificates:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
         self.secret.start()

@@ -66,6 +66,12 @@ class WebhookServer:
     def url(self) -> str:
         return f"https://{address(self.host, self.port)}{VALIDATE_PATH}"
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that accepts connections while it serves (the operator's manager
+        watches it)."""
+        return self._thread
+
     def start(self) -> None:
         """Listen and serve in a background thread; returns once the socket is listening."""
         if self._server is not None:

@@ -1,22 +1,30 @@
 """The controller lifecycle (controller_kit.manager) without leader election: start order,
-waiting for what must sync, reverse stop, the readiness text, failing runnables, and one
-Event per streak of reconcile failures. Leadership against a real apiserver is in
-tests/trainjob/test_manager_leadership.py."""
+waiting for what must sync, reverse stop, the readiness text, failing runnables, a
+runnable that dies while the process runs (readiness, log, Event, the process's exit
+through ``service.serve``), and one Event per streak of reconcile failures. Leadership
+against a real apiserver is in tests/trainjob/test_manager_leadership.py."""
 
 from __future__ import annotations
 
+import logging
+import signal
 import threading
+import urllib.request
 
 import pytest
 
-from clusters.testing import eventually
+from clusters.controlplane import free_port
+from clusters.testing import eventually, holds_for
+from controller_kit.listeners import Listeners
 from controller_kit.manager import (
+    RUNNABLE_FAILED,
     FailureEvents,
     Manager,
     Runnable,
     cache,
     reconcile_workers,
 )
+from controller_kit.service import serve
 from controller_kit.workqueue import WorkQueue
 
 
@@ -191,9 +199,13 @@ def test_a_stop_asked_for_while_starting_ends_the_start_quietly():
 class Recorder:
     def __init__(self):
         self.events: list[tuple[str, str, str, str]] = []
+        self.flushed = 0  # Events queued when flush() was last asked for
 
     def event(self, obj: dict, kind: str, reason: str, message: str) -> None:
         self.events.append((obj["metadata"]["name"], kind, reason, message))
+
+    def flush(self, timeout: float) -> None:
+        self.flushed = len(self.events)
 
 
 def test_a_failure_streak_is_one_event_and_every_failure_is_counted():
@@ -223,3 +235,161 @@ def test_a_failure_streak_is_one_event_and_every_failure_is_counted():
                                     "RuntimeError: the apiserver said no")]
     finally:
         manager.stop()
+
+
+# --- a runnable that dies -----------------------------------------------------------------
+
+POD = {"apiVersion": "v1", "kind": "Pod",
+       "metadata": {"namespace": "operator-system", "name": "operator-0", "uid": "u-1"}}
+
+
+class Threaded:
+    """A runnable doing its work in a thread of its own, which ends when ``end`` is set:
+    raising ``error`` if given, else returning."""
+
+    def __init__(self, name: str, journal: Journal, error: Exception | None = None,
+                 may_finish: bool = False):
+        self.name, self.journal, self.error = name, journal, error
+        self.end = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.may_finish = may_finish
+
+    def _work(self) -> None:
+        self.end.wait()
+        if self.error is not None:
+            raise self.error
+
+    def runnable(self) -> Runnable:
+        def start(_: float) -> None:
+            self.journal.entries.append(("start", self.name))
+            self.thread = threading.Thread(target=self._work, name=f"{self.name}-thread",
+                                           daemon=True)
+            self.thread.start()
+
+        def stop() -> None:
+            self.journal.entries.append(("stop", self.name))
+        return Runnable(self.name, start=start, stop=stop, threads=lambda: [self.thread],
+                        may_finish=self.may_finish)
+
+
+def _dying_manager(recorder: Recorder | None = None):
+    journal = Journal()
+    webhook = Threaded("webhook listeners", journal, RuntimeError("socket gone"))
+    manager = Manager("test", recorder=recorder, involved=POD, watch_seconds=0.05)
+    manager.add(journal.runnable("cache", synced=lambda: True))
+    manager.add(webhook.runnable())
+    manager.add(journal.runnable("workers"), leader_only=True)
+    return manager, webhook, journal
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_runnable_whose_thread_raises_is_named_logged_told_and_ends_the_process(caplog):
+    recorder = Recorder()
+    manager, webhook, journal = _dying_manager(recorder)
+    manager.start(sync_timeout=5)
+    try:
+        assert manager.ready() == (True, "ok")
+        webhook.end.set()
+        eventually(manager.stop_requested.is_set, bool, timeout=10,
+                   expected="the manager to ask the process to stop once the thread died")
+        said = "webhook listeners ended: thread webhook listeners-thread raised " \
+               "RuntimeError: socket gone"
+        assert manager.ready() == (False, said)
+        assert manager.failed() and manager.death == said
+        logged = [r for r in caplog.records if said in r.getMessage()]
+        assert logged and logged[0].levelno == logging.ERROR, caplog.text
+        assert logged[0].exc_info and logged[0].exc_info[1] is webhook.error, \
+            "the death was logged without its exception"
+        assert recorder.events == [("operator-0", "Warning", RUNNABLE_FAILED,
+                                    f"{said}; the process stops to be started again")]
+    finally:
+        manager.stop()
+    assert journal.of("stop") == ["workers", "webhook listeners", "cache"]
+    assert recorder.flushed == 1, "the stop did not wait for the death's Event"
+
+
+def test_a_thread_that_returns_while_the_process_runs_is_a_death_too():
+    manager, webhook, journal = _dying_manager()
+    webhook.error = None
+    manager.start(sync_timeout=5)
+    try:
+        webhook.end.set()
+        eventually(manager.ready, lambda answer: not answer[0], timeout=10,
+                   expected="readiness to fail once the thread returned")
+        assert manager.ready() == (False, "webhook listeners ended: thread webhook "
+                                          "listeners-thread returned while the process runs")
+        assert manager.stop_requested.is_set() and manager.failed()
+    finally:
+        manager.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_one_that_may_finish_may_return_but_not_raise():
+    journal = Journal()
+    done = Threaded("one-shot", journal, may_finish=True)
+    broken = Threaded("other one-shot", journal, ValueError("bad input"), may_finish=True)
+    manager = Manager("test", watch_seconds=0.05)
+    manager.add(done.runnable())
+    manager.add(broken.runnable())
+    manager.start(sync_timeout=5)
+    try:
+        done.end.set()
+        done.thread.join(5)
+        holds_for(manager.ready, lambda answer: answer == (True, "ok"), seconds=0.3,
+                  interval=0.05, expected="a one-shot that finished to leave it ready")
+        assert not manager.stop_requested.is_set()
+        broken.end.set()
+        eventually(manager.ready, lambda answer: not answer[0], timeout=10,
+                   expected="a one-shot that raised to be a death")
+        assert manager.ready()[1] == ("other one-shot ended: thread other one-shot-thread "
+                                      "raised ValueError: bad input")
+    finally:
+        manager.stop()
+
+
+def test_a_stop_is_no_death():
+    manager, webhook, _ = _dying_manager()
+    webhook.error = None
+    manager.start(sync_timeout=5)
+    manager.stop()  # the thread is left running: stopping it ends nothing unexpectedly
+    webhook.end.set()
+    webhook.thread.join(5)
+    assert not manager.failed() and manager.death is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_serve_answers_ready_then_exits_non_zero_when_a_runnable_dies(caplog):
+    manager, webhook, journal = _dying_manager()
+    port = free_port()
+    answers: list[tuple[int, str]] = []
+
+    def readyz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return r.status, r.read().decode()
+        except OSError as err:
+            return 0, str(err)
+
+    def probe_then_kill() -> None:
+        answers.append(eventually(readyz, lambda answer: answer[0] == 200, timeout=20,
+                                  expected="/readyz to answer 200 once started"))
+        webhook.end.set()
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    prober = threading.Thread(target=probe_then_kill, daemon=True)
+    prober.start()
+    try:
+        code = serve("test", manager, None, Listeners("127.0.0.1", port),
+                     gc_sweep_seconds=0)
+    finally:
+        webhook.end.set()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    prober.join(5)
+    assert answers == [(200, "ok")]
+    assert code == 1, "a runnable's death must end the process with a failure"
+    # Everything stopped, the listener last (it was the first runnable).
+    assert journal.of("stop") == ["workers", "webhook listeners", "cache"]
+    assert readyz()[0] == 0, "the listener still answers after the process's end"
+    assert "stopped after a failure (webhook listeners ended: thread webhook " \
+           "listeners-thread raised RuntimeError: socket gone)" in caplog.text
