@@ -347,6 +347,25 @@ def test_one_that_may_finish_may_return_but_not_raise():
         manager.stop()
 
 
+def test_a_leader_only_runnable_that_dies_ends_the_term_and_the_process():
+    journal = Journal()
+    loop = Threaded("garbage collection", journal)
+    manager = Manager("test", watch_seconds=0.05)
+    manager.add(journal.runnable("cache"))
+    manager.add(loop.runnable(), leader_only=True)
+    manager.start(sync_timeout=5)
+    try:
+        loop.end.set()
+        eventually(manager.ready, lambda answer: not answer[0], timeout=10,
+                   expected="readiness to name the leader-only runnable that died")
+        assert manager.ready()[1] == ("garbage collection ended: thread garbage "
+                                      "collection-thread returned while the process runs")
+        assert manager.stop_requested.is_set() and manager.failed()
+    finally:
+        manager.stop()
+    assert journal.of("stop") == ["garbage collection", "cache"]
+
+
 def test_a_stop_is_no_death():
     manager, webhook, _ = _dying_manager()
     webhook.error = None
