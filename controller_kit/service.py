@@ -198,8 +198,9 @@ class _Listener:
     """One of the process's listeners as a runnable of its manager: it listens when the
     manager starts it, and the manager watches its serving thread."""
 
-    def __init__(self, what: str, host: str, port: int, flag: str, **server):
-        self.what = what
+    def __init__(self, what: str, host: str, port: int, flag: str, paths: str = "",
+                 **server):
+        self.what, self.paths = what, paths  # paths: said with its address once it listens
         self.server: ObservabilityServer | None = None
         self._where = (host, port, flag)
         self._settings = server
@@ -212,6 +213,8 @@ class _Listener:
 
     def _start(self, _seconds_left: float) -> None:
         self.server = _listen(self.what, *self._where, **self._settings)
+        if self.paths:
+            log.info("%s on %s%s", self.what, self.server.url, self.paths)
 
     def _stop(self) -> None:
         if self.server is not None:
@@ -263,11 +266,12 @@ def _observability(manager: Manager, registry: CollectorRegistry, listeners: Lis
         assert listeners.health_probe_port is not None
         planned.append(_Listener("health probes", listeners.health_probe_host,
                                  listeners.health_probe_port, "--health-probe-port",
-                                 registry=None, ready=manager.ready, live=live))
+                                 "/healthz and /readyz", registry=None, ready=manager.ready,
+                                 live=live))
     if routes and routes_listener is not None:
         listener = routes_listener
         planned.append(_Listener(listener.what, listener.host, listener.port, listener.flag,
-                                 registry=None, ready=None, routes=routes))
+                                 "/", registry=None, ready=None, routes=routes))
     return planned
 
 
@@ -301,10 +305,6 @@ def serve(name: str, manager: Manager, registry: CollectorRegistry,
         if metrics is not None:  # None: a stop asked for while starting
             log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
                      " (authenticated)" if listeners.metrics_secure else "")
-            for listener in planned[1:]:
-                if listener.server is not None:
-                    log.info("%s on %s/%s", listener.what, listener.server.url,
-                             "healthz and /readyz" if listener.what == "health probes" else "")
         stop.wait()
     except ListenError as err:
         print(f"error: {err.strerror}", file=sys.stderr)
