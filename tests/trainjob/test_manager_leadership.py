@@ -1,7 +1,8 @@
 """The controller lifecycle's leader election (controller_kit.manager) against the manager's
 real apiserver: a standby's leader-only runnables start only after the leader's have
 stopped (its workers finish before the Lease is given up), and a leader that loses its
-Lease stops writing at once and asks the process to end, never to lead again."""
+Lease stops writing at once and asks the process to end, never to lead again. And the
+Warning Event a runnable's death leaves on the process's own Pod, as kubectl shows it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import urllib3
 from kubernetes import client
 
 from clusters.testing import eventually
+from controller_kit.events import EventRecorder
 from controller_kit.kubeclient import RateLimitedApiClient
-from controller_kit.manager import Lease, Manager, Runnable
+from controller_kit.manager import RUNNABLE_FAILED, Lease, Manager, Runnable
 
 TIMING = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.3}
 
@@ -108,3 +110,38 @@ def test_a_lost_lease_stops_the_workers_and_the_process_for_good(multicluster, n
                                          "stop garbage collection", "stop workers"]
     finally:
         leader.stop()
+
+
+def test_a_runnable_that_dies_is_told_on_the_processs_pod(multicluster, namespace,
+                                                          monkeypatch):
+    api = multicluster.manager.api
+    core = client.CoreV1Api(api)
+    pod = core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "controller-0"},
+        "spec": {"containers": [{"name": "main", "image": "controller"}]}})
+    # What the Deployment's downward API gives the process.
+    monkeypatch.setenv("POD_NAME", "controller-0")
+    monkeypatch.setenv("POD_NAMESPACE", namespace)
+    monkeypatch.setenv("POD_UID", pod.metadata.uid)
+    end = threading.Event()
+    worker = threading.Thread(target=end.wait, name="server-loop", daemon=True)
+    manager = Manager("test", recorder=EventRecorder(api, "manager-test"), watch_seconds=0.05)
+    manager.add(Runnable("server", start=lambda _: worker.start(), threads=lambda: [worker]))
+    manager.start(10)
+    try:
+        end.set()  # its loop returns while the process runs
+        eventually(manager.stop_requested.is_set, bool, timeout=10,
+                   expected="the process asked to stop once the runnable's thread ended")
+    finally:
+        manager.stop()  # waits for the Event to be written
+
+    def told() -> list[tuple[str, str, str]]:
+        # As `kubectl describe pod` finds them: by the Pod's kind, name and UID.
+        events = core.list_namespaced_event(namespace, field_selector=(
+            f"involvedObject.kind=Pod,involvedObject.name=controller-0,"
+            f"involvedObject.uid={pod.metadata.uid}")).items
+        return [(e.type, e.reason, e.message) for e in events]
+    eventually(told, lambda seen: seen == [
+        ("Warning", RUNNABLE_FAILED, "server ended: thread server-loop returned while the "
+         "process runs; the process stops to be started again")], timeout=10,
+        expected="one RunnableFailed Warning Event on the process's Pod")
