@@ -356,6 +356,36 @@ def test_workers_refuse_a_privileged_copy(restricted, namespace):
     assert all(get(multicluster[n].api, namespace, "privileged") is None for n in WORKERS)
 
 
+def test_workers_refuse_an_oversized_copy(restricted, namespace):
+    """A job past the worker policy's bounds (33 pod templates patched, over its 32): each
+    worker refuses the copy naming the list and the limit, not with the apiserver's CEL
+    cost error, and the manager job's Events and Placed condition say so."""
+    multicluster, _, _ = restricted
+    manager = multicluster.manager
+    for name in WORKERS:
+        fixtures.open_namespace_to_dispatcher(multicluster[name].api, namespace)
+    body = trainjob("oversized")
+    body["spec"]["runtimePatches"] = [{
+        "manager": f"example.com/team-{team}", "trainingRuntimeSpec": {"template": {"spec": {
+            "replicatedJobs": [{"name": f"job-{i}", "template": {"spec": {"template": {
+                "metadata": {"labels": {"team": team}}}}}} for i in range(count)]}}}}
+        for team, count in (("a", 17), ("b", 16))]
+    manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
+    bound = ("spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs: 33 "
+             "replicated jobs in all, over the limit of 32")
+    seen = eventually(lambda: rejections(manager.api, namespace, "oversized"),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    for message in seen.values():
+        assert f"TrainJob {namespace}/oversized: {bound}" in message, message
+    placed = eventually(lambda: condition(get(manager.api, namespace, "oversized"), "Placed"),
+                        lambda found: found.get("status") == "False" and all(
+                            f"lp-{n}" in found.get("message", "") for n in WORKERS),
+                        timeout=60, expected="Placed=False naming both workers' refusals")
+    assert bound in placed["message"], placed
+    assert all(get(multicluster[n].api, namespace, "oversized") is None for n in WORKERS)
+
+
 def test_workers_refuse_a_namespace_without_pod_security(restricted, namespace):
     """Opened by RBAC but enforcing no Pod Security level: each worker refuses the copy,
     naming the namespace, the label and the level it needs."""

@@ -4,8 +4,9 @@ requests: a client certificate for ``system:serviceaccount:trainjob-system:
 trainjob-dispatcher`` from the worker's CA, which is what a leaked kubeconfig of the
 manager's would hold. It creates and deletes the copies the dispatcher makes, in the
 namespaces opened to it, and nothing else: a copy whose Pods would break Pod Security's
-baseline level (or restricted, when the worker's administrator sets it), or one into a
-namespace that does not enforce that level, is refused with the field or namespace and the
+baseline level (or restricted, when the worker's administrator sets it), one into a
+namespace that does not enforce that level (or pins a Pod Security version before 1.30),
+or one past the policy's size bounds, is refused with the field or namespace and the
 reason; other users are not affected.
 """
 
@@ -47,7 +48,10 @@ CLOSED = "identity-policy-closed"
 UNLABELLED = "identity-policy-unlabelled"
 PRIVILEGED = "identity-policy-privileged"
 RESTRICTED = "identity-policy-restricted"
-NAMESPACES = (OPENED, CLOSED, UNLABELLED, PRIVILEGED, RESTRICTED)
+# Opened at baseline, with pod-security.kubernetes.io/enforce-version pinned.
+PINNED = {version: f"identity-policy-pinned-{version.replace('.', '-')}"
+          for version in ("v1.29", "v1.30", "v1.31", "v1.32", "v1.40", "latest")}
+NAMESPACES = (OPENED, CLOSED, UNLABELLED, PRIVILEGED, RESTRICTED, *PINNED.values())
 
 
 # --- the manifests -----------------------------------------------------------------
@@ -225,6 +229,10 @@ def worker_identity(multicluster, tmp_path_factory):
     fixtures.open_namespace_to_dispatcher(worker.api, RESTRICTED, pod_security="restricted")
     for name in (UNLABELLED, PRIVILEGED):
         fixtures.open_namespace_to_dispatcher(worker.api, name, pod_security=None)
+    for version, name in PINNED.items():
+        worker.core.patch_namespace(name, {"metadata": {"labels": {
+            ENFORCE + "-version": version}}})
+        fixtures.open_namespace_to_dispatcher(worker.api, name)
     user, groups = service_account_user(*fixtures.WORKER_ACCESS_ACCOUNT)
     path = multicluster.harness.issue_user_kubeconfig(
         WORKER, user, groups, tmp_path_factory.mktemp("identity-policy") / "access.kubeconfig")
@@ -818,3 +826,151 @@ def test_a_level_that_is_not_one_is_refused(worker_identity, administrator_level
     assert (f"TrainJob {OPENED}/typo: the Pod Security level as ConfigMap "
             f"{'/'.join(LEVEL_CONFIGMAP)} sets in data.level is strict, not baseline or "
             "restricted") in message, message
+
+
+# --- bounds -------------------------------------------------------------------------
+
+def replicated_jobs(count: int, pod_spec: dict | None = None, manager: str = "example.com/m",
+                    metadata: dict | None = None) -> dict:
+    """A runtime patch of ``count`` replicated jobs' pod templates."""
+    template = {k: v for k, v in (("metadata", metadata), ("spec", pod_spec)) if v is not None}
+    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": f"job-{i}", "template": {"spec": {
+            "template": copy.deepcopy(template)}}} for i in range(count)]}}}}
+
+
+def containers(count: int, security_context: dict | None = None, prefix: str = "c") -> list:
+    return [{"name": f"{prefix}{i}", **({"securityContext": security_context}
+                                        if security_context else {})} for i in range(count)]
+
+
+TEMPLATES = ("spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs[]"
+             ".template.spec.template")
+BOUNDS = "the dispatcher on this worker copies only TrainJobs within these bounds"
+
+
+@pytest.mark.parametrize("spec,found", [
+    ({"runtimePatches": [replicated_jobs(17, manager="example.com/a"),
+                         replicated_jobs(16, manager="example.com/b")]},
+     "spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs: 33 replicated "
+     "jobs in all, over the limit of 32"),
+    ({"runtimePatches": [runtime_patch({"containers": containers(40),
+                                        "initContainers": containers(25, prefix="i")})]},
+     f"{TEMPLATES}.spec.initContainers, .spec.containers: 65 containers and init containers "
+     "in all, over the limit of 64"),
+    ({"podSpecOverrides": [override() for _ in range(65)]},
+     "spec.podSpecOverrides: 65 entries, over the limit of 64"),
+    ({"runtimePatches": [runtime_patch({"containers": containers(1, {"capabilities": {
+        "add": ["CHOWN"] * 513}})})]},
+     f"{TEMPLATES}.spec.securityContext.sysctls, .spec.[init]containers[].securityContext"
+     ".capabilities.add and .drop, .spec.[init]containers[].ports: 513 entries in all, over "
+     "the limit of 512"),
+], ids=["replicated-jobs", "containers", "pod-spec-overrides", "capabilities"])
+def test_an_oversized_copy_is_refused_naming_the_list(worker_identity, spec, found):
+    """Past the policy's bounds (which keep its checks within the apiserver's CEL cost
+    limit) a copy is refused naming the list, its size and the limit, before any check
+    whose cost grows with it runs."""
+    _, api = worker_identity
+    message = refusal(lambda: create(api, trainjob("oversized", **spec)))
+    assert by_policy(message), message
+    assert f"TrainJob {OPENED}/oversized: {found}: {BOUNDS}" in message, message
+
+
+# Everything a pod template can set against restricted, and so against baseline.
+FORBIDDEN_CONTAINER = {
+    "privileged": True, "procMount": "Unmasked", "allowPrivilegeEscalation": True,
+    "runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "Unconfined"},
+    "capabilities": {"add": ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"], "drop": ["NET_RAW"]},
+    "seLinuxOptions": {"type": "spc_t", "user": "u", "role": "r"},
+    "appArmorProfile": {"type": "Unconfined"}, "windowsOptions": {"hostProcess": True}}
+
+
+def costliest(extra_containers: int = 0) -> dict:
+    """A TrainJob at every bound of the policy (32 pod templates, 64 containers, 128
+    volumes of 512 fields, 128 annotations, 512 capabilities and sysctls), each of them
+    forbidden at restricted: the most its checks can be asked to say."""
+    pod_spec = {
+        "securityContext": {**{k: v for k, v in FORBIDDEN_CONTAINER.items() if k in (
+            "runAsNonRoot", "runAsUser", "seccompProfile", "seLinuxOptions",
+            "appArmorProfile", "windowsOptions")},
+            "sysctls": [{"name": f"kernel.sysctl{i}", "value": "1"} for i in range(8)]},
+        "volumes": [{"name": f"volume-{i}", "hostPath": {"path": "/"},
+                     "nfs": {"server": "nfs.example.com", "path": "/"},
+                     "gitRepo": {"repository": "https://example.com/r.git"}}
+                    for i in range(4)],
+        "containers": containers(2, FORBIDDEN_CONTAINER)}
+    metadata = {"annotations": {f"{APPARMOR}c{i}": "unconfined" for i in range(4)}}
+    patches = [replicated_jobs(2, pod_spec, f"example.com/manager-{i:02d}", metadata)
+               for i in range(16)]
+    job = patches[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    job["template"]["spec"]["template"]["spec"] = dict(
+        pod_spec, containers=containers(2 + extra_containers, FORBIDDEN_CONTAINER))
+    return {"runtimePatches": patches}
+
+
+def test_the_costliest_copy_within_the_bounds_is_refused_field_by_field(worker_identity,
+                                                                        administrator_level):
+    """At every bound and with everything forbidden, at baseline and at restricted: the
+    refusal names the first fields and how many more, within the apiserver's cost limit
+    and its 5 KiB for a message; one container more is refused by the bounds."""
+    _, api = worker_identity
+    first = ("spec.runtimePatches[manager: example.com/manager-00].trainingRuntimeSpec"
+             ".template.spec.replicatedJobs[name: job-0].template.spec.template.spec"
+             f".volumes[name: volume-0].hostPath: {HOST_PATH_REASON}")
+    for level in ("baseline", "restricted"):
+        if level == "restricted":
+            administrator_level("restricted", "restricted")
+        message = refusal(lambda: create(api, trainjob("costliest", RESTRICTED,
+                                                       **costliest())))
+        assert by_policy(message), message
+        assert f"TrainJob {RESTRICTED}/costliest: {first}" in message, message
+        assert " more: the dispatcher on this worker copies only TrainJobs whose Pods meet " \
+            "Pod Security" in message, message
+        message = refusal(lambda: create(api, trainjob("costliest", RESTRICTED,
+                                                       **costliest(extra_containers=1))))
+        assert "65 containers and init containers in all, over the limit of 64" in message, (
+            message)
+
+
+# --- the namespace's enforce-version ------------------------------------------------
+
+SYSCTL_1_32 = {"securityContext": {"sysctls": [{"name": "net.ipv4.tcp_rmem",
+                                                "value": "4096 87380 6291456"}]}}
+SELINUX_1_31 = {"containers": [container({"seLinuxOptions": {"type": "container_engine_t"}})]}
+
+
+@pytest.mark.parametrize("version,fragment,field,reason", [
+    ("v1.31", SYSCTL_1_32, ".spec.securityContext.sysctls",
+     "Pod Security baseline forbids net.ipv4.tcp_rmem (it allows kernel.shm_rmid_forced, "),
+    ("v1.30", SELINUX_1_31, f".spec.containers[name: {c.NODE}].securityContext.seLinuxOptions"
+     ".type", "Pod Security baseline forbids the SELinux type container_engine_t (it allows "
+     "container_t, container_init_t, container_kvm_t)"),
+], ids=["sysctl-before-1.32", "selinux-type-before-1.31"])
+def test_a_pinned_version_is_held_to_its_own_lists(worker_identity, version, fragment, field,
+                                                   reason):
+    """Where baseline differs between the Kubernetes versions the project supports, a
+    namespace pinned to one holds the copies to that version's lists (what its Pod Security
+    Admission would refuse at Pod creation is refused with the copy); unpinned, latest, or
+    newer, they are the newest's."""
+    _, api = worker_identity
+    namespace = PINNED[version]
+    message = refusal(lambda: create(api, trainjob("pinned", namespace,
+                                                   **with_fragment(fragment))))
+    assert by_policy(message), message
+    assert f"TrainJob {namespace}/pinned: {at(field)}: {reason}" in message, message
+    assert (f"as of Kubernetes {version} (namespace {namespace} has "
+            f"pod-security.kubernetes.io/enforce-version={version})") in message, message
+    for newer in ("v1.32", "v1.40", "latest"):
+        create(api, trainjob("pinned", PINNED[newer], **with_fragment(fragment)))
+        delete(api, PINNED[newer], "pinned")
+
+
+def test_a_namespace_pinned_before_1_30_is_refused(worker_identity):
+    _, api = worker_identity
+    namespace = PINNED["v1.29"]
+    message = refusal(lambda: create(api, trainjob("too-old", namespace)))
+    assert by_policy(message), message
+    assert (f"TrainJob {namespace}/too-old: namespace {namespace} has "
+            "pod-security.kubernetes.io/enforce-version=v1.29, older than v1.30") in message, (
+        message)
+    assert "its administrator removes the label or sets it to latest" in message, message
