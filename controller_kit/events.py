@@ -20,6 +20,42 @@ from controller_kit.api_time import format_time
 log = logging.getLogger(__name__)
 
 NORMAL, WARNING = "Normal", "Warning"
+MESSAGE_LIMIT = 1024  # what the apiserver keeps of a core/v1 Event's message
+
+
+def involved(obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``involvedObject`` reference to ``obj`` (a dict with apiVersion, kind, metadata)."""
+    meta = obj.get("metadata") or {}
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "name": meta.get("name"), "namespace": meta.get("namespace"),
+            "uid": meta.get("uid")}
+
+
+def event_body(about: dict[str, Any], type_: str, reason: str, message: str,
+               component: str, instance: str = "", *, first: str | None = None,
+               last: str | None = None, count: int = 1) -> dict[str, Any]:
+    """A core/v1 Event about the object ``about`` refers to (``involved``), said ``count``
+    times from ``first`` to ``last`` (now when not given), by ``component``: named after
+    the object (the apiserver adds a suffix), in its namespace, its message cut to what
+    the apiserver keeps. ``kubectl describe`` reads the source and the counted timestamps;
+    the reporting fields are what events.k8s.io readers show."""
+    now = "" if first and last else format_time()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{about.get('name') or 'object'}.",
+                     "namespace": about.get("namespace") or "default"},
+        "involvedObject": dict(about),
+        "type": type_, "reason": reason, "message": message[:MESSAGE_LIMIT],
+        "source": {"component": component},
+        "reportingComponent": component, "reportingInstance": instance or component,
+        "firstTimestamp": first or now, "lastTimestamp": last or now, "count": count,
+    }
+
+
+def recount(count: int, last: str) -> dict[str, Any]:
+    """The merge patch that raises an Event written by ``event_body`` to ``count``
+    occurrences, the last at ``last``: Kubernetes' aggregation of a repeated Event."""
+    return {"count": count, "lastTimestamp": last}
 
 
 class EventRecorder:
@@ -37,22 +73,8 @@ class EventRecorder:
     def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Queue an Event about ``obj`` (a dict with apiVersion, kind, metadata)."""
         meta = obj.get("metadata") or {}
-        timestamp = format_time()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'object')}.",
-                         "namespace": meta.get("namespace") or "default"},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                "name": meta.get("name"), "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-            },
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": self._component},
-            "reportingComponent": self._component, "reportingInstance": self._instance,
-            "firstTimestamp": timestamp, "lastTimestamp": timestamp, "count": 1,
-        }
+        body = event_body(involved(obj), type_, reason, message, self._component,
+                          self._instance)
         try:
             self._queue.put_nowait(body)
         except queue.Full:

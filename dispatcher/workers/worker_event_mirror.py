@@ -21,7 +21,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller_kit import writes
+from controller_kit import events, writes
 from controller_kit.informer import DELETED
 from controller_kit.kubeclient import describe_error
 from dispatcher.metrics import DispatcherMetrics
@@ -163,8 +163,7 @@ class WorkerEventMirror:
                 name = made["metadata"]["name"]
             else:
                 writes.merge_patch(self._manager, "", "v1", write.job.namespace, "events",
-                                   write.name, {"count": write.count,
-                                                "lastTimestamp": write.last})
+                                   write.name, events.recount(write.count, write.last))
                 name = write.name
         except ApiException as err:
             if err.status == 404 and write.name is not None:
@@ -204,13 +203,8 @@ class WorkerEventMirror:
 
     def _body(self, write: Write) -> dict:
         job = write.job
-        return {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
-            "involvedObject": {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
-                               "name": job.name, "namespace": job.namespace, "uid": job.uid},
-            "type": "Warning", "reason": write.reason, "message": write.message,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT, "reportingInstance": self._instance,
-            "firstTimestamp": write.first, "lastTimestamp": write.last, "count": write.count,
-        }
+        return events.event_body(
+            {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND, "name": job.name,
+             "namespace": job.namespace, "uid": job.uid},
+            events.WARNING, write.reason, write.message, COMPONENT, self._instance,
+            first=write.first, last=write.last, count=write.count)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from controller_kit.api_time import format_time, parse_time
+from controller_kit.events import MESSAGE_LIMIT
 from trainjob import constants as c
 
 # New manager Events (distinct reason, object and message) per job in any minute; the
@@ -43,7 +44,6 @@ REASON_LIMITED = "WorkerEventsLimited"
 # of a worker's Event is kept twice as long: the worker keeps its Events as long, so none
 # is counted twice.
 IDLE_SECONDS = 3600.0
-MESSAGE_LIMIT = 1024  # what the apiserver keeps of a core/v1 Event's message
 
 # The names the JobSet controller and the Job controller give (the JobSet is named after
 # the TrainJob): Jobs <jobset>-<replicatedJob>-<index>, their Pods <job>-<index>-<random>
