@@ -30,10 +30,11 @@ state directory, as a team deploys it, from the shipped manifests:
    Kueue's, about its own connection; beside Kueue, whose MultiKueue controller owns that
    condition, only the rollout and the Lease are waited for);
 6. ``--remote-api``: in step 3 the manager's overlay is applied with the component
-   ``manifests/remote-api/serving``, and ``manifests/remote-api`` right after it (the
-   remote view's aggregated API, ``clusters.kind.remote_api``; its RBAC lets a replica
-   serve it, which its readiness waits for); after step 5, deploy waits until the
-   APIService is Available and its Service routes to both dispatcher replicas.
+   ``manifests/remote-api/serving``, and ``manifests/remote-api`` but its APIService right
+   after it (the remote view's aggregated API, ``clusters.kind.remote_api``; its RBAC lets
+   a replica serve it, which its readiness waits for); after step 5, once its Service
+   routes to both dispatcher replicas, the APIService is applied and deploy waits until it
+   is Available.
 
 The queues are the team's own, never deploy's: in Kueue mode, the MultiKueueConfig,
 AdmissionCheck, ClusterQueues and LocalQueues (Kueue's MultiKueue guide) come from the team.
@@ -410,6 +411,11 @@ def deploy(kind: KindClusters, timeout: float = 300,
                    started)
         if with_remote_api:
             started = time.monotonic()
+            waits.wait_for("manager: the remote view's Service routing to both replicas",
+                           lambda: remote_api.endpoints_problem(
+                               api, shipped.dispatcher_namespace,
+                               shipped.dispatcher_deployment), deadline)
+            apply_base(kind.kubeconfig("manager"), remote_api.BASE)
             waits.wait_for("manager: the remote view's APIService on both replicas", lambda: (
                 remote_api.endpoints_problem(api, shipped.dispatcher_namespace,
                                              shipped.dispatcher_deployment)
@@ -449,10 +455,20 @@ def _deploy_manager(kind: KindClusters, shipped: Shipped, report: DeployReport,
     if with_remote_api:
         # Before any wait: a replica serving the remote view is ready only once it reads
         # the front proxy's settings and keeps its certificate, which this base's RBAC
-        # allows.
+        # allows. Its APIService comes last (deploy, once the Service routes to ready
+        # Pods): the aggregator keeps the connection of its first discovery check, and
+        # one made before kube-proxy programmed the Service's address leaves the node
+        # unrouted, where whatever answers holds the APIService unavailable.
         started = time.monotonic()
-        apply_base(kind.kubeconfig("manager"), remote_api.BASE)
-        report.add("manager", f"manifests/{remote_api.BASE} applied", started)
+        objects = [o for o in kustomize.render(remote_api.BASE) if o["kind"] != "APIService"]
+        out = kustomize.kubectl(kind.kubeconfig("manager"), "apply", "--server-side",
+                                "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+                                "-f", "-", stdin=yaml.safe_dump_all(objects), timeout=180)
+        if out.returncode != 0:
+            raise ControlPlaneError(f"kubectl apply of manifests/{remote_api.BASE} but its "
+                                    f"APIService failed: {out.stderr.strip()[-2000:]}")
+        report.add("manager", f"manifests/{remote_api.BASE} applied but its APIService",
+                   started)
 
 
 def _write_kubeconfig(path: Path, kubeconfig: dict) -> Path:

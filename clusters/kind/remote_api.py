@@ -6,14 +6,18 @@ on the manager, as a team adds it (docs/remote-view.md, "Deploying it"):
    overlay of two lines in the state directory, ``remote-api-overlay/``, whose resource is
    the chosen ``manifests/<overlay>`` and whose component is the shipped one, applied in
    place of the plain overlay;
-2. ``kubectl apply --server-side -k manifests/remote-api`` right after, before any wait:
-   the APIService, the Service in front of every ready dispatcher Pod, the users'
-   ClusterRole, and the dispatcher's RBAC, without which a replica serving the remote view
-   never turns ready (it reads the front proxy's settings and keeps its certificate first);
-3. wait until the APIService is ``Available=True`` (the dispatcher made its serving
-   certificate and put its CA into the APIService; the manager's aggregator reached it
-   through the Service and its discovery answered) and the Service's endpoints are every
-   dispatcher Pod, ready, leader and standby alike.
+2. right after, before any wait, that base but its APIService: the Service in front of
+   every ready dispatcher Pod, the users' ClusterRole, and the dispatcher's RBAC, without
+   which a replica serving the remote view never turns ready (it reads the front proxy's
+   settings and keeps its certificate first);
+3. once the Service's endpoints are every dispatcher Pod, ready, leader and standby alike,
+   ``kubectl apply --server-side -k manifests/remote-api`` (the APIService joins), and wait
+   until it is ``Available=True`` (the dispatcher put its CA into the APIService; the
+   manager's aggregator reached it through the Service and its discovery answered).
+   Last, because the aggregator keeps the connection of its first discovery check: one
+   made before kube-proxy programmed the Service's address leaves the node unrouted, and
+   where something answers there (a transparent proxy) the APIService stays unavailable
+   with that answer's status, though every replica serves.
 
 kind's kube-apiserver is kubeadm's, which runs with the aggregation layer's flags
 (``--requestheader-*``, ``--proxy-client-cert-file``) and publishes them in ConfigMap

@@ -55,6 +55,9 @@ COMMON_NAME = "trainjob-dispatcher-remote-api"
 # At least this often every replica looks at the Secret and the APIService again; sooner
 # when something falls due, and every few seconds until it has served a pair.
 SYNC_SECONDS = 60.0
+# While the APIService is not installed: a team applies manifests/remote-api once the
+# dispatcher serves, and the aggregator trusts nothing until the CA is injected.
+ABSENT_SECONDS = 5.0
 APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 
 
@@ -167,7 +170,8 @@ class SecretCertificate:
                 self._inject(apiservice, data[CA_CRT])
             self._serve(data[TLS_CRT], data[TLS_KEY])
             self._say(logging.DEBUG, "")
-            return min(SYNC_SECONDS, step.recheck_in)
+            return min(SYNC_SECONDS if apiservice is not None else ABSENT_SECONDS,
+                       step.recheck_in)
         except Exception as err:  # noqa: BLE001 - retried on the next pass
             self._say(logging.WARNING, f"cannot keep the serving certificate in {self.where}: "
                                        f"{describe_error(err)}")
