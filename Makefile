@@ -33,7 +33,7 @@ help:
 	@echo "make bench-smoke    the benchmark at a tiny scale (its scenarios, the comparison, a failing start), as tests"
 	@echo "make bench-scale    the dispatcher on 2 workers of 1,000 Nodes and 20,000 Pods each; figures in bench-results/scale/"
 	@echo "make test-scale     the tests on a worker of 1,000 Nodes and 20,000 Pods (a lost watch during churn), about five minutes"
-	@echo "make test-kind-remote-view  the remote view deployed on kind (its own kind clusters), about ten minutes"
+	@echo "make test-kind-remote-view  only the remote view deployed on kind (its own kind clusters; also in make test), about ten minutes"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -132,6 +132,7 @@ bench-smoke: binaries
 test-scale: binaries
 	$(PY) -m pytest -m scale tests
 
+# The remote view's kind module alone, on kind clusters of its own (make test runs it too).
 test-kind-remote-view: binaries test-images
 	$(PY) -m pytest -m kind_remote_view tests/kind
 

@@ -73,7 +73,7 @@ FOLLOWED_FOR = "600s"
 # Pod at random for each connection).
 MAX_FOLLOWS = 8
 
-# Not in make test yet (pyproject.toml's marker says why); make test-kind-remote-view.
+# In make test with the other kind modules; make test-kind-remote-view runs it alone.
 pytestmark = pytest.mark.kind_remote_view
 
 
