@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from dispatcher.remote_view import items
-from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem
+from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem, Keeping
 from dispatcher.remote_view.worker_reads import WorkerAnswer, WorkerReads
 from dispatcher.workers.cluster import WorkerCluster
 
@@ -55,8 +55,9 @@ class JobLife:
     def __init__(self, trainjob: Callable[[str, str], dict | None],
                  trainjobs: Callable[[], list[dict]],
                  workers: Callable[[], list[WorkerCluster]], *,
-                 max_reads: int = MAX_READS, max_log_reads: int = MAX_LOG_READS):
-        self.locator = CopyLocator(trainjob, trainjobs, workers)
+                 max_reads: int = MAX_READS, max_log_reads: int = MAX_LOG_READS,
+                 keeping: Keeping | None = None):
+        self.locator = CopyLocator(trainjob, trainjobs, workers, keeping)
         # Clients of the dashboard's own (a pool and timeouts each): the remote view's
         # are sized for its streams, the reconciles' never carry a read for a person.
         self.reads = WorkerReads(LOG_IDLE_SECONDS)

@@ -17,6 +17,8 @@ from typing import Any
 from dispatcher.actions import Action as Action
 from dispatcher.actions import Forget as Forget
 from dispatcher.actions import Ignore as Ignore
+from trainjob import conditions
+from trainjob import constants as c
 
 Obj = dict[str, Any]
 
@@ -38,7 +40,14 @@ class WorkerState:
 class Settings:
     origin: str
     worker_lost_timeout: float
-    retention: float
+    retention: float  # every finished copy is kept at least this long
+    failed_retention: float = 0.0  # and a Failed one at least this long
+
+    def kept_for(self, copy: Obj) -> float:
+        """How long after it finished ``copy`` stays on its worker."""
+        if conditions.is_true(copy, c.CONDITION_FAILED):
+            return max(self.retention, self.failed_retention)
+        return self.retention
 
 
 @dataclass(frozen=True)

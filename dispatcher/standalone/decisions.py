@@ -144,11 +144,14 @@ def _sync(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
     if remote_status != manager_status and (remote_status or unreachable_shown):
         return CopyStatus(release=done, status=remote_status)
     if done and conditions.finished(manager):
+        # From the copy's own finish time, not from when this process saw it: a restarted
+        # dispatcher deletes it when its time comes, never later, never earlier.
         finished_at = conditions.finished_time(remote)
-        wait = settings.retention - (now - finished_at) if finished_at else 0
+        wait = settings.kept_for(remote) - (now - finished_at) if finished_at else 0
         if wait > 0:
             return Wait(release=True, seconds=wait,
-                        why="keeping the finished copy for the retention period")
+                        why="keeping the finished copy for the retention period, so its "
+                            "Pods, Events and logs stay readable")
         return DeleteRemote(release=True, remote=remote, why="finished, retention over")
     return InSync(release=done)
 

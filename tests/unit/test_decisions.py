@@ -171,6 +171,29 @@ def test_retention_waits_for_what_is_left_of_it():
     assert isinstance(action, d.Wait) and action.seconds == pytest.approx(20)
 
 
+def test_a_failed_copy_is_kept_for_the_longer_of_its_two_retentions():
+    settings = d.Settings(origin="multikueue", worker_lost_timeout=60, retention=30,
+                          failed_retention=600)
+    failed = cond(c.CONDITION_FAILED, seconds_ago=100)
+    action = d.decide(manager(conditions=[PLACED, failed]), worker(copy(conditions=[failed])),
+                      NOW, settings)
+    assert isinstance(action, d.Wait) and action.seconds == pytest.approx(500), action
+    # A completed one only for the retention of every finished copy.
+    done = cond(c.CONDITION_COMPLETE, seconds_ago=100)
+    action = d.decide(manager(conditions=[PLACED, done]), worker(copy(conditions=[done])),
+                      NOW, settings)
+    assert isinstance(action, d.DeleteRemote), action
+    # Past it, a failed copy goes too; a longer retention of every copy keeps it longer.
+    long_ago = cond(c.CONDITION_FAILED, seconds_ago=700)
+    assert isinstance(d.decide(manager(conditions=[PLACED, long_ago]),
+                               worker(copy(conditions=[long_ago])), NOW, settings),
+                      d.DeleteRemote)
+    longer = d.Settings(origin="multikueue", worker_lost_timeout=60, retention=1000,
+                        failed_retention=600)
+    assert isinstance(d.decide(manager(conditions=[PLACED, long_ago]),
+                               worker(copy(conditions=[long_ago])), NOW, longer), d.Wait)
+
+
 def test_the_unreachable_condition_names_the_worker_and_since_when():
     action = decide(manager(conditions=[CREATED]), worker(active=False, down_for=10))
     assert action.message.startswith(f"worker w1 unreachable since {stamp(10)}")
