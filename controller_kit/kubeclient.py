@@ -154,12 +154,15 @@ def api_client(kubeconfig: str | Path | dict | KubeconfigSource | None = None,
                *, qps: float | None = None, burst: int | None = None,
                observer: RequestObserver | None = None,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-               user_agent: str | None = None) -> client.ApiClient:
+               user_agent: str | None = None,
+               pool_size: int = POOL_SIZE) -> client.ApiClient:
     """An ``ApiClient`` for ``kubeconfig`` (a path, an already parsed dict, or what
     ``find_kubeconfig`` found; in-cluster configuration when None) and ``context`` (its
     current-context when None), rate limited when ``qps`` is given; requests that do not
     set their own timeout give up after ``request_timeout`` seconds. ``user_agent`` names
-    the program in every request (apiserver audit logs tell writers apart by it)."""
+    the program in every request (apiserver audit logs tell writers apart by it).
+    ``pool_size``: the connections kept open to the server (each watch holds one while
+    open; one more than that is opened and closed again for each request)."""
     configuration = client.Configuration()
     if kubeconfig is None:
         config.load_incluster_config(client_configuration=configuration)
@@ -171,7 +174,7 @@ def api_client(kubeconfig: str | Path | dict | KubeconfigSource | None = None,
                                           persist_config=False)
     else:
         _load_kubeconfig_file(Path(kubeconfig), context, configuration)
-    configuration.connection_pool_maxsize = POOL_SIZE
+    configuration.connection_pool_maxsize = pool_size
     if configuration.refresh_api_key_hook is not None:
         configuration.refresh_api_key_hook = ThrottledTokenHook(
             configuration.refresh_api_key_hook)

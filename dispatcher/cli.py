@@ -103,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
                      dest="worker_lost_timeout_seconds",
                      help="seconds a worker may be unreachable before its jobs are placed "
                      "again elsewhere (default: 900)")
+    run.add_argument("--retention", type=command_line.seconds, dest="retention_seconds",
+                     help="standalone mode: seconds every finished job's copy, with its Pods, "
+                     "their Events and logs, stays on its worker after the job finished, "
+                     "readable from the manager with kubectl trainjob and the remote view; "
+                     "0 deletes it as soon as the manager shows the finished status "
+                     "(default: 0). Deleting the manager TrainJob deletes its copy at once "
+                     "whatever this says. Kueue mode: Kueue deletes the copies as soon as "
+                     "a job finishes; this does not apply")
+    run.add_argument("--failed-retention", type=command_line.seconds,
+                     dest="failed_retention_seconds",
+                     help="standalone mode: seconds a Failed job's copy stays on its worker "
+                     "(at least --retention), so why it failed can still be read from the "
+                     "manager; finished Pods hold no room on their Nodes, only their API "
+                     "objects and logs (default: 900)")
     run.add_argument("--gc-interval", type=command_line.seconds, dest="gc_interval_seconds",
                      help="seconds between garbage-collection sweeps of the workers; 0 "
                      "disables them (default: 60)")
@@ -112,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
                      "FailedScheduling, BackoffLimitExceeded, ...) as Events of the manager's "
                      "TrainJob, naming the worker and the object; needs list and watch of "
                      "events on each worker (default: on)")
+    run.add_argument("--worker-event-watches", type=command_line.at_least(0),
+                     dest="worker_event_watches", metavar="N",
+                     help="with --mirror-worker-events: at most this many namespaces of each "
+                     "worker have their Warning Events watched (a connection and a thread "
+                     "each), the first to hold copies; those of any more namespaces with "
+                     "copies are listed every --worker-event-list-interval instead (their "
+                     "Events reach the manager that much later, none is lost) until a watched "
+                     "namespace has no copies left. Logged when it happens; "
+                     "dispatcher_worker_event_namespaces_over_limit counts them (default: 20)")
+    run.add_argument("--worker-event-list-interval", type=command_line.seconds,
+                     dest="worker_event_list_seconds", metavar="SECONDS",
+                     help="seconds between the lists of the Warning Events of a worker "
+                     "namespace that is not watched: over --worker-event-watches, or whose "
+                     "last copy went less than 2 minutes ago (default: 30)")
+    run.add_argument("--worker-event-qps", type=float, dest="worker_event_qps", metavar="QPS",
+                     help="requests a second, per worker, that read its Warning Events: a "
+                     "client of their own, so they never take the rate the worker's caches "
+                     "and the copies' status need (default: 10, burst twice that; "
+                     "worker_event_burst in the config file)")
     command_line.add_python_gc_sweep_argument(run, None)  # the config's default
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="elect a leader with a Lease in --namespace so that only one "
@@ -179,7 +212,12 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         "dashboard_port": args.dashboard_port, "dashboard_host": args.dashboard_host,
         "worker_lost_timeout_seconds": args.worker_lost_timeout_seconds,
         "gc_interval_seconds": args.gc_interval_seconds,
+        "retention_seconds": args.retention_seconds,
+        "failed_retention_seconds": args.failed_retention_seconds,
         "mirror_worker_events": args.mirror_worker_events,
+        "worker_event_watches": args.worker_event_watches,
+        "worker_event_list_seconds": args.worker_event_list_seconds,
+        "worker_event_qps": args.worker_event_qps,
         "python_gc_sweep_seconds": args.python_gc_sweep_seconds,
         "leader_elect": args.leader_elect,
         "lease_duration_seconds": args.lease_duration_seconds,

@@ -111,11 +111,33 @@ class DispatcherConfig(_Strict):
         SWEEP_SECONDS, ge=0, description="between full collections of the interpreter's "
         "frozen objects after the one at start (docs/metrics.md); 0: none")
     worker_lost_timeout_seconds: float = Field(900.0, gt=0)
-    retention_seconds: float = Field(0.0, ge=0, description="keep finished remotes this long")
+    retention_seconds: float = Field(
+        0.0, ge=0, description="standalone mode: how long every finished job's copy (and so "
+        "its Pods, their Events and logs) is kept on its worker after the job finished, "
+        "readable from the manager through the remote view; 0: deleted as soon as the "
+        "manager shows the finished status (docs/remote-view.md#after-a-job-finishes)")
+    failed_retention_seconds: float = Field(
+        900.0, ge=0, description="standalone mode: how long a Failed job's copy is kept "
+        "(at least retention_seconds), so that why it failed stays readable; finished Pods "
+        "hold no room on their Nodes, only their API objects and logs")
     mirror_worker_events: bool = Field(
         True, description="show the Warning Events of each job's copy (the dispatcher's, or "
                           "Kueue's in Kueue mode) and its Pods on the worker as Events of the "
                           "manager's TrainJob (docs/design.md#the-workers-reasons-on-the-manager)")
+    worker_event_watches: int = Field(
+        20, ge=0, description="mirror_worker_events: the namespaces of a worker whose Warning "
+        "Events are watched at most (a connection and a thread each); those of more "
+        "namespaces with copies are listed every worker_event_list_seconds instead, until a "
+        "watch is free (dispatcher_worker_event_namespaces_over_limit counts them)")
+    worker_event_list_seconds: float = Field(
+        30.0, gt=0, description="mirror_worker_events: how often a worker namespace's Warning "
+        "Events are listed when not watched (over worker_event_watches, or its last copy "
+        "gone a moment ago)")
+    worker_event_qps: float = Field(
+        10.0, gt=0, description="mirror_worker_events: rate limit of the requests that read a "
+        "worker's Warning Events, a client of their own apart from client.qps")
+    worker_event_burst: int | None = Field(
+        None, ge=1, description="default: twice worker_event_qps, at least 1")
     leader_elect: bool = Field(True, description="use a Lease so only one replica writes")
     lease_duration_seconds: float = Field(15.0, gt=0)
     renew_deadline_seconds: float = Field(10.0, gt=0)

@@ -190,7 +190,21 @@ class _CapacityCollector:
         cached = GaugeMetricFamily(
             "dispatcher_worker_cached_objects",
             "Objects of each resource cached for a worker", labels=["cluster", "resource"])
+        event_namespaces = GaugeMetricFamily(
+            "dispatcher_worker_event_namespaces",
+            "Worker namespaces whose Warning Events are read for the mirror, by how: watch "
+            "(at most worker_event_watches), list (every worker_event_list_seconds: over "
+            "that limit, or the last copy went lately)", labels=["cluster", "read"])
+        over_limit = GaugeMetricFamily(
+            "dispatcher_worker_event_namespaces_over_limit",
+            "Worker namespaces with copies whose Warning Events are listed, not watched: "
+            "more namespaces hold copies than worker_event_watches", labels=["cluster"])
         for worker in self._workers():
+            if worker.warnings is not None:
+                watched, listed, over = worker.warnings.counts()
+                event_namespaces.add_metric([worker.name, "watch"], watched)
+                event_namespaces.add_metric([worker.name, "list"], listed)
+                over_limit.add_metric([worker.name], over)
             if worker.cache_sync_seconds is not None:
                 synced.add_metric([worker.name], worker.cache_sync_seconds)
             for resource, informer in worker.informers.items():
@@ -208,3 +222,5 @@ class _CapacityCollector:
         yield quota
         yield synced
         yield cached
+        yield event_namespaces
+        yield over_limit

@@ -67,10 +67,21 @@ def connect(worker: WorkerCluster, kubeconfig: dict, config: DispatcherConfig,
                 on_event, worker.name, resource, RELISTED, None, None))
         worker.informers[resource] = informer
     if config.mirror_worker_events:
-        # Kept apart from the caches above: opened per namespace as copies come (the
-        # dispatcher's, or Kueue's in Kueue mode), and never waited for (nothing is
-        # placed by them).
-        worker.warnings = WarningEvents(worker.name, core, on_event)
+        # Kept apart from the caches above: read per namespace as copies come (the
+        # dispatcher's, or Kueue's in Kueue mode), never waited for (nothing is placed by
+        # them), and on a client with a rate limit of its own: a worker's Events, however
+        # many, never wait for nor hold up the requests its caches and the copies' status
+        # make on the client above.
+        events_api = api_client(
+            kubeconfig, qps=config.worker_event_qps,
+            burst=config.worker_event_burst or max(1, int(2 * config.worker_event_qps)),
+            request_timeout=config.client.timeout_seconds,
+            user_agent=c.DISPATCHER_USER_AGENT,
+            observer=observer(worker.name) if observer else None,
+            pool_size=config.worker_event_watches + 2)  # the watches, the lister, a list
+        worker.warnings = WarningEvents(
+            worker.name, events_api, on_event, max_watches=config.worker_event_watches,
+            list_period=config.worker_event_list_seconds)
         worker.informers[c.TRAINJOBS].add_handler(worker.warnings.follow_copy)
         worker.informers["namespaces"].add_handler(worker.warnings.follow_namespace)
     for informer in worker.informers.values():

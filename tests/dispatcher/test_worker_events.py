@@ -22,11 +22,18 @@ from clusters import fixtures, worker_stack
 from clusters.testing import eventually, holds_for
 from trainjob import constants as c
 
-from dispatch_helpers import RUNTIME, create, get, placement, wait_placed
+from dispatch_helpers import RUNTIME, TRAINER, create, get, placement, wait_placed
 
 UNBOUND = "needs-a-missing-claim"  # its Pods need a PersistentVolumeClaim that is not there
 MISSING_CLAIM = "no-such-claim"
 PLAIN = "trainer-only"
+WATCHES = 2
+# A failed job's copy deleted as soon as the manager shows it Failed (the default keeps it
+# 900 s): that why it failed is still told after is what a test here shows.
+DISPATCHER_ARGS = ("--failed-retention", "0",
+                   # Two watched namespaces a worker at most (the rest listed, every second
+                   # here): the tests here run with namespaces over the limit too.
+                   "--worker-event-watches", str(WATCHES), "--worker-event-list-interval", "1")
 
 
 def _runtime(name: str, namespace: str, claim: str | None = None,
@@ -270,3 +277,80 @@ def test_events_of_objects_that_are_not_the_dispatchers_are_not_told(
     holds_for(told, only_their_own, seconds=5,
               expected="no worker-1 Event of objects the dispatcher did not make, nor of "
                        "another namespace, on any manager job")
+
+
+@pytest.fixture
+def third_namespace(dispatch_env, namespace):
+    name = f"{namespace}-y"[:63]
+    for cluster in dispatch_env.multicluster:
+        cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    for cluster in dispatch_env.multicluster:
+        try:
+            cluster.core.delete_namespace(name)
+        except ApiException:
+            pass
+
+
+def _event_reads(env) -> tuple[float, float, float]:
+    """worker-1's namespaces whose Warning Events are watched, listed, and over the limit
+    (with copies, but listed), as the dispatcher's /metrics says."""
+    dispatcher = env.dispatcher
+    return (dispatcher.metric("dispatcher_worker_event_namespaces", cluster="worker-1",
+                              read="watch"),
+            dispatcher.metric("dispatcher_worker_event_namespaces", cluster="worker-1",
+                              read="list"),
+            dispatcher.metric("dispatcher_worker_event_namespaces_over_limit",
+                              cluster="worker-1"))
+
+
+def test_namespaces_over_the_watch_limit_are_listed_and_their_events_told(
+        dispatch_env, namespace, other_namespace, third_namespace):
+    """Three namespaces of worker-1 hold copies, the dispatcher watches two at most: the
+    third's Warning Events are listed instead, and told all the same. When a watched
+    namespace has no copy left, its watch stops and the waiting one is watched."""
+    env = dispatch_env
+    worker = env.multicluster["worker-1"]
+    spaces = (namespace, other_namespace, third_namespace)
+    for ns in spaces:  # the runtime only on worker-1: each job can go nowhere else
+        fixtures.install_runtime(worker.api, _runtime(PLAIN, ns))
+        create(env.manager, ns, _job("counted", PLAIN))
+    copies = {}
+    for ns in spaces:
+        placed, copies[ns] = wait_placed(env, ns, "counted")
+        assert placed == "worker-1", (ns, placed)
+    # Earlier tests' namespaces may still hold copies a moment: until they are gone.
+    seen = eventually(lambda: _event_reads(env), lambda reads: reads[0] == WATCHES
+                      and reads[2] == len(spaces) - WATCHES, timeout=60,
+                      expected=f"{WATCHES} namespaces of worker-1 watched and "
+                               f"{len(spaces) - WATCHES} over the limit "
+                               "(watch, list, over the limit)")
+    assert seen[1] >= len(spaces) - WATCHES, seen
+    # A Warning Event on each copy, as a controller of the worker would write it.
+    for ns in spaces:
+        meta = copies[ns]["metadata"]
+        worker.core.create_namespaced_event(ns, {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": "counted.", "namespace": ns},
+            "involvedObject": {"apiVersion": c.TRAINER_API_VERSION, "kind": c.TRAINJOB_KIND,
+                               "name": meta["name"], "namespace": ns, "uid": meta["uid"]},
+            "type": "Warning", "reason": "QuotaWarning", "message": f"checked in {ns}",
+            "source": {"component": "a-worker-controller"}, "count": 1})
+    for ns in spaces:
+        eventually(lambda ns=ns: _shown(env, ns, "counted", "QuotaWarning"),
+                   lambda shown, ns=ns: shown == [
+                       (f"worker-1: TrainJob counted: checked in {ns}", 1)], timeout=30,
+                   expected=f"worker-1's QuotaWarning about {ns}/counted told once on the "
+                            "manager job")
+
+    # A namespace's last copy goes: nothing waits for a watch any more; the one left
+    # without copies is only listed (for a while: a late Event of the job is still told).
+    env.manager.custom.delete_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
+                                                       "counted")
+    eventually(lambda: get(worker, namespace, "counted"), lambda copy: copy is None,
+               timeout=30, expected=f"the copy {namespace}/counted deleted from worker-1")
+    seen = eventually(lambda: _event_reads(env),
+                      lambda reads: reads[0] == WATCHES and reads[2] == 0, timeout=30,
+                      expected=f"the two namespaces with copies watched, none over the limit, "
+                               f"once {namespace} has no copy (watch, list, over the limit)")
+    assert seen[1] >= 1, f"{namespace} listed a while after its last copy went: {seen}"

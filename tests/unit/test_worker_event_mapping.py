@@ -7,6 +7,8 @@ job a minute and the rest counted in one Event."""
 
 from __future__ import annotations
 
+import pytest
+
 from controller_kit.informer import Informer
 from dispatcher.kueue.copy_owners import KueueCopies
 from dispatcher.standalone.copy_owners import StandaloneCopies
@@ -391,3 +393,25 @@ def test_on_by_default_off_by_flag_or_key(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("mirror_worker_events: false\n")
     assert not load_config(path).mirror_worker_events
+
+
+def test_the_watched_namespaces_and_their_own_rate_by_flag_or_key(tmp_path):
+    from dispatcher.cli import build_parser, config_from_args
+    from dispatcher.config import ConfigError, load_config
+
+    parser = build_parser()
+    default = config_from_args(parser.parse_args(["run"]))
+    assert (default.worker_event_watches, default.worker_event_list_seconds,
+            default.worker_event_qps, default.worker_event_burst) == (20, 30.0, 10.0, None)
+    given = config_from_args(parser.parse_args([
+        "run", "--worker-event-watches", "2", "--worker-event-list-interval", "5",
+        "--worker-event-qps", "3"]))
+    assert (given.worker_event_watches, given.worker_event_list_seconds,
+            given.worker_event_qps) == (2, 5.0, 3.0)
+    path = tmp_path / "config.yaml"
+    path.write_text("worker_event_watches: 0\nworker_event_burst: 7\n")
+    loaded = load_config(path)
+    assert (loaded.worker_event_watches, loaded.worker_event_burst) == (0, 7)
+    with pytest.raises(ConfigError, match="--worker-event-list-interval: Input should be "
+                       "greater than 0"):
+        config_from_args(parser.parse_args(["run", "--worker-event-list-interval", "0"]))
