@@ -119,6 +119,14 @@ class Placer:
         # that read a common worker each see the other's reservation there, or a burst
         # piles onto one worker; those that read none in common do not wait on each other.
         asked = {name: need_of(worker) for name, worker in workers.items()}
+        # The Nodes scored for a pod shape no kept heap serves yet, before the ledgers
+        # and each worker's picture are held: the decision then only brings those heaps
+        # up to date (``WorkerCapacity.warm``), and the first job of a shape holds them
+        # no longer than the rest.
+        for name, (_, need) in asked.items():
+            if need is not None:
+                workers[name].capacity.warm(need.each_pod, need.node_selector,
+                                            need.tolerations)
         with self.reservations.deciding(name for name, (_, need) in asked.items()
                                         if need is not None):
             decision = self._choose(key, workers, asked)

@@ -77,6 +77,10 @@ ARRIVAL_WINDOW_SECONDS = 30.0
 # shape and kind of room): jobs come in a few shapes, and a kept heap is about 100 bytes a
 # Node.
 HEAPS_KEPT = 16
+# How many heaps scored ahead of a decision (``WorkerCapacity.warm``) wait for the first
+# decision of their shape: a job's shapes are warmed just before its placement, so a few
+# are enough; more would only hold memory for shapes that went to another worker.
+HEAPS_WARMED = 8
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -141,6 +145,13 @@ class WorkerCapacity:
         as the current ``_admitted`` says. A placement so rescores and resums only the
         Nodes changed since the last one, and a Node cordoned or relabelled costs its
         own rescoring, not every heap's;
+      - ``_warmed[key]``: heaps scored for a pod shape before a decision asks for it
+        (``warm``: from the rooms read, under the lock, at one generation, scored
+        without it), at most ``HEAPS_WARMED``, the least recently warmed dropped first;
+        handed in only while neither ``_heaps`` nor ``_warmed`` has that key, and taken
+        into ``_heaps`` by the first decision that asks for it, which brings it up to
+        date from its generation as any kept heap (so a Node that changed while it was
+        scored is scored again there);
       - ``_totals``: ``totals()`` as of ``_changes`` changes.
 
       ``check()`` works each of them out afresh and compares; ``drop_caches()`` drops
@@ -223,6 +234,10 @@ class WorkerCapacity:
         # (``_kept_heap``): a placement scores again only the Nodes whose room changed
         # since the last one of that shape, not every Node.
         self._heaps: dict[tuple, _Kept] = {}
+        # Heaps scored ahead of the first decision of their shape (``warm``): that
+        # decision brings one up to date instead of scoring every Node while it holds the
+        # picture (and the placement its workers' ledgers).
+        self._warmed: dict[tuple, _Kept] = {}
         # The Nodes where more room is held for placed jobs than their bound pods leave
         # (``packing.displaced`` moves their held pods), as of generation ``_short_seen``:
         # with hundreds of jobs in flight, hundreds of Nodes hold room, and a placement
@@ -511,6 +526,53 @@ class WorkerCapacity:
                 return decision
             return self._order_problem(wanted, found) or decision
 
+    def warm(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
+             tolerations: list[dict] | None = None) -> int:
+        """Score the Nodes for the pod shapes of ``pods`` that no kept heap serves yet,
+        ahead of the decision that packs them (``pack``), without holding the picture
+        while scoring: the Nodes' room is read under the lock at one generation, scored
+        after letting it go, and the heaps handed in (``_warmed``). That decision then
+        brings them up to date from that generation as it does any kept heap, so it
+        decides as it would have without them. The heap of the room the scheduler sees
+        (``JOB_FIRST``) is warmed too when some admitted Node holds room. How many heaps
+        were handed in."""
+        shapes = list(dict.fromkeys(tuple(sorted(pod.items()))
+                                    for pod in packing.largest_first(pods)))
+        sign = packing.sign_of(self.scoring)
+        with self._picture():
+            self._catch_up()
+            found = self._admitting(node_selector, tolerations)
+            kinds = [True]
+            if any(name in found.set for name in self._node_planned):
+                kinds.append(False)
+            keys = [key for held in kinds for shape in shapes
+                    if (key := (held, found.rules, sign, shape)) not in self._heaps
+                    and key not in self._warmed]
+            if not keys:
+                return 0
+            generation, generations = self._generation, self._generations
+            # The kept rooms themselves: never changed, only replaced (``_room``).
+            read = {held: [(name, generations[name], self._room(name, held),
+                            self._nodes[name].allocatable) for name in found.names]
+                    for held in {key[0] for key in keys}}
+        built = []
+        for key in keys:
+            kept, wanted = _Kept(generation), dict(key[3])
+            for name, version, room, allocatable in read[key[0]]:
+                kept.score(name, version, room, allocatable, wanted, sign)
+            heapq.heapify(kept.heap)
+            built.append((key, kept))
+        handed = 0
+        with self._picture():
+            for key, kept in built:
+                if key in self._heaps or key in self._warmed:
+                    continue  # a decision (or another warming) got there first
+                self._warmed[key] = kept
+                handed += 1
+                while len(self._warmed) > HEAPS_WARMED:
+                    del self._warmed[next(iter(self._warmed))]
+        return handed
+
     def _snapshot(self, found: Admitted) -> packing.Snapshot:
         """The picture as a packing over the Nodes ``found`` reads it: the room kept per
         Node, the room placed jobs hold, and the heaps kept between placements (read, and
@@ -671,6 +733,8 @@ class WorkerCapacity:
             key = (held, rules, sign, tuple(sorted(wanted.items())))
             generations = self._generations
             kept = self._heaps.pop(key, None)
+            if kept is None:
+                kept = self._warmed.pop(key, None)
             if kept is None:
                 kept = _Kept(self._generation)
                 for name in names:
@@ -881,7 +945,8 @@ class WorkerCapacity:
         short = {name for name in node_planned
                  if name in self._nodes and _below_zero(room(name, True))}
         assert self._short_nodes() == short, f"{self.name}: Nodes short of held room"
-        for (held, rules, sign, shape), kept in self._heaps.items():
+        for (held, rules, sign, shape), kept in [*self._heaps.items(),
+                                                 *self._warmed.items()]:
             wanted = dict(shape)
             members = admitted_now(rules)
             missed = [name for name in members if self._generations[name] <= kept.generation
@@ -906,6 +971,7 @@ class WorkerCapacity:
             self._admitted.clear()
             self._free_sums.clear()
             self._heaps.clear()
+            self._warmed.clear()
             self._short.clear()
             self._short_seen = 0
             self._totals = None

@@ -1,0 +1,127 @@
+"""Heaps warmed ahead of a decision (``WorkerCapacity.warm``): the first decision of a pod
+shape then scores no more Nodes than a later one, decides as a worker without warming
+does, a bounded number wait, and a Node that changes while they are scored is scored
+again by the decision (pure)."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal as D
+
+import pytest
+from test_capacity import node, pod
+from test_capacity_at_scale import TOLERATE_GPU, fleet
+
+from dispatcher.room import capacity as capacity_module
+from dispatcher.room import packing
+from dispatcher.room.capacity import HEAPS_WARMED, WorkerCapacity
+
+ADDED, MODIFIED = "ADDED", "MODIFIED"
+SHAPE = {"cpu": D(4), "memory": D(2**33)}
+
+
+def worker(name: str, nodes: list[dict]) -> WorkerCapacity:
+    capacity = WorkerCapacity(name)
+    for each in nodes:
+        capacity.on_node(ADDED, None, each)
+    return capacity
+
+
+@pytest.fixture
+def scorings(monkeypatch) -> list[int]:
+    """Every Node scored, by the kept heaps (``capacity``) or by a packer (``packing``)."""
+    counted = [0]
+
+    def counting(real):
+        def rank(*args):
+            counted[0] += 1
+            return real(*args)
+        return rank
+
+    monkeypatch.setattr(capacity_module, "_rank", counting(capacity_module._rank))
+    monkeypatch.setattr(packing, "rank", counting(packing.rank))
+    return counted
+
+
+def test_the_first_decision_of_a_warmed_shape_scores_no_more_nodes_than_a_later_one(scorings):
+    nodes = fleet(60)
+    warmed, cold = worker("warmed", nodes), worker("cold", nodes)
+    for capacity in (warmed, cold):
+        # Room held on some Nodes: the decision packs in both orders, over both rooms.
+        capacity.reserve(("team-a", "held"), {"cpu": D(8)}, 2,
+                         capacity.pack([{"cpu": D(4)}] * 2))
+    assert warmed.warm([SHAPE] * 3) == 2  # held room, and the room the scheduler sees
+    assert warmed.warm([SHAPE] * 3) == 0  # already warm
+    per_decision = []
+    for capacity in (warmed, cold, warmed):
+        scorings[0] = 0
+        plan = capacity.pack([SHAPE] * 3)
+        per_decision.append((sorted(plan.items()), scorings[0]))
+        capacity.check()
+    (first, first_scored), (unwarmed, cold_scored), (later, later_scored) = per_decision
+    assert first == unwarmed == later, per_decision
+    assert first_scored <= later_scored < len(nodes) <= cold_scored, per_decision
+
+
+def test_warmed_heaps_are_bounded_the_least_recently_warmed_dropped(scorings):
+    nodes = [node(f"n{index}", cpu=16) for index in range(30)]
+    capacity = worker("w", nodes)
+    shapes = [{"cpu": D(1 + index), "memory": D(2**30)} for index in range(HEAPS_WARMED + 3)]
+    for shape in shapes:
+        assert capacity.warm([shape]) == 1
+    assert len(capacity._warmed) == HEAPS_WARMED
+    kept = {dict(key[3])["cpu"] for key in capacity._warmed}
+    assert kept == {shape["cpu"] for shape in shapes[3:]}, kept
+    capacity.check()
+    for shape, warm in ((shapes[0], False), (shapes[-1], True)):
+        scorings[0] = 0
+        capacity.pack([shape])
+        assert (scorings[0] < len(nodes)) == warm, (shape, scorings[0])
+    # The decision took the warmed heap in among those kept: it waits no longer.
+    assert len(capacity._warmed) == HEAPS_WARMED - 1
+
+
+def test_a_node_changed_while_warming_is_scored_again_by_the_decision(monkeypatch):
+    nodes = fleet(40)
+    warmed, plain = worker("warmed", nodes), worker("plain", nodes)
+    rules = ({"pool": "gpu"}, TOLERATE_GPU)
+    shape = {"cpu": D(8), "memory": D(2**34), "nvidia.com/gpu": D(1)}
+    best = plain.pack([shape], *rules)
+    assert len(best) == 1
+    first = next(iter(best))
+    second = next(iter(plain.pack([shape] * 2, *rules).keys() - {first}))
+    plain.drop_caches()
+    cordoned = copy.deepcopy(next(n for n in nodes if n["metadata"]["name"] == first))
+    cordoned["spec"]["unschedulable"] = True
+    filler = pod("filler", node_name=second, cpu="90", memory="1Gi", gpu="7")
+
+    def change(capacity: WorkerCapacity) -> None:
+        capacity.on_node(MODIFIED, None, cordoned)
+        capacity.on_pod(ADDED, None, filler)
+
+    # The changes come while ``warm`` scores, after it read the rooms and let the lock go.
+    real_score = capacity_module._Kept.score
+    armed = [True]
+
+    def score(self, *args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            change(warmed)
+        return real_score(self, *args, **kwargs)
+
+    monkeypatch.setattr(capacity_module._Kept, "score", score)
+    assert warmed.warm([shape] * 2, *rules) == 1
+    assert not armed[0], "the Node changed while warming"
+    change(plain)
+    plans = [capacity.pack([shape] * 2, *rules) for capacity in (warmed, plain)]
+    assert plans[0] == plans[1], plans
+    assert not {first, second} & plans[0].keys(), plans[0]
+    for capacity in (warmed, plain):
+        capacity.check()
+
+
+def test_warming_a_shape_a_decision_keeps_already_hands_nothing_in():
+    capacity = worker("w", [node(f"n{index}") for index in range(5)])
+    capacity.pack([SHAPE])
+    assert capacity.warm([SHAPE]) == 0
+    assert not capacity._warmed
