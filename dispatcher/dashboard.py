@@ -24,6 +24,7 @@ from controller_kit.observability import Response, Route
 from dispatcher.job_state import job_summary, workloads_by_job
 from dispatcher.placement.waiting_line import Waiting
 from dispatcher.remote_view import items
+from dispatcher.remote_view.copies import Keeping
 from dispatcher.remote_view.job_life import DEFAULT_TAIL_LINES, MAX_TAIL_LINES, JobLife, LifeProblem
 from dispatcher.remote_view.logs import BadLogOption, log_options
 from dispatcher.room.capacity import capacity_by_resource
@@ -299,7 +300,8 @@ def routes(controller: DispatcherController) -> dict[str, Route]:
     # jobs still run there.
     table.update(job_routes(controller.trainjobs.get, JobLife(
         controller.trainjobs.get, controller.trainjobs.list,
-        lambda: controller.registry.snapshot(draining=True))))
+        lambda: controller.registry.snapshot(draining=True),
+        keeping=Keeping.of(controller.config))))
     for path, (name, content_type) in PAGE_FILES.items():
         # Read once at start: a missing file is a broken installation, said right away.
         try:

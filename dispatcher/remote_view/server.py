@@ -50,7 +50,7 @@ from dispatcher.remote_view import (
 from dispatcher.remote_view.authn import FrontProxySettings, Unauthenticated, User, authenticate
 from dispatcher.remote_view.authz import AccessReviews, Attributes
 from dispatcher.remote_view.certificate import SecretCertificate, hosts_of
-from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem
+from dispatcher.remote_view.copies import Copy, CopyLocator, CopyProblem, Keeping
 from dispatcher.remote_view.logs import BadLogOption, log_options
 from dispatcher.remote_view.worker_reads import USER_AGENT, WorkerAnswer, WorkerReads
 
@@ -521,5 +521,5 @@ def start_remote_view(manager, config, trainjobs, registry) -> RemoteView | None
                         if config.remote_api_cert_dir else None,
                         service=config.remote_api_service)
     locator = CopyLocator(trainjobs.get, trainjobs.list,
-                          lambda: registry.snapshot(draining=True))
+                          lambda: registry.snapshot(draining=True), Keeping.of(config))
     return RemoteView(settings, manager, locator).start()

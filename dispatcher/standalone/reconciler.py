@@ -92,7 +92,8 @@ class DispatchReconciler:
         self.order = order or PlacementOrder(placer, registry)
         self.settings = decisions.Settings(origin=config.origin,
                                            worker_lost_timeout=config.worker_lost_timeout_seconds,
-                                           retention=config.retention_seconds)
+                                           retention=config.retention_seconds,
+                                           failed_retention=config.failed_retention_seconds)
 
     # --- entry point ----------------------------------------------------------------
 

@@ -36,7 +36,8 @@ from clusters import fixtures, kustomize, worker_stack
 from clusters.binaries import find_binaries
 from clusters.controlplane import free_port
 from clusters.pki import FRONT_PROXY_CLIENT, cert_pem, key_pem
-from clusters.testing import ServiceProcess, eventually, request_counts
+from clusters.testing import ServiceProcess, eventually, holds_for, request_counts
+from controller_kit.api_time import parse_time
 from dispatcher.remote_view import APISERVICE, GROUP_VERSION, SERVICE, TRAINJOB_LABEL
 from dispatcher.remote_view.copies import Copy
 from dispatcher.remote_view.server import EXTRA_CONNECTIONS, HEADERS_SECONDS
@@ -44,7 +45,16 @@ from dispatcher.remote_view.worker_reads import WorkerReads
 from dispatcher.workers.cluster import WorkerCluster
 from trainjob import constants as c
 
-from dispatch_helpers import CONFIG, create, trainjob, wait_placed
+from dispatch_helpers import (
+    CONFIG,
+    TRAINER,
+    condition,
+    create,
+    get,
+    placement,
+    trainjob,
+    wait_placed,
+)
 
 DISPATCHER_NAMESPACE = "kueue-system"  # dispatch_env's dispatcher's (the default)
 LEASE_ARGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
@@ -54,6 +64,11 @@ NODE_LABEL = "example.com/remote-view"
 RUNTIME = "remote-view-torch"
 WORKER = "worker-1"
 KUBECTL_TIMEOUT = 60
+FAILING_RUNTIME = "remote-view-failing"
+# A failed job's copy kept this long here (the default: 900 s), so a test sees it end; a
+# completed one's not at all. Both dispatchers (leader and standby) are given it.
+FAILED_RETENTION = 30
+DISPATCHER_ARGS = ("--retention", "0", "--failed-retention", str(FAILED_RETENTION))
 
 
 def _kwok_port(multicluster) -> int:
@@ -98,7 +113,7 @@ def remote_view(dispatch_env, multicluster, tmp_path_factory):
         "dispatcher", manager.kubeconfig, directory / "dispatcher.log",
         ("--multikueue-config", CONFIG, *LEASE_ARGS, "--remote-api-port", str(port),
          "--remote-api-host", "127.0.0.1", "--remote-api-max-streams", str(MAX_STREAMS),
-         "--remote-api-stream-idle-timeout", "30"), supervised=True)
+         "--remote-api-stream-idle-timeout", "30", *DISPATCHER_ARGS), supervised=True)
     try:
         kustomize.apply(manager.kubeconfig, [*viewer_roles, service])
         process.start()
@@ -554,6 +569,113 @@ def test_the_kubectl_plugin_shows_pods_logs_and_the_description(remote_view, nam
         'User "dave" cannot list resource "trainjobpods"' in out.stderr, out.stderr
     out = plugin(env, alice, "logs", "plugged", "-n", namespace, "--pod", "nope")
     assert out.returncode == 1 and "has no Pod nope" in out.stderr, out.stderr
+
+
+def _failing_runtime(env: RemoteViewEnv) -> None:
+    """Pods on the test's Node (kwok serves their logs) that fail a second after they
+    start, their Jobs not retried: the job Fails within seconds."""
+    runtime = fixtures.torch_runtime(
+        FAILING_RUNTIME, cpu="100m", memory="64Mi", node_selector={NODE_LABEL: "logs"},
+        pod_annotations={worker_stack.OUTCOME_ANNOTATION: worker_stack.OUTCOME_FAIL,
+                         worker_stack.RUN_FOR_ANNOTATION: "1s"})
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        job["template"]["spec"]["backoffLimit"] = 0
+    try:
+        fixtures.install_runtime(env.multicluster[WORKER].api, runtime)
+    except ApiException as err:
+        if err.status != 409:  # installed by an earlier run of this test in the module
+            raise
+
+
+def _failed(env: RemoteViewEnv, namespace: str, name: str) -> tuple[dict, float]:
+    """The copy of a failed job on the worker, and when the job failed (the manager's
+    Failed condition, copied from the copy's)."""
+    job = eventually(lambda: get(env.manager, namespace, name),
+                     lambda obj: (condition(obj, c.CONDITION_FAILED) or {}).get("status")
+                     == "True", timeout=90, expected=f"manager TrainJob {name} Failed")
+    copy = get(env.multicluster[WORKER], namespace, name)
+    assert copy is not None, f"the failed copy of {name} is gone at once: not retained"
+    return copy, parse_time(condition(job, c.CONDITION_FAILED)["lastTransitionTime"])
+
+
+def test_a_failed_jobs_pods_and_log_stay_readable_for_the_retention(
+        remote_view, dispatch_env, namespace):
+    """A failed job's copy stays on its worker for the failed retention: its Pods and logs
+    are read from the manager after it failed; deleting the manager TrainJob still deletes
+    its copy at once; a dispatcher restarted meanwhile deletes the other copy when its time
+    comes (never before: the time is the copy's Failed condition's), the manager job stays
+    Failed and placed where it ran, never placed again, and the remote view then says
+    where it ran, that its Pods went after FAILED_RETENTION s, and which flag keeps them."""
+    env = remote_view
+    worker = env.multicluster[WORKER]
+    _failing_runtime(env)
+    write_log(env, "why it failed")
+    for name in ("kept", "dropped"):
+        create(env.manager, namespace, trainjob(name, runtime=FAILING_RUNTIME))
+    kept, kept_failed_at = _failed(env, namespace, "kept")
+    _, dropped_failed_at = _failed(env, namespace, "dropped")
+    assert placement(get(env.manager, namespace, "kept")) == WORKER
+
+    # Deleting the manager job during the retention: its copy goes at once, not when the
+    # retention ends.
+    env.manager.custom.delete_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
+                                                       "dropped")
+    eventually(lambda: (get(env.manager, namespace, "dropped"),
+                        get(worker, namespace, "dropped")),
+               lambda seen: seen == (None, None), timeout=30,
+               expected="the deleted manager TrainJob and its retained copy both gone")
+    assert time.time() < dropped_failed_at + FAILED_RETENTION, (
+        "the copy of a deleted manager TrainJob outlived its retention: deleted at once "
+        "was expected")
+
+    # The failed job's Pods and log, through the aggregator, as a namespace viewer.
+    alice = env.user("alice", namespace)
+    out = kubectl(alice, "get", "trainjobpods", "-n", namespace, "-l",
+                  f"{TRAINJOB_LABEL}=kept", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    pods = json.loads(out.stdout)["items"]
+    assert pods and any(p["status"]["phase"] == "Failed" for p in pods), pods
+    failed_pod = next(p for p in pods if p["status"]["phase"] == "Failed")
+    out = kubectl(alice, "get", "--raw", f"/apis/{GROUP_VERSION}/namespaces/{namespace}/"
+                  f"trainjobpods/{failed_pod['metadata']['name']}/log?tailLines=1")
+    assert (out.returncode, out.stdout) == (0, "why it failed\n"), out
+    out = plugin(env, alice, "logs", "kept", "-n", namespace, "--pod",
+                 failed_pod["metadata"]["name"], "--tail", "1")
+    assert (out.returncode, out.stdout) == (0, "why it failed\n"), out
+
+    # A restart during the retention: the copy is still deleted when its time comes.
+    # Until then it is the same copy: a finished job is never placed again.
+    copy = get(worker, namespace, "kept")
+    assert copy is not None and copy["metadata"]["uid"] == kept["metadata"]["uid"], copy
+    dispatch_env.restart_dispatcher(kill=True)
+    eventually(lambda: get(worker, namespace, "kept"), lambda copy: copy is None,
+               timeout=FAILED_RETENTION + 60, interval=0.5,
+               expected=f"the failed copy of kept deleted {FAILED_RETENTION} s after it failed")
+    assert time.time() >= kept_failed_at + FAILED_RETENTION - 1, (
+        f"the copy was deleted {kept_failed_at + FAILED_RETENTION - time.time():.1f} s "
+        "before its retention ended")
+    job = get(env.manager, namespace, "kept")
+    assert (condition(job, c.CONDITION_FAILED) or {}).get("status") == "True", job
+    assert placement(job) == WORKER, job
+    eventually(lambda: get(env.manager, namespace, "kept"),
+               lambda obj: c.DISPATCH_FINALIZER not in (obj["metadata"].get("finalizers") or []),
+               timeout=30, expected="the finalizer released once the copy is gone")
+    holds_for(lambda: (get(worker, namespace, "kept"), get(env.manager, namespace, "kept")),
+              lambda seen: seen[0] is None and (condition(seen[1], c.CONDITION_FAILED) or {}
+                                                ).get("status") == "True",
+              seconds=3, expected="no new copy of the finished job, and it stays Failed")
+
+    # Now the remote view says where it ran, why its Pods are gone and what keeps them.
+    said = (f"TrainJob {namespace}/kept: Failed at ", f"its copy on worker {WORKER}, with "
+            f"its Pods, their Events and logs, was deleted {FAILED_RETENTION}s after it "
+            "finished", "--failed-retention")
+    out = eventually(lambda: kubectl(alice, "get", "trainjobpods", "-n", namespace, "-l",
+                                     f"{TRAINJOB_LABEL}=kept"),
+                     lambda out: out.returncode != 0 and all(s in out.stderr for s in said),
+                     timeout=30, expected=f"a NotFound saying {said}")
+    assert "NotFound" in out.stderr, out.stderr
+    out = plugin(env, alice, "logs", "kept", "-n", namespace)
+    assert out.returncode == 1 and all(s in out.stderr for s in said), out.stderr
 
 
 def test_an_unavailable_remote_view_is_said_so(remote_view, namespace):
