@@ -179,6 +179,10 @@ class DispatcherController:
     def _on_manager_trainjob(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
         if self._ours(obj) and not self._echo(old, new):
+            if old is None and new is not None and self.config.mode != "kueue" and not (
+                    new["metadata"].get("annotations") or {}).get(c.PLACEMENT_ANNOTATION):
+                # A job not placed yet: its shapes are scored while it waits for its turn.
+                self.placer.warm_ahead(new)
             self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
     def _on_worker_event(self, worker_name: str, resource: str, kind: str,

@@ -13,6 +13,7 @@ Nothing writes them another way.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
@@ -43,6 +44,9 @@ _RUNTIME_RESOURCES = {c.TRAININGRUNTIME_KIND: c.TRAININGRUNTIMES,
 log = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]
+# Jobs waiting to be warmed ahead (``Placer.warm_ahead``): beyond these the oldest are
+# dropped (a burst at a start lists every job; their placements warm what they need).
+WARM_AHEAD_QUEUED = 64
 
 
 NeedOf = Callable[[WorkerCluster], tuple[str | None, Need | None]]
@@ -67,6 +71,54 @@ class Placer:
         # Runtime digests by (worker, runtime uid, runtime resourceVersion).
         self._digests: LRUCache = LRUCache(maxsize=1024)
         self._cache_lock = threading.Lock()
+        # Jobs seen and not yet warmed ahead, and whether a thread is warming them (both
+        # under ``_cache_lock``).
+        self._ahead: collections.deque[dict] = collections.deque(maxlen=WARM_AHEAD_QUEUED)
+        self._warming_ahead = False
+
+    # --- warming ahead -----------------------------------------------------------------
+
+    def warm_ahead(self, raw: dict) -> None:
+        """Work out the job's needs and score each selected worker's Nodes for its pod
+        shapes (``WorkerCapacity.warm``) on a thread of its own, as soon as the job is
+        seen: its placement then finds its need known and its heaps warm (or waits for
+        the ones being scored, holding nothing), and the first job of a shape costs its
+        placement no more than the rest. Returns at once; the thread ends when no job is
+        left queued."""
+        with self._cache_lock:
+            self._ahead.append(raw)
+            if self._warming_ahead:
+                return
+            self._warming_ahead = True
+        threading.Thread(target=self._warm_queued, name="placer-warm-ahead",
+                         daemon=True).start()
+
+    def _warm_queued(self) -> None:
+        while True:
+            with self._cache_lock:
+                if not self._ahead:
+                    self._warming_ahead = False
+                    return
+                raw = self._ahead.popleft()
+            try:
+                self._warm(raw)
+            except Exception:  # its placement works it all out again and says what fails
+                log.debug("warming ahead for TrainJob %s/%s", raw["metadata"].get("namespace"),
+                          raw["metadata"].get("name"), exc_info=True)
+
+    def _warm(self, raw: dict) -> None:
+        registered = {worker.name: worker for worker in self.registry.snapshot()}
+        selected = cluster_selector.select(
+            cluster_selector.selector_of(raw["metadata"].get("annotations")), registered,
+            lambda name: self.registry.labels(name))
+        if isinstance(selected, cluster_selector.Unplaceable):
+            return
+        content = content_digest(raw)
+        for name in selected:
+            _, need = self.need_on(raw, registered[name], content)
+            if need is not None:
+                registered[name].capacity.warm(need.each_pod, need.node_selector,
+                                               need.tolerations)
 
     # --- choosing ----------------------------------------------------------------------
 

@@ -81,6 +81,11 @@ HEAPS_KEPT = 16
 # decision of their shape: a job's shapes are warmed just before its placement, so a few
 # are enough; more would only hold memory for shapes that went to another worker.
 HEAPS_WARMED = 8
+# How long ``warm`` waits for a heap another thread is scoring (the placer warms a job's
+# shapes when it first sees the job, and again before placing it): longer than scoring
+# the largest worker takes, and bounded, for the decision scores the Nodes itself anyway
+# when no heap was handed in.
+WARM_WAIT_SECONDS = 1.0
 
 JobKey = tuple[str, str]
 Resources = dict[str, Decimal]
@@ -144,11 +149,14 @@ class WorkerCapacity:
         as the scheduler's snapshot walks its Node list), taking each such Node in or out
         as the current ``_admitted`` says. A placement so rescores and resums only the
         Nodes changed since the last one, and a Node cordoned or relabelled costs its
-        own rescoring, not every heap's;
+        own rescoring, not every heap's. (``warm`` hands in the free sum of a rule set
+        that has none, summed without the lock from the rooms read at one generation:
+        brought up to date from there the same way);
       - ``_warmed[key]``: heaps scored for a pod shape before a decision asks for it
         (``warm``: from the rooms read, under the lock, at one generation, scored
         without it), at most ``HEAPS_WARMED``, the least recently warmed dropped first;
-        handed in only while neither ``_heaps`` nor ``_warmed`` has that key, and taken
+        handed in only while neither ``_heaps`` nor ``_warmed`` has that key (and
+        scored by one caller at a time: the others wait for it, ``_warming``), and taken
         into ``_heaps`` by the first decision that asks for it, which brings it up to
         date from its generation as any kept heap (so a Node that changed while it was
         scored is scored again there);
@@ -238,6 +246,8 @@ class WorkerCapacity:
         # decision brings one up to date instead of scoring every Node while it holds the
         # picture (and the placement its workers' ledgers).
         self._warmed: dict[tuple, _Kept] = {}
+        # The keys some ``warm`` is scoring now, and what it sets when it has handed them in.
+        self._warming: dict[tuple, threading.Event] = {}
         # The Nodes where more room is held for placed jobs than their bound pods leave
         # (``packing.displaced`` moves their held pods), as of generation ``_short_seen``:
         # with hundreds of jobs in flight, hundreds of Nodes hold room, and a placement
@@ -527,15 +537,19 @@ class WorkerCapacity:
             return self._order_problem(wanted, found) or decision
 
     def warm(self, pods: list[Resources], node_selector: dict[str, str] | None = None,
-             tolerations: list[dict] | None = None) -> int:
+             tolerations: list[dict] | None = None,
+             wait: float = WARM_WAIT_SECONDS) -> int:
         """Score the Nodes for the pod shapes of ``pods`` that no kept heap serves yet,
         ahead of the decision that packs them (``pack``), without holding the picture
         while scoring: the Nodes' room is read under the lock at one generation, scored
         after letting it go, and the heaps handed in (``_warmed``). That decision then
         brings them up to date from that generation as it does any kept heap, so it
         decides as it would have without them. The heap of the room the scheduler sees
-        (``JOB_FIRST``) is warmed too when some admitted Node holds room. How many heaps
-        were handed in."""
+        (``JOB_FIRST``) is warmed too when some admitted Node holds room, and the free
+        room summed over the admitted Nodes (``_free_sums``) when their rule set has none
+        yet. What another caller is working out now is waited for (at most ``wait``
+        seconds, holding nothing), not worked out twice. How many heaps this call handed
+        in."""
         shapes = list(dict.fromkeys(tuple(sorted(pod.items()))
                                     for pod in packing.largest_first(pods)))
         sign = packing.sign_of(self.scoring)
@@ -548,30 +562,67 @@ class WorkerCapacity:
             keys = [key for held in kinds for shape in shapes
                     if (key := (held, found.rules, sign, shape)) not in self._heaps
                     and key not in self._warmed]
-            if not keys:
-                return 0
+            # The free room summed over these Nodes, which the placement reads first.
+            if found.rules not in self._free_sums:
+                keys.append(("free", found.rules))
+            others = {id(event): event for key in keys
+                      if (event := self._warming.get(key)) is not None}
+            keys = [key for key in keys if key not in self._warming]
+            done = threading.Event()
+            for key in keys:
+                self._warming[key] = done
             generation, generations = self._generation, self._generations
             # The kept rooms themselves: never changed, only replaced (``_room``).
-            read = {held: [(name, generations[name], self._room(name, held),
+            # Per kind of key (held room, the room the scheduler sees, "free": the latter).
+            read = {kind: [(name, generations[name], self._room(name, kind is True),
                             self._nodes[name].allocatable) for name in found.names]
-                    for held in {key[0] for key in keys}}
-        built = []
-        for key in keys:
-            kept, wanted = _Kept(generation), dict(key[3])
-            for name, version, room, allocatable in read[key[0]]:
-                kept.score(name, version, room, allocatable, wanted, sign)
-            heapq.heapify(kept.heap)
-            built.append((key, kept))
+                    for kind in {key[0] for key in keys}}
+            # (Rows of ``_node_planned`` change in place: copied.)
+            planned = {name: dict(self._node_planned[name]) for name in found.names
+                       if name in self._node_planned} if "free" in read else {}
+        if not keys:
+            self._wait_for(others.values(), wait)  # (holding nothing)
+            return 0
         handed = 0
-        with self._picture():
-            for key, kept in built:
-                if key in self._heaps or key in self._warmed:
-                    continue  # a decision (or another warming) got there first
-                self._warmed[key] = kept
-                handed += 1
-                while len(self._warmed) > HEAPS_WARMED:
-                    del self._warmed[next(iter(self._warmed))]
+        try:
+            built: list[tuple[tuple, Any]] = []
+            for key in keys:
+                if key[0] == "free":
+                    sums = _FreeSum(generation)
+                    for name, _, room, _ in read["free"]:
+                        sums.add(name, _contribution(room, planned.get(name, _NOTHING)))
+                    built.append((key, sums))
+                    continue
+                kept, wanted = _Kept(generation), dict(key[3])
+                for name, version, room, allocatable in read[key[0]]:
+                    kept.score(name, version, room, allocatable, wanted, sign)
+                heapq.heapify(kept.heap)
+                built.append((key, kept))
+            with self._picture():
+                for key, kept in built:
+                    if key[0] == "free":
+                        self._free_sums.setdefault(key[1], kept)
+                        continue
+                    if key in self._heaps or key in self._warmed:
+                        continue  # a decision got there first
+                    self._warmed[key] = kept
+                    handed += 1
+                    while len(self._warmed) > HEAPS_WARMED:
+                        del self._warmed[next(iter(self._warmed))]
+        finally:
+            with self._lock:
+                for key in keys:
+                    self._warming.pop(key, None)
+            done.set()  # (also when scoring failed: the decision then scores itself)
+        self._wait_for(others.values(), wait)
         return handed
+
+    @staticmethod
+    def _wait_for(events: Iterable[threading.Event], seconds: float) -> None:
+        """Wait until each of ``events`` is set, ``seconds`` at most in all."""
+        deadline = time.monotonic() + seconds
+        for event in events:
+            event.wait(max(deadline - time.monotonic(), 0))
 
     def _snapshot(self, found: Admitted) -> packing.Snapshot:
         """The picture as a packing over the Nodes ``found`` reads it: the room kept per
@@ -827,9 +878,7 @@ class WorkerCapacity:
         overcommitted Node must not eat into another's room), less the room planned there,
         which is not clamped (what does not fit on its Node lands on another). Called under
         the lock."""
-        planned = self._node_planned.get(name, _NOTHING)
-        return {resource: max(unbound, _ZERO) - planned.get(resource, _ZERO)
-                for resource, unbound in self._room(name, False).items()}
+        return _contribution(self._room(name, False), self._node_planned.get(name, _NOTHING))
 
     def totals(self) -> dict[str, Any]:
         """Totals over usable nodes: node and reservation counts, and per ``CAPACITY_STATES``
@@ -1026,6 +1075,13 @@ class _FreeSum:
             self._naming[resource] -= 1
             if not self._naming[resource]:
                 del self._naming[resource], self.total[resource]
+
+
+def _contribution(room: Resources, planned: Resources) -> Resources:
+    """``WorkerCapacity._contribution`` of a Node with this room after bound pods and this
+    room planned there."""
+    return {resource: max(unbound, _ZERO) - planned.get(resource, _ZERO)
+            for resource, unbound in room.items()}
 
 
 def _rules(node_selector: dict[str, str] | None, tolerations: list[dict] | None) -> tuple:

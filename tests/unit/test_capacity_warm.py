@@ -1,20 +1,29 @@
 """Heaps warmed ahead of a decision (``WorkerCapacity.warm``): the first decision of a pod
 shape then scores no more Nodes than a later one, decides as a worker without warming
-does, a bounded number wait, and a Node that changes while they are scored is scored
-again by the decision (pure)."""
+does, a bounded number wait, a Node that changes while they are scored is scored again
+by the decision, and a shape is scored by one caller at a time; the placer warms a job's
+shapes on each worker as soon as it sees the job (pure)."""
 
 from __future__ import annotations
 
 import copy
+import threading
 from decimal import Decimal as D
 
 import pytest
 from test_capacity import node, pod
 from test_capacity_at_scale import TOLERATE_GPU, fleet
+from test_placer import job, runtime
+from test_placer import worker as worker_cluster
 
+from clusters.testing import eventually
+from dispatcher.placement import placer as placer_module
+from dispatcher.placement.placer import Placer
 from dispatcher.room import capacity as capacity_module
 from dispatcher.room import packing
 from dispatcher.room.capacity import HEAPS_WARMED, WorkerCapacity
+
+from worker_fakes import Registry
 
 ADDED, MODIFIED = "ADDED", "MODIFIED"
 SHAPE = {"cpu": D(4), "memory": D(2**33)}
@@ -94,10 +103,15 @@ def test_a_node_changed_while_warming_is_scored_again_by_the_decision(monkeypatc
     cordoned = copy.deepcopy(next(n for n in nodes if n["metadata"]["name"] == first))
     cordoned["spec"]["unschedulable"] = True
     filler = pod("filler", node_name=second, cpu="90", memory="1Gi", gpu="7")
+    added = copy.deepcopy(cordoned)
+    added["metadata"]["name"] = "n99"
+    added["spec"].pop("unschedulable")
+    added["status"]["allocatable"].update({"cpu": "192", "nvidia.com/gpu": "16"})
 
     def change(capacity: WorkerCapacity) -> None:
         capacity.on_node(MODIFIED, None, cordoned)
         capacity.on_pod(ADDED, None, filler)
+        capacity.on_node(ADDED, None, added)  # the roomiest: where the pods go now
 
     # The changes come while ``warm`` scores, after it read the rooms and let the lock go.
     real_score = capacity_module._Kept.score
@@ -115,7 +129,7 @@ def test_a_node_changed_while_warming_is_scored_again_by_the_decision(monkeypatc
     change(plain)
     plans = [capacity.pack([shape] * 2, *rules) for capacity in (warmed, plain)]
     assert plans[0] == plans[1], plans
-    assert not {first, second} & plans[0].keys(), plans[0]
+    assert "n99" in plans[0] and not {first, second} & plans[0].keys(), plans[0]
     for capacity in (warmed, plain):
         capacity.check()
 
@@ -125,3 +139,71 @@ def test_warming_a_shape_a_decision_keeps_already_hands_nothing_in():
     capacity.pack([SHAPE])
     assert capacity.warm([SHAPE]) == 0
     assert not capacity._warmed
+
+
+def test_a_job_seen_is_warmed_ahead_on_each_worker_and_its_placement_takes_the_heaps(
+        monkeypatch):
+    builds = []
+    real = placer_module.build_runtime_info
+    monkeypatch.setattr(placer_module, "build_runtime_info",
+                        lambda *args, **kwargs: builds.append(1) or real(*args, **kwargs))
+    workers = [worker_cluster(f"worker-{index}", index, runtime(f"u{index}", "5", "2"))
+               for index in (1, 2)]
+    placer = Placer(Registry(*workers), "best-fit")
+    placer.warm_ahead(job("a"))
+    eventually(lambda: [len(each.capacity._warmed) for each in workers],
+               lambda counts: counts == [1, 1],
+               expected="one heap warmed on each worker for the job's one pod shape")
+    assert builds == [1], "the need worked out once, ahead, for both workers"
+    chosen, _ = placer.place(job("a"))
+    assert builds == [1], "the placement found the need known"
+    assert not chosen.capacity._warmed and len(chosen.capacity._heaps) == 1, \
+        "the decision took the warmed heap in among those kept"
+    chosen.capacity.check()
+
+
+def test_a_shape_being_warmed_is_not_scored_twice(monkeypatch, scorings):
+    capacity = worker("w", [node(f"n{index}") for index in range(20)])
+    real_score = capacity_module._Kept.score
+    meanwhile = []
+
+    def score(self, *args, **kwargs):
+        if not meanwhile:  # another caller asks for the shape while it is being scored
+            before = scorings[0]
+            meanwhile.append((capacity.warm([SHAPE], wait=0), scorings[0] - before))
+        return real_score(self, *args, **kwargs)
+
+    monkeypatch.setattr(capacity_module._Kept, "score", score)
+    assert capacity.warm([SHAPE]) == 1
+    assert meanwhile == [(0, 0)], meanwhile
+    assert not capacity._warming
+
+
+def test_a_caller_waiting_for_a_shape_being_warmed_holds_nothing(monkeypatch):
+    """The placement that finds its shape being warmed waits without the picture, so the
+    warming can hand its heap in (and the wait ends with it, not with its timeout)."""
+    capacity = worker("w", [node(f"n{index}") for index in range(20)])
+    real_score, real_wait = capacity_module._Kept.score, WorkerCapacity._wait_for
+    waiting, ended = threading.Event(), []
+
+    def wait_for(events, seconds):
+        events = list(events)
+        if not events:  # the first caller, nothing to wait for
+            return
+        waiting.set()
+        real_wait(events, seconds)
+        ended.append(all(event.is_set() for event in events))
+
+    def score(self, *args, **kwargs):
+        if not waiting.is_set():
+            threading.Thread(target=capacity.warm, args=([SHAPE],), kwargs={"wait": 5},
+                             daemon=True).start()
+            assert waiting.wait(5), "the second caller never waited for the first"
+        return real_score(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerCapacity, "_wait_for", staticmethod(wait_for))
+    monkeypatch.setattr(capacity_module._Kept, "score", score)
+    assert capacity.warm([SHAPE], wait=5) == 1
+    eventually(lambda: list(ended), lambda seen: seen != [],
+               expected="the waiting caller to return")
+    assert ended[0] is True, "the wait ran out: the warming could not hand its heap in"
