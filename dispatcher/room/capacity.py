@@ -555,6 +555,9 @@ class WorkerCapacity:
         sign = packing.sign_of(self.scoring)
         with self._picture():
             self._catch_up()
+            # Brought up to date here rather than in the decision (on a worker's first
+            # placement: every Node).
+            self._short_nodes()
             found = self._admitting(node_selector, tolerations)
             kinds = [True]
             if any(name in found.set for name in self._node_planned):
