@@ -119,6 +119,7 @@ class RemoteView:
                                        deadline_seconds=HEADERS_SECONDS)
         self.dropped: dict[str, int] = defaultdict(int)  # connections closed unserved, by why
         self._server: Server | None = None
+        self.thread: threading.Thread | None = None
         self.port = settings.port
 
     # --- running --------------------------------------------------------------------
@@ -132,8 +133,9 @@ class RemoteView:
                                    tls=self._context, limits=self.limits,
                                    on_drop=self._dropped, name="remote-view-connection")
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, name="remote-view",
-                         daemon=True).start()
+        self.thread = threading.Thread(target=self._server.serve_forever, name="remote-view",
+                                       daemon=True)  # the dispatcher's manager watches it
+        self.thread.start()
         log.info("remote view (%s) serving on %s port %d to the front proxy's client "
                  "certificate only: at most %d log streams and %d connections at once",
                  GROUP_VERSION, self.settings.host, self.port, self.settings.max_streams,
