@@ -303,6 +303,22 @@ def rejections(api, namespace: str, name: str) -> dict[str, str]:
             for e in events.items if e.reason == "RemoteRejected"}
 
 
+def refused_by_every_worker(multicluster, namespace: str, name: str) -> tuple[dict, dict]:
+    """Wait until every worker refused manager job ``name``'s copy: a RemoteRejected Event
+    from each and Placed=False naming both; no copy anywhere. The Events' messages by
+    worker and the Placed condition, for the caller's own checks."""
+    manager = multicluster.manager
+    seen = eventually(lambda: rejections(manager.api, namespace, name),
+                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
+                      expected="a RemoteRejected Event from each worker")
+    placed = eventually(lambda: condition(get(manager.api, namespace, name), "Placed"),
+                        lambda found: found.get("status") == "False" and all(
+                            f"lp-{n}" in found.get("message", "") for n in WORKERS),
+                        timeout=60, expected="Placed=False naming both workers' refusals")
+    assert all(get(multicluster[n].api, namespace, name) is None for n in WORKERS)
+    return seen, placed
+
+
 def test_workers_refuse_a_copy_that_chooses_its_service_account(restricted, namespace):
     """Each worker's policy refuses the dispatcher's copy of a job that sets its Pods'
     ServiceAccount, and the manager job's Events say so; no copy is made anywhere."""
@@ -314,14 +330,11 @@ def test_workers_refuse_a_copy_that_chooses_its_service_account(restricted, name
     body["spec"]["podSpecOverrides"] = [{"targetJobs": [{"name": c.NODE}],
                                          "serviceAccountName": "powerful"}]
     manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
-    seen = eventually(lambda: rejections(manager.api, namespace, "chooses-account"),
-                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
-                      expected="a RemoteRejected Event from each worker")
+    seen, _ = refused_by_every_worker(multicluster, namespace, "chooses-account")
     for message in seen.values():
         assert "ValidatingAdmissionPolicy 'trainjob-dispatcher-worker-access'" in message and (
             f"spec.podSpecOverrides[targetJobs: {c.NODE}].serviceAccountName is set") in message, (
             message)
-    assert all(get(multicluster[n].api, namespace, "chooses-account") is None for n in WORKERS)
 
 
 def test_workers_refuse_a_privileged_copy(restricted, namespace):
@@ -342,18 +355,11 @@ def test_workers_refuse_a_privileged_copy(restricted, namespace):
              f".replicatedJobs[name: {c.NODE}].template.spec.template.spec"
              f".containers[name: {c.NODE}].securityContext.privileged: Pod Security baseline "
              "forbids privileged containers")
-    seen = eventually(lambda: rejections(manager.api, namespace, "privileged"),
-                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
-                      expected="a RemoteRejected Event from each worker")
+    seen, placed = refused_by_every_worker(multicluster, namespace, "privileged")
     for message in seen.values():
         assert "ValidatingAdmissionPolicy 'trainjob-dispatcher-worker-access'" in message, message
         assert f"TrainJob {namespace}/privileged: {field}" in message, message
-    placed = eventually(lambda: condition(get(manager.api, namespace, "privileged"), "Placed"),
-                        lambda found: found.get("status") == "False" and all(
-                            f"lp-{n}" in found.get("message", "") for n in WORKERS),
-                        timeout=60, expected="Placed=False naming both workers' refusals")
     assert field in placed["message"], placed
-    assert all(get(multicluster[n].api, namespace, "privileged") is None for n in WORKERS)
 
 
 def test_workers_refuse_an_oversized_copy(restricted, namespace):
@@ -373,17 +379,10 @@ def test_workers_refuse_an_oversized_copy(restricted, namespace):
     manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, body)
     bound = ("spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs: 33 "
              "replicated jobs in all, over the limit of 32")
-    seen = eventually(lambda: rejections(manager.api, namespace, "oversized"),
-                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
-                      expected="a RemoteRejected Event from each worker")
+    seen, placed = refused_by_every_worker(multicluster, namespace, "oversized")
     for message in seen.values():
         assert f"TrainJob {namespace}/oversized: {bound}" in message, message
-    placed = eventually(lambda: condition(get(manager.api, namespace, "oversized"), "Placed"),
-                        lambda found: found.get("status") == "False" and all(
-                            f"lp-{n}" in found.get("message", "") for n in WORKERS),
-                        timeout=60, expected="Placed=False naming both workers' refusals")
     assert bound in placed["message"], placed
-    assert all(get(multicluster[n].api, namespace, "oversized") is None for n in WORKERS)
 
 
 def test_workers_refuse_a_namespace_without_pod_security(restricted, namespace):
@@ -396,9 +395,7 @@ def test_workers_refuse_a_namespace_without_pod_security(restricted, namespace):
                                               pod_security=None)
     manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
                                                    trainjob("unlabelled"))
-    seen = eventually(lambda: rejections(manager.api, namespace, "unlabelled"),
-                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
-                      expected="a RemoteRejected Event from each worker")
+    seen, _ = refused_by_every_worker(multicluster, namespace, "unlabelled")
     for message in seen.values():
         assert (f"namespace {namespace} has no label pod-security.kubernetes.io/enforce") in (
             message) and "pod-security.kubernetes.io/enforce=baseline" in message, message
@@ -411,9 +408,7 @@ def test_workers_refuse_a_namespace_not_opened_to_the_dispatcher(restricted, nam
     manager = multicluster.manager
     manager.custom.create_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS,
                                                    trainjob("not-opened"))
-    seen = eventually(lambda: rejections(manager.api, namespace, "not-opened"),
-                      lambda found: {f"lp-{n}" for n in WORKERS} <= set(found), timeout=60,
-                      expected="a RemoteRejected Event from each worker")
+    seen, _ = refused_by_every_worker(multicluster, namespace, "not-opened")
     for message in seen.values():
         assert 'cannot create resource "trainjobs"' in message and (
             f'in the namespace "{namespace}"') in message, message

@@ -106,10 +106,8 @@ def _failures(worker, namespace: str, pod: str) -> dict[str, int]:
     return said
 
 
-@pytest.fixture
-def other_namespace(dispatch_env, namespace):
-    """A second namespace on every cluster, for objects the dispatcher did not make."""
-    name = f"{namespace}-x"[:63]
+def namespace_on_every_cluster(dispatch_env, name: str):
+    """Make namespace ``name`` on every cluster; yield it; delete it (a fixture's body)."""
     for cluster in dispatch_env.multicluster:
         cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
@@ -118,6 +116,12 @@ def other_namespace(dispatch_env, namespace):
             cluster.core.delete_namespace(name)
         except ApiException:
             pass
+
+
+@pytest.fixture
+def other_namespace(dispatch_env, namespace):
+    """A second namespace on every cluster, for objects the dispatcher did not make."""
+    yield from namespace_on_every_cluster(dispatch_env, f"{namespace}-x"[:63])
 
 
 def test_a_pod_the_workers_scheduler_cannot_place_is_told_once_on_the_manager_job(
@@ -281,15 +285,7 @@ def test_events_of_objects_that_are_not_the_dispatchers_are_not_told(
 
 @pytest.fixture
 def third_namespace(dispatch_env, namespace):
-    name = f"{namespace}-y"[:63]
-    for cluster in dispatch_env.multicluster:
-        cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    for cluster in dispatch_env.multicluster:
-        try:
-            cluster.core.delete_namespace(name)
-        except ApiException:
-            pass
+    yield from namespace_on_every_cluster(dispatch_env, f"{namespace}-y"[:63])
 
 
 def _event_reads(env) -> tuple[float, float, float]:
