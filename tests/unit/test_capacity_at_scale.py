@@ -11,6 +11,7 @@ from decimal import Decimal as D
 from test_capacity import GPU, node, pod
 
 from dispatcher.room import capacity as capacity_module
+from dispatcher.room import packing as packing_module
 from dispatcher.room.amounts import fits, shift
 from dispatcher.room.capacity import (
     _SCORED,
@@ -234,9 +235,10 @@ def test_a_changed_node_costs_its_own_rescoring_not_every_nodes(monkeypatch):
         for each in nodes:
             capacity.on_node(ADDED, None, each)
     scores = []
-    real_rank = capacity_module._rank
-    monkeypatch.setattr(capacity_module, "_rank", lambda *args: scores.append(1) or real_rank(
-        *args))
+    real_rank = packing_module.rank
+    # Every score counts: the heap cache's (capacity) and the packer's own (packing).
+    for module, name in ((capacity_module, "_rank"), (packing_module, "rank")):
+        monkeypatch.setattr(module, name, lambda *args: scores.append(1) or real_rank(*args))
     shape = {"cpu": D(2), "memory": D(2**31)}
     kept.free()
     kept.pack([shape] * 4)
