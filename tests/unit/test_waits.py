@@ -63,13 +63,14 @@ def test_a_wait_for_an_event_stretches_up_to_eight_times(load):
 
 def test_a_deadline_moves_out_with_the_load_and_never_back_in(load):
     load(16.0, 16.0)  # 8 per CPU
-    deadline = testing.Deadline(0.1)
+    now = [100.0]
+    deadline = testing.Deadline(0.1, clock=lambda: now[0])
     assert not deadline.passed()
-    time.sleep(0.12)
+    now[0] += 0.12
     assert not deadline.passed() and deadline.limit == pytest.approx(0.8)
     load(0.1, 0.1)  # the load gone: what was given stays given
     assert not deadline.passed() and deadline.limit == pytest.approx(0.8)
-    time.sleep(0.7)
+    now[0] += 0.7
     assert deadline.passed()
     assert ", stretched from 0.1s (load average 0.1 / 0.1" in deadline.waited(), \
         deadline.waited()
