@@ -124,10 +124,29 @@ def trainer_pods(api, namespace: str, job: str) -> list[client.V1Pod]:
 
 # --- what a cluster holds, for `kubectl delete -k` -----------------------------------
 
+ROOT_CA = "kube-root-ca.crt"
+
+
+def root_ca_published(core: client.CoreV1Api) -> None:
+    """Wait until the controller-manager has published its root CA ConfigMap into every
+    active namespace. It does so shortly after a namespace is made, so an inventory taken
+    before that would count the ConfigMap as new when it is taken again."""
+    def missing() -> set[str]:
+        active = {n.metadata.name for n in core.list_namespace().items
+                  if n.status.phase == "Active"}
+        published = {m.metadata.namespace for m in core.list_config_map_for_all_namespaces(
+            field_selector=f"metadata.name={ROOT_CA}").items}
+        return active - published
+
+    eventually(missing, lambda left: not left, timeout=60, interval=0.5,
+               expected=f"the {ROOT_CA} ConfigMap in every active namespace")
+
+
 def inventory(api) -> set[str]:
     """Kind/namespace/name of the objects a deployment could add or remove, and of what a
     cluster's other users keep (their Secrets, ConfigMaps, TrainJobs)."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    root_ca_published(core)
     apps = client.AppsV1Api(api)
     admission = client.AdmissionregistrationV1Api(api)
     extensions = client.ApiextensionsV1Api(api)
