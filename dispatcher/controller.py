@@ -26,6 +26,7 @@ import uuid
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from controller_kit.events import EventRecorder
 from controller_kit.informer import Informer
@@ -416,4 +417,14 @@ class DispatcherController:
     def collect_garbage(self) -> int:
         """One garbage-collection sweep over every connected worker."""
         return garbage_collection.sweep(self.registry, self.trainjobs, self.config.origin,
-                                        self.metrics)
+                                        self.metrics, self._read_trainjob)
+
+    def _read_trainjob(self, namespace: str, name: str) -> dict | None:
+        """A manager TrainJob as the API server has it now; None when it is not found."""
+        try:
+            return client.CustomObjectsApi(self.manager).get_namespaced_custom_object(
+                c.TRAINER_GROUP, c.TRAINER_VERSION, namespace, c.TRAINJOBS, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise

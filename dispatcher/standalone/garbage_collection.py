@@ -6,9 +6,13 @@ gone, is being deleted, is a different object now (another UID), or is placed on
 worker (the copy a lost worker kept). "Another worker" means another cluster: a job placed
 under a second name of the same cluster (``workers/duplicates.py``) is not a stray.
 Objects without our origin label are never looked at: the worker's TrainJob cache only
-holds ours, and each candidate is checked again. The sweep reads caches only (the worker
-caches were listed page by page), so it costs one DELETE per copy removed and nothing
-else.
+holds ours, and each candidate is checked again. The sweep finds candidates in the caches
+(the worker caches were listed page by page), and reads each candidate's manager TrainJob
+once more from the API server before deleting: the two caches are fed by two watches on
+two servers, so the worker's may show a copy just made while the manager's does not show
+yet the placement written before it (on a loaded machine, for seconds), and a copy
+deleted on the cache's word alone would be a running job's. So a sweep costs one GET and
+one DELETE per copy removed, and a GET per copy the manager's cache was behind on.
 """
 
 from __future__ import annotations
@@ -49,8 +53,11 @@ def garbage_reason(remote: dict, manager: dict | None, worker: str, origin: str,
 
 
 def sweep(registry: WorkerRegistry, manager_trainjobs: Informer, origin: str,
-          metrics: DispatcherMetrics) -> int:
-    """One pass over every connected worker; returns how many copies were deleted."""
+          metrics: DispatcherMetrics,
+          read_manager: Callable[[str, str], dict | None]) -> int:
+    """One pass over every connected worker; returns how many copies were deleted.
+    ``read_manager(namespace, name)`` reads a manager TrainJob from the API server (None
+    when it is not found): a candidate goes only if that answer still makes it garbage."""
     removed = 0
     for worker in registry.snapshot(draining=True):
         if not worker.active:
@@ -65,6 +72,20 @@ def sweep(registry: WorkerRegistry, manager_trainjobs: Informer, origin: str,
                 continue
             with logs.context(namespace=meta["namespace"], name=meta["name"],
                               cluster=worker.name):
+                try:
+                    current = read_manager(meta["namespace"], meta["name"])
+                except ApiException as err:
+                    log.warning("garbage collection on %s: cannot read the manager's "
+                                "TrainJob %s/%s, its copy stays: %s", worker.name,
+                                meta["namespace"], meta["name"], describe_error(err))
+                    continue
+                reason = garbage_reason(stray, current, worker.name, origin,
+                                        registry.same_cluster)
+                if reason is None:
+                    log.debug("garbage collection on %s: %s/%s is wanted (the manager's "
+                              "cache was behind)", worker.name, meta["namespace"],
+                              meta["name"])
+                    continue
                 try:
                     deleted = copies.delete(stray)
                 except ApiException as err:
