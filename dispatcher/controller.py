@@ -22,6 +22,7 @@ import functools
 import logging
 import socket
 import uuid
+from collections.abc import Callable
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -84,6 +85,47 @@ def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
         return True
     return bool(((new or {}).get("spec") or {}).get("nodeName")) and not (
         (old or {}).get("spec") or {}).get("nodeName")
+
+
+def scheduler(name: str, background: BackgroundScheduler) -> Runnable:
+    """``background`` as a runnable whose thread its manager watches: a loop that ended
+    (a job store that raised, a shutdown from elsewhere) would leave the interval jobs
+    (the waiting recheck, garbage collection) never run again, the process ready."""
+    # APScheduler 3.x (3.11 here) keeps its loop's thread in ``_thread`` and offers no
+    # public accessor; it is unset again by ``shutdown``, which the manager calls after
+    # it stopped watching.
+    return Runnable(name, start=lambda _: background.start(),
+                    stop=lambda: background.shutdown(wait=False),
+                    threads=lambda: [getattr(background, "_thread", None)])
+
+
+def worker_registry(registry: WorkerRegistry) -> Runnable:
+    """The registry as a runnable. Its threads (the manager's caches of registrations,
+    the probes' timer, every worker's caches) are asked again each time they are looked
+    at: workers come and go, and one removed leaves the list before its threads are
+    stopped, so that is no death."""
+    return Runnable("worker registry", start=registry.start, stop=registry.stop,
+                    threads=registry.threads)
+
+
+def interval(background: BackgroundScheduler, name: str, job: Callable[[], object],
+             seconds: float, says: str = "") -> Runnable:
+    """``job`` every ``seconds`` on ``background``, while this runnable runs. A run that
+    raises is logged by APScheduler (``Job "<name> (trigger: ...)" raised an exception``,
+    with the traceback, at ERROR) and the job runs again at its next time: the job is
+    named so that the line says which one."""
+    def start(_: float) -> None:
+        if says:
+            log.info(says)
+        background.add_job(job, "interval", seconds=seconds, id=name, name=name,
+                           max_instances=1, coalesce=True, replace_existing=True)
+
+    def stop() -> None:
+        try:
+            background.remove_job(name)
+        except JobLookupError:
+            pass
+    return Runnable(name, start=start, stop=stop)
 
 
 class DispatcherController:
@@ -273,20 +315,25 @@ class DispatcherController:
         # The jobs first: the registry keeps a worker that left it while jobs are placed
         # there (to drain it), so it needs to know where jobs are placed.
         add(cache("manager TrainJob cache", self.trainjobs))
-        add(Runnable("worker registry", start=self.registry.start, stop=self.registry.stop))
+        add(worker_registry(self.registry))
         # Every replica serves the remote view: reads need no leadership.
         add(Runnable("remote view", start=lambda _: self._start_remote_view(),
                      stop=self._stop_remote_view,
                      threads=lambda: [getattr(self.remote_view, "thread", None)]))
         if self.nominator is not None:
             add(Runnable("Workload caches", start=self.nominator.start,
-                         stop=self.nominator.stop))
+                         stop=self.nominator.stop, threads=self.nominator.threads))
         if self.priority_classes is not None:
             add(Runnable("PriorityClass cache", start=lambda _: self.priority_classes.start(),
-                         stop=self.priority_classes.stop))
+                         stop=self.priority_classes.stop,
+                         threads=lambda: [self.priority_classes.thread]))
         if self.worker_events is not None:
             add(Runnable("worker Events mirror", start=lambda _: self.worker_events.start(),
-                         stop=self.worker_events.stop))
+                         stop=self.worker_events.stop,
+                         threads=lambda: [self.worker_events.thread]))
+        # Jobs' pod shapes scored as they are seen, on a thread started when there is some
+        # to do and ending when there is none: its ending is no death, its raising is.
+        add(Runnable("placer warming ahead", threads=self.placer.threads, may_finish=True))
         # Placement decisions need the workers' caches, so the first decisions are not made
         # against empty pictures: each connected worker's caches synced or failed. A worker
         # that does not answer must not hold up dispatching to the rest (not required).
@@ -296,8 +343,7 @@ class DispatcherController:
         # is out would not see that worker (the best fit may be it).
         add(Runnable("worker probes", start=lambda _: self.registry.probe_and_wait(
             self.registry.prober.timeout + 1.0)))
-        add(Runnable("scheduler", start=lambda _: self._scheduler.start(),
-                     stop=lambda: self._scheduler.shutdown(wait=False)))
+        add(scheduler("scheduler", self._scheduler))
         # Only the leader writes: it starts here, from warm caches.
         add(self._interval("waiting recheck", self._recheck_waiting, WAITING_RECHECK_SECONDS,
                            says="leading: dispatching"), leader_only=True)
@@ -327,19 +373,7 @@ class DispatcherController:
         add(Runnable("first pass", start=lambda _: self._first_pass()), leader_only=True)
 
     def _interval(self, name: str, job, seconds: float, says: str = "") -> Runnable:
-        """``job`` every ``seconds`` on the scheduler, while this runnable runs."""
-        def start(_: float) -> None:
-            if says:
-                log.info(says)
-            self._scheduler.add_job(job, "interval", seconds=seconds, id=name,
-                                    max_instances=1, coalesce=True, replace_existing=True)
-
-        def stop() -> None:
-            try:
-                self._scheduler.remove_job(name)
-            except JobLookupError:
-                pass
-        return Runnable(name, start=start, stop=stop)
+        return interval(self._scheduler, name, job, seconds, says)
 
     def _start_remote_view(self) -> None:
         self.remote_view = start_remote_view(self.manager, self.config, self.trainjobs,

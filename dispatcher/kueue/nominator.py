@@ -137,6 +137,10 @@ class WorkloadNominator:
             if not informer.wait_synced(timeout):
                 raise TimeoutError(f"{informer.name} cache not synced")
 
+    def threads(self) -> list[threading.Thread | None]:
+        """The threads of its caches (its process's manager watches them)."""
+        return [self.workloads.thread, self.checks.thread]
+
     def stop(self) -> None:
         self.queue.shutdown()
         for informer in (self.workloads, self.checks):

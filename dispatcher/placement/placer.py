@@ -71,10 +71,11 @@ class Placer:
         # Runtime digests by (worker, runtime uid, runtime resourceVersion).
         self._digests: LRUCache = LRUCache(maxsize=1024)
         self._cache_lock = threading.Lock()
-        # Jobs seen and not yet warmed ahead, and whether a thread is warming them (both
-        # under ``_cache_lock``).
+        # Jobs seen and not yet warmed ahead, whether a thread is warming them, and the
+        # last thread started (all under ``_cache_lock``).
         self._ahead: collections.deque[dict] = collections.deque(maxlen=WARM_AHEAD_QUEUED)
         self._warming_ahead = False
+        self._warmer: threading.Thread | None = None
 
     # --- warming ahead -----------------------------------------------------------------
 
@@ -90,8 +91,15 @@ class Placer:
             if self._warming_ahead:
                 return
             self._warming_ahead = True
-        threading.Thread(target=self._warm_queued, name="placer-warm-ahead",
-                         daemon=True).start()
+            self._warmer = thread = threading.Thread(
+                target=self._warm_queued, name="placer-warm-ahead", daemon=True)
+        thread.start()
+
+    def threads(self) -> list[threading.Thread | None]:
+        """The warming thread, while one runs or since the last one ended (its process's
+        manager watches it: its ending is no death, its raising is)."""
+        with self._cache_lock:
+            return [self._warmer]
 
     def _warm_queued(self) -> None:
         while True:

@@ -5,6 +5,7 @@ caches and room, and its state as its MultiKueueCluster's ``Active`` condition r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,18 @@ class WorkerCluster:
                     reason, message)
         self.active, self.reason, self.message = active, reason, message
         return True
+
+    def threads(self) -> list[threading.Thread | None]:
+        """The threads reading the worker: its caches', its Kueue queues' (Kueue mode,
+        started by a probe once its Kueue answers) and its Warning Events' (see
+        ``WarningEvents.threads``)."""
+        # tuple(): a probe may add the Kueue caches meanwhile (copied in one step).
+        informers = tuple(self.informers.values()) + (
+            tuple(self.quota.informers.values()) if self.quota is not None else ())
+        found = [informer.thread for informer in informers]
+        if self.warnings is not None:
+            found += self.warnings.threads()
+        return found
 
     def stop(self) -> None:
         for informer in self.informers.values():

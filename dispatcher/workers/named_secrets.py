@@ -95,6 +95,11 @@ class NamedSecrets:
             # the re-derivation), or while its thread waits for the registry's lock.
             cache.stop(timeout=0)
 
+    def threads(self) -> list[threading.Thread | None]:
+        """The caches' threads; one leaves this list before it is stopped (``retain``)."""
+        with self._lock:
+            return [cache.thread for cache in self._caches.values()]
+
     def names(self) -> set[str]:
         with self._lock:
             return set(self._caches)

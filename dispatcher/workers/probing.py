@@ -7,6 +7,8 @@ sync; its verdict goes to the registry (``on_result``), which sets the worker's 
 from __future__ import annotations
 
 import datetime
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +17,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from controller_kit import logs, writes
 from controller_kit.kubeclient import describe_error
 from dispatcher.workers.cluster import WorkerCluster
+
+log = logging.getLogger(__name__)
 
 # (worker, whether it answers with every cache in sync, what to say about it)
 ProbeResult = Callable[[WorkerCluster, bool, str], None]
@@ -61,6 +65,14 @@ class Prober:
                                 id="probe-workers", max_instances=1, coalesce=True)
         self._scheduler.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The timer's thread, once started (its process's manager watches it). The pool's
+        threads are not: a probe that raises ends in its future, never in its thread."""
+        # APScheduler 3.x (3.11 here) keeps its loop's thread in ``_thread``, with no
+        # public accessor.
+        return getattr(self._scheduler, "_thread", None)
+
     def stop(self) -> None:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
@@ -81,5 +93,7 @@ class Prober:
             try:
                 ok, message = probe(worker, self.timeout)
                 self.on_result(worker, ok, message)
+            except Exception:  # else lost in the pool's future, unseen
+                log.exception("worker %s: taking in its probe's verdict failed", worker.name)
             finally:
                 self._probing.discard(worker.name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,10 @@ class Registrations:
         for informer in (self.clusters, self.configs):
             if not informer.wait_synced(sync_timeout):
                 raise TimeoutError(f"manager {informer.name} cache not synced")
+
+    def threads(self) -> list[threading.Thread | None]:
+        """The threads of its caches (the named Secrets' included)."""
+        return [self.clusters.thread, self.configs.thread] + self.secrets.threads()
 
     def stop(self) -> None:
         for informer in (self.clusters, self.configs):

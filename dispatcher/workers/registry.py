@@ -93,6 +93,18 @@ class WorkerRegistry:
         self.probe_all()
         return self
 
+    def threads(self) -> list[threading.Thread | None]:
+        """The threads the registry runs, for the process's manager to watch: the manager's
+        MultiKueueCluster, MultiKueueConfig and Secret caches, the probes' timer, and each
+        worker's (``WorkerCluster.threads``), draining ones included. A worker dropped or
+        replaced leaves ``workers`` under the lock, and is stopped under it too: its
+        threads are out of this list before they end."""
+        found = self.registrations.threads() + [self.prober.thread]
+        with self._lock:
+            for worker in self.workers.values():
+                found += worker.threads()
+        return found
+
     def stop(self) -> None:
         self.prober.stop()
         self.registrations.stop()

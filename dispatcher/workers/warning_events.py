@@ -186,6 +186,14 @@ class WarningEvents:
             changes = self._arrange() if idle else ([], [], False)
         self._apply(*changes)
 
+    def threads(self) -> list[threading.Thread | None]:
+        """The watches' threads and the lister's. A namespace's watch leaves this list
+        before it is stopped (``_arrange``, under the lock); the lister ends only once
+        ``stop`` was called."""
+        with self._lock:
+            return [informer.thread for informer in self._informers.values()] + [
+                self._lister]
+
     def stop(self) -> None:
         with self._lock:
             self._stopped = True

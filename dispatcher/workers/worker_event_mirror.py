@@ -100,6 +100,11 @@ class WorkerEventMirror:
         self._thread.start()
         return self
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The writer's thread, once started (its process's manager watches it)."""
+        return self._thread
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
