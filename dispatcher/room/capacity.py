@@ -63,9 +63,10 @@ _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 class _Change:
-    """The kinds of change the index hands the picture (``WorkerCapacity._catch_up``),
-    dotted so that ``match`` compares them (a bare name there would capture anything)."""
-    NODE, POD, RESERVE, RELEASE = "node", "pod", "reserve", "release"
+    """The kinds of ledger change the index hands the picture in order
+    (``WorkerCapacity._catch_up``), dotted so that ``match`` compares them (a bare name
+    there would capture anything)."""
+    RESERVE, RELEASE = "reserve", "release"
 
 
 # How long the pods of a just-placed job count as in flight for the check of arrival
@@ -116,27 +117,51 @@ class WorkerCapacity:
     """Incremental capacity picture of one worker cluster; thread-safe, no API calls.
 
     Kept as kube-scheduler keeps its cache and snapshot: an index the informer handlers
-    write, a picture the decisions read, and caches derived from the picture that a
-    decision brings up to date from what changed since the last one. A handler never waits
-    for a decision.
+    count each change into at once, a picture each decision works on alone (brought up to
+    date from the index when it is taken), and caches derived from the picture. Every part,
+    with its lock and its one rule:
 
-    * **the index** (``_index_lock``, held for a few dict operations): what the informer
-      handlers and the ledger's writers (``reserve``, ``release``) last said, as
-      ``_seen_nodes``, ``_seen_pods`` and ``_seen_reserved``, and the changes not yet
-      taken in by the picture, in order (``_pending``). Handlers compare with the index
-      (a heartbeat, a status change and the same footprint again change nothing) and
-      append; they return at once.
-    * **the picture** (``_lock``, held through a decision): Nodes, bound pods' use,
-      reservations and their plans, and their running sums (``_used``, ``_counted``,
-      ``_node_planned``, ...: changed with what they sum). Every reader takes in the
-      pending changes first (``_catch_up``), in the order they were made, and again as it
-      lets the picture go (``_picture``); a handler that finds ``_lock`` free takes them in
-      itself. So an idle worker's picture is never behind, and a change that came during a
-      decision is counted when that decision ends. Each change of a Node's room (a pod
-      bound or gone there, room planned or freed there, the Node itself added, changed or
-      gone) gives that Node the worker's next **generation** (``_generations``, in the
-      order given: the newest last).
-    * **the derived caches**, each with its one rule of invalidation:
+    * **the index** (``_index_lock``, held for a few dict operations, never through a
+      decision): what the informer handlers and the ledger's writers (``reserve``,
+      ``release``) last said, and the room it adds up to. A handler compares with it (a
+      heartbeat, a status change, the same footprint again change nothing), counts the
+      change and returns: it never waits for a decision.
+
+      - ``_seen_nodes``: each Node as placement reads it; ``_seen_reserved``: each
+        reservation's footprint; ``_seen_pods``: what each bound pod counts for (its
+        ``_PodUse``, running or succeeded), the one record per Pod;
+      - ``_seen_used`` per Node (requests of its pods that have not finished),
+        ``_seen_job_used`` per job and ``_seen_job_node_used`` per (job, Node) (requests
+        of the job's pods, finished ones too): changed with ``_seen_pods``, by what was
+        recorded for the pod (not by what its last event says), so they cannot drift. A
+        Pod event's room is counted once it is here (``pod_event_applied``): every
+        decision's picture is brought up to date from these rows;
+      - what changed since the picture last took the index in, each an ordered set (a
+        dict, in the order of last change): ``_changed_nodes`` (name -> whether the Node
+        itself changed, not only its pods' use), ``_changed_pairs`` (job, Node) and
+        ``_changed_jobs``; and ``_pending``, the ledger's changes in order.
+    * **the picture** (``_lock``, held through a whole decision): ``_nodes``, ``_used``,
+      ``_job_used``, ``_job_node_used`` (copies of the index's rows), the **ledger** of
+      room held for placed jobs (``_reserved``, ``_reserved_at``, ``_planned``,
+      ``_planned_pods``, ``_rules``) and what each reservation still counts for once its
+      bound pods are taken off, with its sums (``_counted``, ``_counted_total``,
+      ``_planned_counted``, ``_node_planned``, ``_unplanned_total``: worked out again for a
+      job, ``_recount``, whenever its reservation or its pods' rows change). Whoever takes
+      the picture (``_picture``) first brings it up to date (``_catch_up``): under
+      ``_index_lock``, briefly, it copies the changed rows and Nodes and takes the pending
+      ledger changes; then, without it, puts the rows in, gives each changed Node a
+      generation, recounts each changed job and applies the ledger changes in order. A
+      recount reads only the job's final rows and its reservation, so that leaves the
+      picture as replaying every change one by one would. A change counted while a
+      decision holds the picture leaves that decision's picture as it was; the next taker
+      takes it in. A handler that finds ``_lock`` free takes the index in itself
+      (``_take_in_if_free``, which never waits): an idle worker's picture stays current,
+      so a decision's catch-up holds only what came since the last one, and a handler
+      holds ``_lock`` only for that short catch-up. Each change of a Node's room (its
+      pods' use, room planned or freed there, the Node itself added, changed or gone)
+      gives that Node the worker's next **generation** (``_generations``, in the order
+      given: the newest last); ``_changes`` counts the changes taken in.
+    * **the derived caches** of the picture, each with its one rule of invalidation:
 
       - ``_rooms[(node, held)]``: a Node's room; dropped when the Node gets a generation;
       - ``_admitted[rules]``: the usable Nodes a rule set admits; dropped when a Node
@@ -162,15 +187,15 @@ class WorkerCapacity:
         scored is scored again there);
       - ``_totals``: ``totals()`` as of ``_changes`` changes.
 
-      ``check()`` works each of them out afresh and compares; ``drop_caches()`` drops
-      them all (they are made again when next read).
+      ``check()`` works the index's rows, the picture's rows and sums and each cache out
+      afresh (from ``_seen_pods``, the Nodes and the ledger, under both locks) and
+      compares; ``drop_caches()`` drops the caches (they are made again when next read).
     """
 
     # Told, for each Pod change, the seconds from its event reaching ``on_pod`` to its
-    # change counted in the picture (a handler's change waits there while a decision
-    # holds the picture, until that decision lets it go), and to the
-    # handler's return (what the informer waited). Set process-wide by the dispatcher's
-    # metrics.
+    # change counted in the index (the handler counts it there itself: no decision is
+    # waited for), and to the handler's return (what the informer waited). Set
+    # process-wide by the dispatcher's metrics.
     pod_event_applied: Callable[[float], None] | None = None
     pod_event_handled: Callable[[float], None] | None = None
 
@@ -185,27 +210,31 @@ class WorkerCapacity:
         self._seen_nodes: dict[str, _Node] = {}
         self._seen_pods: dict[tuple[str, str], _PodUse] = {}
         self._seen_reserved: dict[JobKey, Resources] = {}
+        self._seen_used: dict[str, Resources] = {}
+        self._seen_job_used: dict[JobKey, Resources] = {}
+        self._seen_job_node_used: dict[tuple[JobKey, str], Resources] = {}
+        self._changed_nodes: dict[str, bool] = {}
+        self._changed_pairs: dict[tuple[JobKey, str], None] = {}
+        self._changed_jobs: dict[JobKey, None] = {}
         self._pending: list[tuple] = []
+        # The picture: the index's rows as of the last catch-up (replaced whole, never
+        # changed in place: the index changes its own rows in place).
         self._nodes: dict[str, _Node] = {}
-        # Only bound pods that are running or succeeded are recorded (``_PodUse``).
-        # Removing a pod subtracts what was recorded for it, not what its last event says,
-        # so the totals cannot drift.
-        self._pods: dict[tuple[str, str], _PodUse] = {}
         self._used: dict[str, Resources] = {}  # node name -> requests of pods bound there
         self._job_used: dict[JobKey, Resources] = {}  # job -> requests of its bound pods
+        self._job_node_used: dict[tuple[JobKey, str], Resources] = {}
         self._reserved: dict[JobKey, Resources] = {}
         # When each reservation was made (or changed): its pods count as in flight for
         # ``ARRIVAL_WINDOW_SECONDS``.
         self._reserved_at: dict[JobKey, float] = {}
         self._window_looked_at = clock()
-        # Where a reserved job's pods were packed (node -> requests), and what its bound
-        # pods use per node: the planned room stays taken until the pods take it.
+        # Where a reserved job's pods were packed (node -> requests): the planned room
+        # stays taken until the pods take it.
         self._planned: dict[JobKey, dict[str, Resources]] = {}
         self._planned_pods: dict[JobKey, dict[str, list[Resources]]] = {}
         # The nodeSelector and tolerations of a planned job's pods: which Nodes they may
         # still go to, for the check of arrival orders (``_order_problem``).
         self._rules: dict[JobKey, tuple[dict[str, str] | None, list[dict] | None]] = {}
-        self._job_node_used: dict[tuple[JobKey, str], Resources] = {}
         # What each reservation still counts for, and the sum of those: kept current as
         # reservations and pods change, so a placement does not sum every placed job.
         self._counted: dict[JobKey, Resources] = {}
@@ -272,13 +301,15 @@ class WorkerCapacity:
                 self._seen_nodes.pop(name, None)
             else:
                 self._seen_nodes[name] = node
-            self._pending.append((_Change.NODE, name, node))
+            self._changed_nodes.pop(name, None)  # to the end: the last changed
+            self._changed_nodes[name] = True
         self._take_in_if_free()
         return True
 
     def on_pod(self, kind: str, old: dict | None, new: dict | None) -> bool:
         """Pod informer handler; whether what the Pod counts for changed (bound, finished,
-        gone, resized)."""
+        gone, resized). The change is counted in the index before it returns, whatever a
+        decision holds."""
         received = time.perf_counter()
         obj = new if new is not None else old
         if obj is None:
@@ -297,36 +328,47 @@ class WorkerCapacity:
             previous = self._seen_pods.get(key)
             if previous == use:
                 return False
-            if use is None:
+            if previous is not None:
                 del self._seen_pods[key]
-            else:
+                self._count(previous, -1)
+            if use is not None:
                 self._seen_pods[key] = use
-            self._pending.append((_Change.POD, key, previous, use, received))
+                self._count(use, +1)
+        if self.pod_event_applied is not None:
+            self.pod_event_applied(time.perf_counter() - received)
         self._take_in_if_free()
         if self.pod_event_handled is not None:
             self.pod_event_handled(time.perf_counter() - received)
         return True
 
+    def _count(self, use: _PodUse, sign: int) -> None:
+        """Count (``sign`` +1) or uncount (-1) what a pod's record says in the index's
+        rows, and mark what changed. Called under ``_index_lock``."""
+        if not use.finished:
+            _add(self._seen_used, use.node, use.requests, sign)
+            # (A Node whose own change is not taken in yet stays so marked.)
+            self._changed_nodes[use.node] = self._changed_nodes.pop(use.node, False)
+        if use.job is not None:
+            pair = (use.job, use.node)
+            _add(self._seen_job_used, use.job, use.requests, sign)
+            _add(self._seen_job_node_used, pair, use.requests, sign)
+            self._changed_pairs.pop(pair, None)
+            self._changed_pairs[pair] = None
+            self._changed_jobs.pop(use.job, None)
+            self._changed_jobs[use.job] = None
+
     @contextlib.contextmanager
     def _picture(self) -> Iterator[None]:
-        """Hold the picture for a decision or a read; on letting it go, take in what the
-        handlers left pending meanwhile, so a change waits for one decision at most, not
-        for the next event or reader (at a slow churn, seconds)."""
-        self._lock.acquire()
-        try:
+        """Hold the picture for a decision or a read, brought up to date with the index
+        first. What the handlers count meanwhile stays in the index (counted there) until
+        the next taker, or a handler that finds the picture free, takes it in."""
+        with self._lock:
+            self._catch_up()
             yield
-        finally:
-            try:
-                self._catch_up()
-            finally:
-                self._lock.release()
-        # A change appended between that catch-up and the release found the picture held.
-        if self._pending:
-            self._take_in_if_free()
 
     def _take_in_if_free(self) -> None:
-        """Take the pending changes in now unless a decision holds the picture (it takes
-        them in itself before it next reads)."""
+        """Take the index in now unless a decision holds the picture (whoever takes the
+        picture next takes it in first)."""
         if self._lock.acquire(blocking=False):
             try:
                 self._catch_up()
@@ -334,32 +376,63 @@ class WorkerCapacity:
                 self._lock.release()
 
     def _catch_up(self) -> None:
-        """Take in every change the index holds that the picture does not, in order.
-        Called under ``_lock``."""
+        """Bring the picture up to date with the index (the class docstring). Called
+        under ``_lock``."""
         with self._index_lock:
-            if not self._pending:
-                return
-            changes, self._pending = self._pending, []
-        for change in changes:
+            taken = self._take_index()
+        if taken is not None:
+            self._put_in(*taken)
+
+    def _take_index(self) -> tuple | None:
+        """What changed in the index since the picture last took it in, copied (its rows
+        change in place), and the ledger's pending changes; the index marked as taken in.
+        Called under both locks, and quick: a few dict look-ups per change."""
+        if not (self._changed_nodes or self._changed_pairs or self._pending):
+            return None
+        nodes = [(name, node_changed, self._seen_nodes.get(name),
+                  dict(row) if (row := self._seen_used.get(name)) is not None else None)
+                 for name, node_changed in self._changed_nodes.items()]
+        pairs = [(pair, dict(row) if (row := self._seen_job_node_used.get(pair)) is not None
+                  else None) for pair in self._changed_pairs]
+        jobs = [(job, dict(row) if (row := self._seen_job_used.get(job)) is not None
+                 else None) for job in self._changed_jobs]
+        ledger = self._pending
+        self._changed_nodes, self._changed_pairs, self._changed_jobs = {}, {}, {}
+        self._pending = []
+        return nodes, pairs, jobs, ledger
+
+    def _put_in(self, nodes: list[tuple[str, bool, _Node | None, Resources | None]],
+                pairs: list[tuple[tuple[JobKey, str], Resources | None]],
+                jobs: list[tuple[JobKey, Resources | None]], ledger: list[tuple]) -> None:
+        """Apply what ``_take_index`` took to the picture: the rows replaced, a generation
+        for each changed Node (in the order they changed), each changed job recounted from
+        its new rows, then the ledger's changes in order. Called under ``_lock``."""
+        for name, node_changed, node, used in nodes:
+            self._changes += 1
+            if node_changed:
+                self._admitted.clear()
+                if node is None:
+                    self._nodes.pop(name, None)
+                else:
+                    self._nodes[name] = node
+            if used is None:
+                self._used.pop(name, None)
+            else:
+                self._used[name] = used
+            self._forget_room(name)
+        for pair, row in pairs:
+            if row is None:
+                self._job_node_used.pop(pair, None)
+            else:
+                self._job_node_used[pair] = row
+        for job, row in jobs:
+            if row is None:
+                self._job_used.pop(job, None)
+            else:
+                self._job_used[job] = row
+            self._recount(job)
+        for change in ledger:
             match change:
-                case (_Change.POD, key, previous, use, received):
-                    self._changes += 1
-                    if previous is not None:
-                        del self._pods[key]
-                        self._count(previous, -1)
-                    if use is not None:
-                        self._pods[key] = use
-                        self._count(use, +1)
-                    if self.pod_event_applied is not None:
-                        self.pod_event_applied(time.perf_counter() - received)
-                case (_Change.NODE, name, node):
-                    self._changes += 1
-                    self._admitted.clear()
-                    self._forget_room(name)
-                    if node is None:
-                        self._nodes.pop(name, None)
-                    else:
-                        self._nodes[name] = node
                 case (_Change.RESERVE, job_key, amounts, planned, rules):
                     self._reserve(job_key, amounts, planned, rules)
                 case (_Change.RELEASE, job_key):
@@ -385,15 +458,6 @@ class WorkerCapacity:
                 break
             changed.append(name)
         return changed
-
-    def _count(self, use: _PodUse, sign: int) -> None:
-        if not use.finished:
-            _add(self._used, use.node, use.requests, sign)
-            self._forget_room(use.node)
-        if use.job is not None:
-            _add(self._job_used, use.job, use.requests, sign)
-            _add(self._job_node_used, (use.job, use.node), use.requests, sign)
-            self._recount(use.job)
 
     # --- reservations -----------------------------------------------------------------
 
@@ -460,7 +524,6 @@ class WorkerCapacity:
         """Whether the pods of some job stopped counting as in flight since the last call:
         jobs that wait on the order of arrival may fit now, and no event says so."""
         with self._picture():
-            self._catch_up()
             since, now = self._window_looked_at, self._clock()
             self._window_looked_at = now
             # In flight at ``since`` (``_order_problem``'s rule), not any longer now.
@@ -510,7 +573,6 @@ class WorkerCapacity:
         """Free capacity on usable nodes that admit the selector and tolerations, less all
         counted reservations; never negative."""
         with self._picture():
-            self._catch_up()
             return self._free(self._admitting(node_selector, tolerations).set,
                               _rules(node_selector, tolerations))
 
@@ -529,7 +591,6 @@ class WorkerCapacity:
         (``_order_problem``). Reservations without a plan are counted by ``free``."""
         wanted = packing.largest_first(pods)
         with self._picture():
-            self._catch_up()
             found = self._admitting(node_selector, tolerations)
             decision = packing.decide(wanted, self._snapshot(found))
             if isinstance(decision, str):
@@ -554,7 +615,6 @@ class WorkerCapacity:
                                     for pod in packing.largest_first(pods)))
         sign = packing.sign_of(self.scoring)
         with self._picture():
-            self._catch_up()
             # Brought up to date here rather than in the decision (on a worker's first
             # placement: every Node).
             self._short_nodes()
@@ -651,7 +711,6 @@ class WorkerCapacity:
         (``packing.fits_on_empty``): a packing heuristic, which may say no where a cleverer
         packing fits, and then the job merely does not hold this worker for itself."""
         with self._picture():
-            self._catch_up()
             allocatable = self._admitting(node_selector, tolerations).allocatable
         return packing.fits_on_empty(packing.largest_first(pods), allocatable)
 
@@ -844,7 +903,6 @@ class WorkerCapacity:
         gpu=true:NoSchedule (not tolerated)"), or None when every Node admits them."""
         rules: Counter[str] = Counter()
         with self._picture():
-            self._catch_up()
             for node in self._nodes.values():
                 rule = ("not Ready or cordoned" if not node.usable else
                         exclusion(node.labels, node.taints, node_selector, tolerations))
@@ -888,7 +946,6 @@ class WorkerCapacity:
         the amounts by resource. The one computation the dashboard, the status command and
         the capacity metrics all read (``summary``, ``by_resource``)."""
         with self._picture():
-            self._catch_up()
             if self._totals is not None and self._totals[0] == self._changes:
                 return self._totals[1]  # nothing moved since: a scrape costs nothing
             usable = {name for name, node in self._nodes.items() if node.usable}
@@ -912,13 +969,16 @@ class WorkerCapacity:
     def check(self) -> None:
         """Work out every kept sum and cache afresh from the Nodes, the bound pods and the
         reservations, and compare with what is kept: AssertionError naming the first that
-        differs (the randomized tests call it after each step)."""
-        with self._picture():
-            self._catch_up()
+        differs (the randomized tests call it after each step). The index and the picture
+        are both held meanwhile (the handlers wait: a check is for tests), the picture
+        brought up to date, so each is held to the same pods, Nodes and reservations."""
+        with self._lock, self._index_lock:
+            if (taken := self._take_index()) is not None:
+                self._put_in(*taken)
             self._check()
 
     def _check(self) -> None:
-        """``check``. Called under ``_lock``."""
+        """``check``. Called under both locks, the picture up to date."""
         def nonzero(table: dict) -> dict:
             return {key: {r: a for r, a in row.items() if a}
                     for key, row in table.items() if any(row.values())}
@@ -926,15 +986,23 @@ class WorkerCapacity:
         used: dict[str, Resources] = {}
         job_used: dict[JobKey, Resources] = {}
         job_node_used: dict[tuple[JobKey, str], Resources] = {}
-        for use in self._pods.values():
+        for use in self._seen_pods.values():
             if not use.finished:
                 _accumulate(used.setdefault(use.node, {}), use.requests)
             if use.job is not None:
                 _accumulate(job_used.setdefault(use.job, {}), use.requests)
                 _accumulate(job_node_used.setdefault((use.job, use.node), {}), use.requests)
-        assert nonzero(used) == self._used, f"{self.name}: used per Node"
-        assert nonzero(job_used) == self._job_used, f"{self.name}: used per job"
-        assert nonzero(job_node_used) == self._job_node_used, f"{self.name}: used per job/Node"
+        used, job_used, job_node_used = nonzero(used), nonzero(job_used), nonzero(job_node_used)
+        # The index's rows, counted by the handlers, and the picture's copies of them.
+        assert used == self._seen_used, f"{self.name}: index: used per Node"
+        assert job_used == self._seen_job_used, f"{self.name}: index: used per job"
+        assert job_node_used == self._seen_job_node_used, \
+            f"{self.name}: index: used per job/Node"
+        assert used == self._used, f"{self.name}: used per Node"
+        assert job_used == self._job_used, f"{self.name}: used per job"
+        assert job_node_used == self._job_node_used, f"{self.name}: used per job/Node"
+        assert self._nodes == self._seen_nodes, f"{self.name}: Nodes"
+        assert self._reserved == self._seen_reserved, f"{self.name}: reservations"
         counted, planned_counted, node_planned = {}, {}, {}
         counted_total: Resources = {}
         unplanned: Resources = {}

@@ -916,20 +916,140 @@ def test_check_finds_a_kept_sum_that_drifted():
         capacity.check()
 
 
-def test_a_pod_change_during_a_decision_is_counted_when_the_decision_ends(monkeypatch):
-    """A handler never waits for a decision: its change waits in the index. It is counted
-    as the decision lets the picture go, not only when the next event or reader comes
-    (at a slow churn, seconds later)."""
+def test_a_pod_change_during_a_decision_is_counted_at_once_and_the_decision_keeps_its_picture(
+        monkeypatch):
+    """A handler never waits for a decision: its change is counted in the index before it
+    returns (``pod_event_applied`` told once, while the decision still holds the picture),
+    the held decision's picture does not change under it, and the next reader sees it."""
     applied: list[float] = []
     monkeypatch.setattr(WorkerCapacity, "pod_event_applied", applied.append)
     capacity = WorkerCapacity("w")
     add_nodes(capacity, node("a"))
     with capacity._picture():  # a decision holding the picture
+        before = (copy.deepcopy(capacity._used), dict(capacity._room("a", False)))
         handler = threading.Thread(target=capacity.on_pod, args=(
             ADDED, None, pod("p1", node_name="a", cpu="3")))
         handler.start()
         handler.join(timeout=10)
         assert not handler.is_alive(), "the Pod handler waited for the decision"
-        assert applied == [], "the change was counted while the decision held the picture"
+        assert len(applied) == 1, f"while the decision runs: {len(applied)} changes counted, not 1"
+        assert (capacity._used, capacity._room("a", False)) == before, \
+            "the held decision's picture changed under it"
     assert len(applied) == 1, f"after the decision: {len(applied)} changes counted, not 1"
     assert capacity.free()["cpu"] == D(5)
+    capacity.check()
+
+
+def test_pod_events_are_counted_while_a_packing_runs_which_decides_on_its_own_picture(
+        monkeypatch):
+    """A real decision (``pack``) paused inside the packing: Pod events that come meanwhile
+    return and are counted (applied told for each) before it ends, and it decides on the
+    picture it took (the 4 cpu still fit there); the next decision sees them."""
+    from dispatcher.room import packing
+
+    applied: list[float] = []
+    monkeypatch.setattr(WorkerCapacity, "pod_event_applied", applied.append)
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity, node("a", cpu=8))
+    packing_started, go_on = threading.Event(), threading.Event()
+    decide = packing.decide
+
+    def paused(wanted, snapshot):
+        packing_started.set()
+        assert go_on.wait(10), "the test never let the packing go on"
+        return decide(wanted, snapshot)
+
+    monkeypatch.setattr(packing, "decide", paused)
+    answers: list = []
+    decision = threading.Thread(target=lambda: answers.append(
+        capacity.pack([{"cpu": D(4), "pods": D(1)}])))
+    decision.start()
+    try:
+        assert packing_started.wait(10), "the decision never reached the packing"
+        for index in range(3):
+            assert capacity.on_pod(ADDED, None, pod(f"p{index}", node_name="a", cpu="2")), \
+                f"p{index}: not counted as a change"
+        assert len(applied) == 3 and decision.is_alive(), (
+            f"{len(applied)} of 3 Pod changes counted before the decision ended "
+            f"(decision running: {decision.is_alive()})")
+    finally:
+        go_on.set()
+        decision.join(10)
+    assert [list(answer) for answer in answers] == [["a"]], \
+        f"the decision's answer on the picture it took: {answers}"
+    monkeypatch.setattr(packing, "decide", decide)
+    assert capacity.free()["cpu"] == D(2)
+    assert isinstance(capacity.pack([{"cpu": D(4), "pods": D(1)}]), str)
+    capacity.check()
+
+
+def test_concurrent_handlers_and_decisions_keep_the_index_and_the_picture_exact():
+    """Threads send Pod and Node events and reserve and release on three Nodes while two
+    others decide (``pack``, ``free``) and check: every check passes, and at the end the
+    totals are those of a capacity fed the final Nodes, pods and reservations from
+    scratch."""
+    names = ["a", "b", "c"]
+    capacity = WorkerCapacity("w")
+    add_nodes(capacity, *(node(name, cpu=64) for name in names))
+    errors: list[str] = []
+    final_pods: dict[str, dict] = {}
+    final_nodes: dict[str, dict] = {}
+    churning = threading.Event()
+
+    def churn(prefix, where):
+        job = ("team-a", prefix)
+        for i in range(60):
+            p = pod(f"{prefix}-{i % 4}", node_name=names[(i + where) % 3], cpu="1", job=prefix,
+                    phase="Succeeded" if i % 7 == 0 else "Running")
+            capacity.on_pod(MODIFIED, None, p)
+            if i % 5 == 0:
+                capacity.reserve(job, {"cpu": D(2)}, pods=2,
+                                 planned={names[i % 3]: {"cpu": D(2), "pods": D(2)}})
+            if i % 11 == 0:
+                capacity.release(job)
+            if i % 13 == 0:
+                capacity.on_pod(DELETED, p, None)
+            else:
+                final_pods[p["metadata"]["name"]] = p
+            if i % 13 == 0:
+                final_pods.pop(p["metadata"]["name"], None)
+        capacity.reserve(job, {"cpu": D(3)}, pods=1)  # the last word: a reservation
+
+    def relabel():
+        for i in range(30):
+            name = names[i % 3]
+            n = node(name, cpu=64, labels={"pool": "ab"[i % 2]}, ready=i % 4 != 3)
+            capacity.on_node(MODIFIED, None, n)
+            final_nodes[name] = n
+
+    def decide():
+        steps = 0
+        while churning.is_set() or steps < 5:
+            steps += 1
+            try:
+                capacity.pack([{"cpu": D(2), "pods": D(1)}] * 2)
+                capacity.free({"pool": "a"})
+                capacity.check()
+            except AssertionError as err:
+                errors.append(f"decision {steps}: {err}")
+
+    churning.set()
+    deciders = [threading.Thread(target=decide) for _ in range(2)]
+    senders = [threading.Thread(target=churn, args=(f"t{n}", n)) for n in range(4)]
+    senders.append(threading.Thread(target=relabel))
+    for t in deciders + senders:
+        t.start()
+    for t in senders:
+        t.join()
+    churning.clear()
+    for t in deciders:
+        t.join()
+    assert errors == []
+    capacity.check()
+    fresh = WorkerCapacity("fresh")
+    add_nodes(fresh, *(final_nodes.get(name) or node(name, cpu=64) for name in names))
+    for p in final_pods.values():
+        fresh.on_pod(ADDED, None, p)
+    for n in range(4):
+        fresh.reserve(("team-a", f"t{n}"), {"cpu": D(3)}, pods=1)
+    assert capacity.summary() == fresh.summary()
