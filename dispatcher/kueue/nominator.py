@@ -85,6 +85,14 @@ CONFLICT_RETRY = 0.05
 Key = tuple[str, str]
 
 
+def _may_be_nominated(workload: dict) -> bool:
+    """Whether a Workload may still wait for a nomination: not finished, not going, no
+    worker assigned nor nominated yet."""
+    status = workload.get("status") or {}
+    return not (workload["metadata"].get("deletionTimestamp") or status.get("clusterName")
+                or status.get("nominatedClusterNames") or wl.finished(workload))
+
+
 class WorkloadNominator:
     """Performs ``kueue.decisions`` for each manager Workload (see the module docstring for
     what it keeps in memory)."""
@@ -148,7 +156,21 @@ class WorkloadNominator:
 
     def _on_workload(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
+        if old is None and new is not None and _may_be_nominated(new):
+            # A Workload seen for the first time, no worker for it yet: its pod shapes are
+            # scored on each worker while Kueue reserves its quota and it waits for its
+            # turn, as standalone mode does for a TrainJob seen.
+            self.placer.warm_need_ahead(wl.job_key(new),
+                                        functools.partial(self._warming_inputs, new))
         self.queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+
+    def _warming_inputs(self, obj: dict) -> tuple[Need | str | None, str | None]:
+        """(its size, its job's cluster selector), on the placer's warming thread: read
+        there, not on the cache's, and kept (``_size``, ``selectors``) for its decision.
+        Nothing while Kueue does not wait for this dispatcher."""
+        if self.idle()[0]:
+            return None, None
+        return self._size(obj, False), self.selectors.of(obj)
 
     def _requeue_waiting(self) -> None:
         """Look again at every Workload a change of room may move

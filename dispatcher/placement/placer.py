@@ -71,9 +71,10 @@ class Placer:
         # Runtime digests by (worker, runtime uid, runtime resourceVersion).
         self._digests: LRUCache = LRUCache(maxsize=1024)
         self._cache_lock = threading.Lock()
-        # Jobs seen and not yet warmed ahead, whether a thread is warming them, and the
-        # last thread started (all under ``_cache_lock``).
-        self._ahead: collections.deque[dict] = collections.deque(maxlen=WARM_AHEAD_QUEUED)
+        # Jobs seen and not yet warmed ahead (each with how to warm it), whether a thread
+        # is warming them, and the last thread started (all under ``_cache_lock``).
+        self._ahead: collections.deque[tuple[JobKey, Callable[[], None]]] = \
+            collections.deque(maxlen=WARM_AHEAD_QUEUED)
         self._warming_ahead = False
         self._warmer: threading.Thread | None = None
 
@@ -86,8 +87,30 @@ class Placer:
         the ones being scored, holding nothing), and the first job of a shape costs its
         placement no more than the rest. Returns at once; the thread ends when no job is
         left queued."""
+        meta = raw["metadata"]
+        key = (meta.get("namespace") or "", meta["name"])
+
+        def warm() -> None:
+            content = content_digest(raw)
+            self._warm(cluster_selector.selector_of(meta.get("annotations")),
+                       lambda worker: self.need_on(raw, worker, content))
+        self._queue_warming(key, warm)
+
+    def warm_need_ahead(self, key: JobKey,
+                        sized: Callable[[], tuple[Need | str | None, str | None]]) -> None:
+        """``warm_ahead`` for a job whose need is known without a runtime, the same on
+        every worker (Kueue mode: a Workload's podSets, as ``place_need`` takes it).
+        ``sized()``, called on the warming thread, gives the need (None, or a string
+        saying why it cannot be sized: nothing to warm) and the job's cluster selector."""
+        def warm() -> None:
+            need, selector = sized()
+            if isinstance(need, Need):
+                self._warm(selector, self._known_need(key, need, {}))
+        self._queue_warming(key, warm)
+
+    def _queue_warming(self, key: JobKey, warm: Callable[[], None]) -> None:
         with self._cache_lock:
-            self._ahead.append(raw)
+            self._ahead.append((key, warm))
             if self._warming_ahead:
                 return
             self._warming_ahead = True
@@ -107,23 +130,22 @@ class Placer:
                 if not self._ahead:
                     self._warming_ahead = False
                     return
-                raw = self._ahead.popleft()
+                key, warm = self._ahead.popleft()
             try:
-                self._warm(raw)
+                warm()
             except Exception:  # its placement works it all out again and says what fails
-                log.debug("warming ahead for TrainJob %s/%s", raw["metadata"].get("namespace"),
-                          raw["metadata"].get("name"), exc_info=True)
+                log.debug("warming ahead for %s/%s", *key, exc_info=True)
 
-    def _warm(self, raw: dict) -> None:
+    def _warm(self, selector: str | None, need_of: NeedOf) -> None:
+        """Score the pod shapes of the job's need on each worker its cluster selector
+        selects and it is eligible on."""
         registered = {worker.name: worker for worker in self.registry.snapshot()}
-        selected = cluster_selector.select(
-            cluster_selector.selector_of(raw["metadata"].get("annotations")), registered,
-            lambda name: self.registry.labels(name))
+        selected = cluster_selector.select(selector, registered,
+                                           lambda name: self.registry.labels(name))
         if isinstance(selected, cluster_selector.Unplaceable):
             return
-        content = content_digest(raw)
         for name in selected:
-            _, need = self.need_on(raw, registered[name], content)
+            _, need = need_of(registered[name])
             if need is not None:
                 registered[name].capacity.warm(need.each_pod, need.node_selector,
                                                need.tolerations)
@@ -148,10 +170,14 @@ class Placer:
         """``place`` for a job whose needs are known already (a Kueue Workload's podSets),
         the same on every worker; the workers in ``skip`` are not candidates (the reason
         given is reported), nor those ``selector`` (the job's cluster selector) leaves out."""
+        return self._place(key, self._known_need(key, need, skip), selector)
+
+    def _known_need(self, key: JobKey, need: Need, skip: dict[str, str]) -> NeedOf:
+        """``need`` on every worker the job is eligible on and ``skip`` does not name."""
         def need_of(worker: WorkerCluster) -> tuple[str | None, Need | None]:
             problem = skip.get(worker.name) or self._ineligible(key, None, worker)
             return (problem, None) if problem else (None, need)
-        return self._place(key, need_of, selector)
+        return need_of
 
     def _place(self, key: JobKey, need_of: NeedOf,
                selector: str | None = None) -> tuple[WorkerCluster, Need] | str:
