@@ -178,9 +178,12 @@ class Informer:
     # --- running --------------------------------------------------------------------
 
     def start(self) -> Informer:
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}",
-                                        daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name=f"informer-{self.name}",
+                                  daemon=True)
+        thread.start()
+        # Kept once started: a stop from another thread meanwhile joins only a started
+        # thread (one not kept yet sees the stop set and ends by itself).
+        self._thread = thread
         return self
 
     @property
