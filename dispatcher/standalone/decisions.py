@@ -97,7 +97,7 @@ def _teardown(manager: Obj, worker: WorkerState | None, now: float, settings: Se
     """Deleted or suspended: the copy goes first, then the placement or finalizer."""
     if worker is not None and worker.known:
         if not worker.active:
-            lost_for = now - worker.inactive_since
+            lost_for = now - worker_loss.unreachable_since(manager, worker)
             if lost_for < settings.worker_lost_timeout:
                 return Wait(seconds=min(TEARDOWN_RECHECK,
                                         settings.worker_lost_timeout - lost_for),

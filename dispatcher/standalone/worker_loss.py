@@ -75,13 +75,30 @@ def drain(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> 
                     "timeout")
 
 
+def unreachable_since(manager: Obj, worker: WorkerState) -> float:
+    """Since when the job's worker has been unreachable: the earlier of what this process
+    saw and what the job's own ``WorkerReachable=False`` says. That condition is cleared
+    as soon as the worker answers, so one still there was written in this outage, perhaps
+    by an earlier process: a dispatcher started again (a failover, a crash) goes on with
+    the worker-lost timeout instead of starting it over, which one restarting more often
+    than the timeout would do for ever."""
+    since = worker.inactive_since
+    shown = find(manager, c.CONDITION_WORKER_REACHABLE) or {}
+    if shown.get("status") == "False" and shown.get("reason") == c.REASON_WORKER_UNREACHABLE:
+        noted = parse_time(shown.get("lastTransitionTime"))
+        if noted is not None:
+            since = min(since, noted)
+    return since
+
+
 def unreachable(manager: Obj, worker: WorkerState, now: float, settings: Settings) -> Action:
     """Keep the last status and say so; after the worker-lost timeout, place the job
     elsewhere. A copy left on the lost worker is removed by the garbage collector once it
     answers again (if it was only partitioned, that copy may have kept running)."""
     if conditions.finished(manager):
         return Ignore(why="finished")
-    lost_for = now - worker.inactive_since
+    since = unreachable_since(manager, worker)
+    lost_for = now - since
     timeout = settings.worker_lost_timeout
     if lost_for >= timeout:
         return Replace(release=True, reason=c.REASON_WORKER_LOST,
@@ -91,6 +108,6 @@ def unreachable(manager: Obj, worker: WorkerState, now: float, settings: Setting
     if shown is None or shown.get("status") != "False":
         return MarkUnreachable(
             message=f"worker {worker.name} unreachable since "
-                    f"{format_time(worker.inactive_since)}: {worker.message}",
-            since=worker.inactive_since, wait=timeout - lost_for)
+                    f"{format_time(since)}: {worker.message}",
+            since=since, wait=timeout - lost_for)
     return Wait(seconds=timeout - lost_for, why="waiting for the worker-lost timeout")

@@ -200,6 +200,23 @@ def test_the_unreachable_condition_names_the_worker_and_since_when():
     assert action.wait == pytest.approx(50)
 
 
+def test_a_restarted_dispatcher_goes_on_with_the_timeout_the_job_shows():
+    """This process has seen the worker away for 5 s only (it has just started); the job
+    says it has been unreachable for 70 s, longer than the 60 s timeout: it moves now."""
+    away = cond(c.CONDITION_WORKER_REACHABLE, "False", c.REASON_WORKER_UNREACHABLE,
+                seconds_ago=70)
+    action = decide(manager(conditions=[CREATED, away]), worker(active=False, down_for=5))
+    assert isinstance(action, d.Replace) and action.reason == c.REASON_WORKER_LOST, action
+    assert "unreachable for 70s" in action.message, action.message
+    # A job being deleted lets go of its unreachable copy after the same timeout.
+    deleting = manager(conditions=[CREATED, away], deleting=True)
+    assert not isinstance(decide(deleting, worker(active=False, down_for=5)), d.Wait)
+    # Shown 20 s ago: 40 s are left, whatever this process saw.
+    recent = {**away, "lastTransitionTime": stamp(20)}
+    waiting = decide(manager(conditions=[CREATED, recent]), worker(active=False, down_for=5))
+    assert isinstance(waiting, d.Wait) and waiting.seconds == pytest.approx(40), waiting
+
+
 def test_a_copy_is_deleted_only_when_it_is_ours():
     # Kueue's copies carry the same origin label but not our manager-UID annotation.
     theirs = copy(annotated=False)
