@@ -26,7 +26,7 @@ from dispatch_helpers import (
     PYTHON_GC_SWEEP_SECONDS,
     QUICK_RUNTIME,
     RUNTIME,
-    WORKER_LOST_TIMEOUT,
+    worker_lost_timeout,
 )
 
 # Short lease timings: a SIGKILLed dispatcher's successor takes over within seconds.
@@ -39,6 +39,7 @@ class DispatchEnv:
     dispatcher: ServiceProcess
     operators: dict[str, ServiceProcess]
     log_dir: object
+    worker_lost_timeout: int
     restarts: int = 0
 
     @property
@@ -82,19 +83,20 @@ def dispatch_env(multicluster, tmp_path_factory, request):
     }
     # Short fault timings so worker-loss tests run in seconds; the frequent garbage
     # collection also runs under every other test here, which must not disturb them.
+    lost_timeout = worker_lost_timeout()
     dispatcher = ServiceProcess("dispatcher", manager.kubeconfig, log_dir / "dispatcher.log",
                                 (*sweeps, "--multikueue-config", CONFIG, "--gc-interval", "2",
                                  # Where tests put kubeconfigs named by Path: the harness's
                                  # state and the tests' own temporary files.
                                  "--kubeconfig-dir", str(tmp_path_factory.getbasetemp()),
                                  "--kubeconfig-dir", str(multicluster.harness.state_dir),
-                                 "--worker-lost-timeout", str(WORKER_LOST_TIMEOUT),
+                                 "--worker-lost-timeout", str(lost_timeout),
                                  *LEASE_ARGS, "--log-level", "debug",
                                  *getattr(request.module, "DISPATCHER_ARGS", ())),
                                 # Restarted after a lost Lease, as its Deployment would: the
                                 # short Lease above can miss a renewal on a loaded machine.
                                 supervised=True).start()
-    env = DispatchEnv(multicluster, dispatcher, operators, log_dir)
+    env = DispatchEnv(multicluster, dispatcher, operators, log_dir, lost_timeout)
     yield env
     try:
         # Namespaces deleted by the module's last fixtures still hold jobs with our

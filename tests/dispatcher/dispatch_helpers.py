@@ -7,15 +7,25 @@ import time
 
 from kubernetes.client.exceptions import ApiException
 
+from clusters.machine_load import load_stretch
 from clusters.testing import eventually
 from trainjob import constants as c
 
 RUNTIME = "torch-e2e"  # the runtime dispatch_env (conftest) installs on both workers
 QUICK_RUNTIME = "torch-e2e-quick"  # its pods succeed a second after they start
-# dispatch_env's dispatcher declares a worker lost after this many seconds unreachable:
-# longer than the harness takes to stop and start a worker on a busy machine, so the
-# tests of a short outage see nothing move (15 s was outlasted in a loaded run).
+# dispatch_env's dispatcher declares a worker lost after this many seconds unreachable on
+# an idle machine (``worker_lost_timeout``: longer on a busy one): longer than the harness
+# takes to stop and start a worker, so the tests of a short outage see nothing move.
 WORKER_LOST_TIMEOUT = 30
+
+
+def worker_lost_timeout() -> int:
+    """``WORKER_LOST_TIMEOUT`` as far as the machine's load stretches it now (at most
+    ``MOST_STRETCH`` times): restarting a worker's control plane takes that much longer on a
+    busy machine, and a short outage must stay shorter than the timeout."""
+    return round(WORKER_LOST_TIMEOUT * load_stretch())
+
+
 # The controllers' --python-gc-sweep-interval here (dispatch_env, conftest).
 PYTHON_GC_SWEEP_SECONDS = 5
 TRAINER = (c.TRAINER_GROUP, c.TRAINER_VERSION)
