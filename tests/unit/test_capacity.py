@@ -387,6 +387,20 @@ def test_summary_is_strings():
     }
 
 
+
+def run_alongside(writers: list[threading.Thread], readers: list[threading.Thread],
+                  running: threading.Event) -> None:
+    """Run ``readers`` (which loop while ``running`` is set) alongside ``writers``, until
+    the writers are done."""
+    running.set()
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    running.clear()
+    for thread in readers:
+        thread.join()
+
 def test_concurrent_events_and_reads_keep_totals_exact():
     """Eight threads churn pods and reservations while two read: every read finds the kept
     sums equal to a recount from scratch (``check``), and what is used, held and free at
@@ -419,16 +433,8 @@ def test_concurrent_events_and_reads_keep_totals_exact():
             except AssertionError as err:
                 errors.append(f"read {reads}: {err}")
 
-    churning.set()
-    readers = [threading.Thread(target=read) for _ in range(2)]
-    threads = [threading.Thread(target=churn, args=(f"t{n}",)) for n in range(8)]
-    for t in readers + threads:
-        t.start()
-    for t in threads:
-        t.join()
-    churning.clear()
-    for t in readers:
-        t.join()
+    run_alongside([threading.Thread(target=churn, args=(f"t{n}",)) for n in range(8)],
+                  [threading.Thread(target=read) for _ in range(2)], churning)
     assert errors == []
     assert capacity.free()["cpu"] == 1000
     assert capacity.summary()["used"] == {} and capacity.summary()["reserved"] == {}
@@ -1033,17 +1039,9 @@ def test_concurrent_handlers_and_decisions_keep_the_index_and_the_picture_exact(
             except AssertionError as err:
                 errors.append(f"decision {steps}: {err}")
 
-    churning.set()
-    deciders = [threading.Thread(target=decide) for _ in range(2)]
     senders = [threading.Thread(target=churn, args=(f"t{n}", n)) for n in range(4)]
     senders.append(threading.Thread(target=relabel))
-    for t in deciders + senders:
-        t.start()
-    for t in senders:
-        t.join()
-    churning.clear()
-    for t in deciders:
-        t.join()
+    run_alongside(senders, [threading.Thread(target=decide) for _ in range(2)], churning)
     assert errors == []
     capacity.check()
     fresh = WorkerCapacity("fresh")
