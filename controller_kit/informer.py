@@ -253,6 +253,7 @@ class Informer:
                 break
         with self._lock:
             old = self._store
+            _keep_newer(old, items, resource_version)
             self._store = items
             self.resource_version = resource_version
             self.relists += 1
@@ -408,6 +409,24 @@ class Informer:
                 handler(kind, old, new)
             except Exception:  # one bad handler must not stop the cache
                 log.exception("%s: event handler failed", self.name)
+
+
+def _keep_newer(old: dict[Key, dict], listed: dict[Key, dict],
+                listed_version: str | None) -> None:
+    """Keep in ``listed`` what ``old`` holds at a later version than the list saw: an
+    object this process wrote and put in (``observe``) after the list was served. The list
+    replaces the cache whole, and without this a relist finishing just after a write would
+    put the object back as it was before it (a placement written, then gone from the cache
+    until the watch brings it again). An object missing from the list is kept only when
+    newer than the list itself (made after it); otherwise it was deleted."""
+    for key, obj in old.items():
+        fresh = listed.get(key)
+        if fresh is not None:
+            if _newer(obj, fresh):
+                listed[key] = obj
+        elif listed_version is not None and _newer(
+                obj, {"metadata": {"resourceVersion": listed_version}}):
+            listed[key] = obj
 
 
 def _newer(a: dict, b: dict) -> bool:

@@ -64,3 +64,45 @@ def test_a_failed_watch_is_followed_by_a_fresh_list_and_current_meanwhile_is_cle
         assert informer.last_error is None, informer.last_error
     finally:
         informer.stop()
+
+
+def test_a_write_observed_while_a_relist_runs_is_not_undone_by_it(multicluster, namespace):
+    """The list a relist replaces the cache with was served before this process's own
+    write, which it put in the cache (``observe``) meanwhile: the write stays, as it is
+    seen when the relist's synced handlers run (before the next watch can bring it)."""
+    core = client.CoreV1Api(multicluster.manager.api)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "placed"}})
+    listing = functools.partial(core.list_namespaced_config_map, namespace)
+    failing = FailingWatch(listing)
+    written: list[dict] = []
+
+    def list_then_write(**kwargs):
+        response = failing(**kwargs)
+        if not kwargs.get("watch") and informer.relists == 1 and not written:
+            # Served already; now this process writes, and puts what it wrote in the cache.
+            obj = client.ApiClient().sanitize_for_serialization(core.patch_namespaced_config_map(
+                "placed", namespace, {"metadata": {"annotations": {"placed": "worker-2"}}}))
+            informer.observe(obj)
+            written.append(obj)
+        return response
+
+    informer = Informer("observed/configmaps", list_then_write, watch_timeout=2,
+                        silence_timeout=10, backoff_initial=0.1)
+    seen_after_relist: list[dict | None] = []
+    informer.add_synced_handler(lambda: seen_after_relist.append(
+        informer.get(namespace, "placed")) if informer.relists >= 2 else None)
+    informer.start()
+    try:
+        assert informer.wait_synced(10), "the informer did not list the namespace in 10 s"
+        failing.fail.set()
+        eventually(lambda: seen_after_relist, bool, timeout=15,
+                   expected="a relist after the failed watch, with the write made during it")
+        assert written, "the write was not made during the relist"
+        cached = seen_after_relist[0]
+        assert cached is not None and (cached["metadata"].get("annotations") or {}).get(
+            "placed") == "worker-2", (
+            f"the relist put back the version listed before the write "
+            f"(written at resourceVersion {written[0]['metadata']['resourceVersion']}): "
+            f"{cached and cached['metadata']}")
+    finally:
+        informer.stop()
