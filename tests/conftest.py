@@ -73,7 +73,20 @@ def pytest_xdist_make_scheduler(config, log):
     return ByModule(config, log)
 
 
+# pytest-timeout's limit for a test of the ``SHARED`` directories, instead of the 600 s of
+# pyproject.toml. Their first test carries the set-up of what the directory shares (kind's
+# clusters and the product deployed on them, the compose stack), whose waits stretch with
+# the machine's load (``clusters.machine_load``, up to 8 times), and on a new machine it
+# waits for the images the background build is still making: a loaded cold run took more
+# than 600 s there without anything hanging. The limit only catches a hang.
+SHARED_TIMEOUT = 1800
+
+
 def pytest_collection_modifyitems(config, items):
     """``FIRST`` ahead of the rest, each keeping its order (`make test` passes
-    ``--no-loadscope-reorder`` so that the scheduler hands the units out in this order)."""
+    ``--no-loadscope-reorder`` so that the scheduler hands the units out in this order);
+    the ``SHARED`` directories' tests get ``SHARED_TIMEOUT`` unless they name their own."""
     items.sort(key=lambda item: 0 if item.nodeid.startswith(FIRST) else 1)
+    for item in items:
+        if _scope(item.nodeid) in SHARED and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SHARED_TIMEOUT))
