@@ -107,6 +107,22 @@ def cache(name: str, informer: Any, required: bool = True) -> Runnable:
                     threads=lambda: [getattr(informer, "thread", None)])
 
 
+def scheduler_thread(background: Any) -> threading.Thread | None:
+    """The loop thread of an APScheduler ``BackgroundScheduler`` once started (None
+    before, and after ``shutdown``): APScheduler 3.x keeps it in ``_thread`` and offers
+    no public accessor."""
+    return getattr(background, "_thread", None)
+
+
+def scheduler(name: str, background: Any) -> Runnable:
+    """An APScheduler ``BackgroundScheduler`` as a runnable whose loop thread the manager
+    watches: a loop that ended would leave its interval jobs never run again, the process
+    ready."""
+    return Runnable(name, start=lambda _: background.start(),
+                    stop=lambda: background.shutdown(wait=False),
+                    threads=lambda: [scheduler_thread(background)])
+
+
 def own_pod() -> dict | None:
     """The process's own Pod as an Event's object, from the downward API's ``POD_NAME``,
     ``POD_NAMESPACE`` and ``POD_UID`` (the manifests set them); None outside a Pod."""

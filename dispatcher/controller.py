@@ -38,6 +38,7 @@ from controller_kit.manager import (
     Runnable,
     cache,
     reconcile_workers,
+    scheduler,
 )
 from controller_kit.workqueue import WorkQueue
 from dispatcher.coalesce import ROOM_WINDOW_SECONDS, Coalesced
@@ -85,18 +86,6 @@ def _frees_room(kind: str, old: dict | None, new: dict | None) -> bool:
         return True
     return bool(((new or {}).get("spec") or {}).get("nodeName")) and not (
         (old or {}).get("spec") or {}).get("nodeName")
-
-
-def scheduler(name: str, background: BackgroundScheduler) -> Runnable:
-    """``background`` as a runnable whose thread its manager watches: a loop that ended
-    (a job store that raised, a shutdown from elsewhere) would leave the interval jobs
-    (the waiting recheck, garbage collection) never run again, the process ready."""
-    # APScheduler 3.x (3.11 here) keeps its loop's thread in ``_thread`` and offers no
-    # public accessor; it is unset again by ``shutdown``, which the manager calls after
-    # it stopped watching.
-    return Runnable(name, start=lambda _: background.start(),
-                    stop=lambda: background.shutdown(wait=False),
-                    threads=lambda: [getattr(background, "_thread", None)])
 
 
 def worker_registry(registry: WorkerRegistry) -> Runnable:

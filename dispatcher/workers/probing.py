@@ -16,6 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from controller_kit import logs, writes
 from controller_kit.kubeclient import describe_error
+from controller_kit.manager import scheduler_thread
 from dispatcher.workers.cluster import WorkerCluster
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,7 @@ class Prober:
     def thread(self) -> threading.Thread | None:
         """The timer's thread, once started (its process's manager watches it). The pool's
         threads are not: a probe that raises ends in its future, never in its thread."""
-        # APScheduler 3.x (3.11 here) keeps its loop's thread in ``_thread``, with no
-        # public accessor.
-        return getattr(self._scheduler, "_thread", None)
+        return scheduler_thread(self._scheduler)
 
     def stop(self) -> None:
         if self._scheduler.running:

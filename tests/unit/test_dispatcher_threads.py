@@ -19,9 +19,9 @@ from kubernetes import client
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually, holds_for
-from controller_kit.manager import Manager, Runnable
+from controller_kit.manager import Manager, Runnable, scheduler
 from dispatcher.config import DispatcherConfig, StaticWorker
-from dispatcher.controller import interval, scheduler, worker_registry
+from dispatcher.controller import interval, worker_registry
 from dispatcher.placement.placer import Placer
 from dispatcher.workers.registry import WorkerRegistry
 
