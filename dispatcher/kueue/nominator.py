@@ -85,14 +85,6 @@ CONFLICT_RETRY = 0.05
 Key = tuple[str, str]
 
 
-def _may_be_nominated(workload: dict) -> bool:
-    """Whether a Workload may still wait for a nomination: not finished, not going, no
-    worker assigned nor nominated yet."""
-    status = workload.get("status") or {}
-    return not (workload["metadata"].get("deletionTimestamp") or status.get("clusterName")
-                or status.get("nominatedClusterNames") or wl.finished(workload))
-
-
 class WorkloadNominator:
     """Performs ``kueue.decisions`` for each manager Workload (see the module docstring for
     what it keeps in memory)."""
@@ -156,7 +148,8 @@ class WorkloadNominator:
 
     def _on_workload(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
-        if old is None and new is not None and _may_be_nominated(new):
+        if old is None and new is not None and not wl.past_nomination(new) and not (
+                new.get("status") or {}).get("nominatedClusterNames"):
             # A Workload seen for the first time, no worker for it yet: its pod shapes are
             # scored on each worker while Kueue reserves its quota and it waits for its
             # turn, as standalone mode does for a TrainJob seen.

@@ -52,11 +52,17 @@ def cluster_name(workload: Obj) -> str | None:
     return (workload.get("status") or {}).get("clusterName") or None
 
 
+def past_nomination(workload: Obj) -> bool:
+    """Whether no worker will be nominated for the Workload any more: it is being
+    deleted, a worker admitted it (``clusterName``), or it finished."""
+    return bool(workload["metadata"].get("deletionTimestamp") or cluster_name(workload)
+                or finished(workload))
+
+
 def waiting(workload: Obj, multikueue_checks: set[str]) -> Waiting | None:
     """The Workload's state when it waits for a worker to be nominated, else None."""
     status = workload.get("status") or {}
-    if workload["metadata"].get("deletionTimestamp") or status.get("clusterName") or \
-            finished(workload):
+    if past_nomination(workload):
         return None
     if (_conditions(workload).get("QuotaReserved") or {}).get("status") != "True":
         return None
