@@ -301,8 +301,7 @@ class WorkerCapacity:
                 self._seen_nodes.pop(name, None)
             else:
                 self._seen_nodes[name] = node
-            self._changed_nodes.pop(name, None)  # to the end: the last changed
-            self._changed_nodes[name] = True
+            _touch(self._changed_nodes, name, True)
         self._take_in_if_free()
         return True
 
@@ -347,15 +346,13 @@ class WorkerCapacity:
         if not use.finished:
             _add(self._seen_used, use.node, use.requests, sign)
             # (A Node whose own change is not taken in yet stays so marked.)
-            self._changed_nodes[use.node] = self._changed_nodes.pop(use.node, False)
+            _touch(self._changed_nodes, use.node, self._changed_nodes.get(use.node, False))
         if use.job is not None:
             pair = (use.job, use.node)
             _add(self._seen_job_used, use.job, use.requests, sign)
             _add(self._seen_job_node_used, pair, use.requests, sign)
-            self._changed_pairs.pop(pair, None)
-            self._changed_pairs[pair] = None
-            self._changed_jobs.pop(use.job, None)
-            self._changed_jobs[use.job] = None
+            _touch(self._changed_pairs, pair)
+            _touch(self._changed_jobs, use.job)
 
     @contextlib.contextmanager
     def _picture(self) -> Iterator[None]:
@@ -390,12 +387,10 @@ class WorkerCapacity:
         if not (self._changed_nodes or self._changed_pairs or self._pending):
             return None
         nodes = [(name, node_changed, self._seen_nodes.get(name),
-                  dict(row) if (row := self._seen_used.get(name)) is not None else None)
+                  _copied(self._seen_used, name))
                  for name, node_changed in self._changed_nodes.items()]
-        pairs = [(pair, dict(row) if (row := self._seen_job_node_used.get(pair)) is not None
-                  else None) for pair in self._changed_pairs]
-        jobs = [(job, dict(row) if (row := self._seen_job_used.get(job)) is not None
-                 else None) for job in self._changed_jobs]
+        pairs = [(pair, _copied(self._seen_job_node_used, pair)) for pair in self._changed_pairs]
+        jobs = [(job, _copied(self._seen_job_used, job)) for job in self._changed_jobs]
         ledger = self._pending
         self._changed_nodes, self._changed_pairs, self._changed_jobs = {}, {}, {}
         self._pending = []
@@ -411,25 +406,13 @@ class WorkerCapacity:
             self._changes += 1
             if node_changed:
                 self._admitted.clear()
-                if node is None:
-                    self._nodes.pop(name, None)
-                else:
-                    self._nodes[name] = node
-            if used is None:
-                self._used.pop(name, None)
-            else:
-                self._used[name] = used
+                _put(self._nodes, name, node)
+            _put(self._used, name, used)
             self._forget_room(name)
         for pair, row in pairs:
-            if row is None:
-                self._job_node_used.pop(pair, None)
-            else:
-                self._job_node_used[pair] = row
+            _put(self._job_node_used, pair, row)
         for job, row in jobs:
-            if row is None:
-                self._job_used.pop(job, None)
-            else:
-                self._job_used[job] = row
+            _put(self._job_used, job, row)
             self._recount(job)
         for change in ledger:
             match change:
@@ -1327,6 +1310,27 @@ def _outstanding(wanted: Resources, taken: Resources) -> Resources:
     """What of ``wanted`` ``taken`` does not cover yet (positive parts only)."""
     return {resource: amount - taken.get(resource, _ZERO)
             for resource, amount in wanted.items() if amount > taken.get(resource, _ZERO)}
+
+
+def _touch(ordered: dict, key: Any, value: Any = None) -> None:
+    """Set ``key`` to ``value`` at the end of ``ordered`` (an ordered set of what changed,
+    the last changed last)."""
+    ordered.pop(key, None)
+    ordered[key] = value
+
+
+def _copied(table: dict[Any, Resources], key: Any) -> Resources | None:
+    """A copy of ``table``'s row for ``key`` (rows change in place), or None."""
+    row = table.get(key)
+    return dict(row) if row is not None else None
+
+
+def _put(table: dict, key: Any, value: Any) -> None:
+    """``table[key] = value``, or the row removed when ``value`` is None."""
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
 
 
 def _add(table: dict[Any, Resources], key: Any, amounts: Resources, sign: int) -> None:
