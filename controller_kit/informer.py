@@ -419,20 +419,30 @@ def _keep_newer(old: dict[Key, dict], listed: dict[Key, dict],
     put the object back as it was before it (a placement written, then gone from the cache
     until the watch brings it again). An object missing from the list is kept only when
     newer than the list itself (made after it); otherwise it was deleted."""
+    listed_at = _revision(listed_version)
     for key, obj in old.items():
         fresh = listed.get(key)
         if fresh is not None:
             if _newer(obj, fresh):
                 listed[key] = obj
-        elif listed_version is not None and _newer(
-                obj, {"metadata": {"resourceVersion": listed_version}}):
+        elif listed_at is not None and (_revision(_version_of(obj)) or 0) > listed_at:
             listed[key] = obj
 
 
 def _newer(a: dict, b: dict) -> bool:
     """Whether ``a`` is a later version than ``b``. resourceVersions are opaque, but the
     apiserver's are etcd revisions; when either is not a number, trust the watch."""
+    first, second = _revision(_version_of(a)), _revision(_version_of(b))
+    return first is not None and second is not None and first > second
+
+
+def _version_of(obj: dict) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _revision(version: str | None) -> int | None:
+    """A resourceVersion as the etcd revision it is, or None when it is not a number."""
     try:
-        return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return False
+        return int(version)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
