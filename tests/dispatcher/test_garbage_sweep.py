@@ -11,8 +11,8 @@ import functools
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from clusters.conformance.updates import read_or_none
 from clusters.testing import eventually
 from controller_kit.informer import Informer
 from dispatcher.metrics import DispatcherMetrics
@@ -53,12 +53,8 @@ class Registry:
 
 
 def read_trainjob(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict | None:
-    try:
-        return custom.get_namespaced_custom_object(*TRAINER, namespace, c.TRAINJOBS, name)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return read_or_none(custom.get_namespaced_custom_object, *TRAINER, namespace, c.TRAINJOBS,
+                        name)
 
 
 def test_a_copy_the_managers_cache_does_not_account_for_yet_stays(multicluster, namespace):
