@@ -387,7 +387,6 @@ def test_summary_is_strings():
     }
 
 
-
 def run_alongside(writers: list[threading.Thread], readers: list[threading.Thread],
                   running: threading.Event) -> None:
     """Run ``readers`` (which loop while ``running`` is set) alongside ``writers``, until
@@ -400,6 +399,7 @@ def run_alongside(writers: list[threading.Thread], readers: list[threading.Threa
     running.clear()
     for thread in readers:
         thread.join()
+
 
 def test_concurrent_events_and_reads_keep_totals_exact():
     """Eight threads churn pods and reservations while two read: every read finds the kept
@@ -1015,10 +1015,9 @@ def test_concurrent_handlers_and_decisions_keep_the_index_and_the_picture_exact(
                 capacity.release(job)
             if i % 13 == 0:
                 capacity.on_pod(DELETED, p, None)
+                final_pods.pop(p["metadata"]["name"], None)
             else:
                 final_pods[p["metadata"]["name"]] = p
-            if i % 13 == 0:
-                final_pods.pop(p["metadata"]["name"], None)
         capacity.reserve(job, {"cpu": D(3)}, pods=1)  # the last word: a reservation
 
     def relabel():

@@ -25,6 +25,7 @@ from dispatcher.controller import interval, worker_registry
 from dispatcher.placement.placer import Placer
 from dispatcher.workers.registry import WorkerRegistry
 
+from manager_deaths import dead
 from worker_fakes import Registry
 
 WATCH = 0.05  # the manager looks at the threads this often
@@ -32,16 +33,6 @@ WATCH = 0.05  # the manager looks at the threads this often
 
 def background() -> BackgroundScheduler:
     return BackgroundScheduler(daemon=True, timezone=datetime.UTC)
-
-
-def dead(manager: Manager, expected: str) -> str:
-    """Wait for a death's two marks (readiness names it, the stop is asked for); what
-    readiness says."""
-    seen = eventually(lambda: (manager.stop_requested.is_set(), manager.ready()),
-                      lambda seen: seen[0] and not seen[1][0], timeout=10,
-                      expected=f"{expected}, and the stop asked for")
-    assert manager.failed()
-    return seen[1][1]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

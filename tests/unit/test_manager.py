@@ -27,6 +27,8 @@ from controller_kit.manager import (
 from controller_kit.service import serve
 from controller_kit.workqueue import WorkQueue
 
+from manager_deaths import dead
+
 
 class Journal:
     """What the runnables did, in order: ("start" | "stop", name)."""
@@ -308,21 +310,13 @@ def test_a_runnable_whose_thread_raises_is_named_logged_told_and_ends_the_proces
     assert recorder.flushed == 1, "the stop did not wait for the death's Event"
 
 
-def stopped_and_unready(manager: Manager, expected: str) -> None:
-    """Wait for a death's two marks: readiness names it first, the stop is asked for after
-    the death is logged (which a loaded machine may take a while to do)."""
-    eventually(lambda: (manager.stop_requested.is_set(), manager.ready()),
-               lambda seen: seen[0] and not seen[1][0], timeout=10,
-               expected=f"{expected}, and the stop asked for")
-
-
 def test_a_thread_that_returns_while_the_process_runs_is_a_death_too():
     manager, webhook, journal = _dying_manager()
     webhook.error = None
     manager.start(sync_timeout=5)
     try:
         webhook.end.set()
-        stopped_and_unready(manager, "readiness to fail once the thread returned")
+        dead(manager, "readiness to fail once the thread returned")
         assert manager.ready() == (False, "webhook listeners ended: thread webhook "
                                           "listeners-thread returned while the process runs")
         assert manager.stop_requested.is_set() and manager.failed()
@@ -363,7 +357,7 @@ def test_a_leader_only_runnable_that_dies_ends_the_term_and_the_process():
     manager.start(sync_timeout=5)
     try:
         loop.end.set()
-        stopped_and_unready(manager, "readiness to name the leader-only runnable that died")
+        dead(manager, "readiness to name the leader-only runnable that died")
         assert manager.ready()[1] == ("garbage collection ended: thread garbage "
                                       "collection-thread returned while the process runs")
         assert manager.stop_requested.is_set() and manager.failed()
