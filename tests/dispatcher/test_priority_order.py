@@ -151,10 +151,12 @@ def test_a_lower_job_goes_where_the_waiting_higher_one_can_never_fit(dispatch_en
     env = dispatch_env
     # worker-1's Node has 2 units, worker-2's 4: a pod of 3 can only ever go to worker-2.
     resource = room({"worker-1": 2, "worker-2": 4})
-    create(env.manager, namespace, _job("filler-1", "dispatch-order-none", resource, nodes=2))
-    assert wait_placed(env, namespace, "filler-1")[0] == "worker-1"
+    # Biggest filler first: each fits one worker only, whichever Node the dispatcher's
+    # informers have seen first (a worker whose Node it has not seen yet has no room).
     create(env.manager, namespace, _job("filler-2", "dispatch-order-none", resource, nodes=3))
     assert wait_placed(env, namespace, "filler-2")[0] == "worker-2"
+    create(env.manager, namespace, _job("filler-1", "dispatch-order-none", resource, nodes=2))
+    assert wait_placed(env, namespace, "filler-1")[0] == "worker-1"
 
     create(env.manager, namespace, _job("big-high", HIGH, resource, units=3))
     wait_pending(env, namespace, "big-high", f"worker-2: needs 3 {resource}, 1 free")
