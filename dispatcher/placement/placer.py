@@ -30,6 +30,7 @@ from dispatcher.placement.chooser import describe_reasons, place_trainjob, short
 from dispatcher.placement.need import Need
 from dispatcher.placement.policy import POLICIES, Candidate
 from dispatcher.placement.reservations import Reservations
+from dispatcher.room.capacity import WARM_WAIT_SECONDS
 from dispatcher.workers.cluster import WorkerCluster
 from dispatcher.workers.registry import WorkerRegistry
 from trainjob import conditions, runtime_ref
@@ -77,6 +78,11 @@ class Placer:
             collections.deque(maxlen=WARM_AHEAD_QUEUED)
         self._warming_ahead = False
         self._warmer: threading.Thread | None = None
+        # The job the warming thread works on now, and what its end is told by: a
+        # placement of that job waits for it (``_own_warming``) rather than scoring the
+        # same Nodes beside it.
+        self._warming_job: JobKey | None = None
+        self._warmed_one = threading.Condition(self._cache_lock)
 
     # --- warming ahead -----------------------------------------------------------------
 
@@ -131,10 +137,29 @@ class Placer:
                     self._warming_ahead = False
                     return
                 key, warm = self._ahead.popleft()
+                self._warming_job = key
             try:
                 warm()
             except Exception:  # its placement works it all out again and says what fails
                 log.debug("warming ahead for %s/%s", *key, exc_info=True)
+            finally:
+                with self._cache_lock:
+                    self._warming_job = None
+                    self._warmed_one.notify_all()
+
+    def _own_warming(self, key: JobKey) -> None:
+        """Before a job's decision: its warming ahead, still queued, is dropped (the
+        decision warms what it needs itself); one under way is waited for, at most
+        ``WARM_WAIT_SECONDS``. The job's need and heaps are then ready, and the first job
+        of a shape costs its decision no more than the rest even when its reconcile
+        starts with its warming, from the same informer event."""
+        with self._cache_lock:
+            if any(queued == key for queued, _ in self._ahead):
+                kept = [entry for entry in self._ahead if entry[0] != key]
+                self._ahead.clear()
+                self._ahead.extend(kept)
+            self._warmed_one.wait_for(lambda: self._warming_job != key,
+                                      timeout=WARM_WAIT_SECONDS)
 
     def _warm(self, selector: str | None, need_of: NeedOf) -> None:
         """Score the pod shapes of the job's need on each worker its cluster selector
@@ -181,6 +206,7 @@ class Placer:
 
     def _place(self, key: JobKey, need_of: NeedOf,
                selector: str | None = None) -> tuple[WorkerCluster, Need] | str:
+        self._own_warming(key)
         registered = {worker.name: worker for worker in self.registry.snapshot()}
         # Only the workers the job's cluster selector matches are candidates; one that
         # matches none, or does not parse, waits saying so (an ``Unplaceable`` reason).

@@ -207,3 +207,56 @@ def test_a_caller_waiting_for_a_shape_being_warmed_holds_nothing(monkeypatch):
     eventually(lambda: list(ended), lambda seen: seen != [],
                expected="the waiting caller to return")
     assert ended[0] is True, "the wait ran out: the warming could not hand its heap in"
+
+
+def test_a_placement_that_starts_while_its_job_is_warmed_waits_and_scores_nothing(
+        monkeypatch):
+    """The job's reconcile and its warming start from the same informer event: a decision
+    that comes while the warming works out the job's need waits for it, and then scores no
+    Node itself (the first job of a shape costs its decision no more than the rest)."""
+    entered, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_build = placer_module.build_runtime_info
+
+    def build(*args, **kwargs):
+        if threading.current_thread().name == "placer-warm-ahead":
+            entered.set()
+            assert release.wait(10), "the test never let the warming go on"
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(placer_module, "build_runtime_info", build)
+    scored_by = []
+    real_rank = capacity_module._rank
+    monkeypatch.setattr(capacity_module, "_rank", lambda *args: scored_by.append(
+        threading.current_thread().name) or real_rank(*args))
+    workers = [worker_cluster("worker-1", 1, runtime("u1", "5", "2"))]
+    placer = Placer(Registry(*workers), "best-fit")
+    real_wait = placer._warmed_one.wait_for
+
+    def wait_for(*args, **kwargs):
+        waiting.set()
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(placer._warmed_one, "wait_for", wait_for)
+    placer.warm_ahead(job("a"))
+    assert entered.wait(10), "the warming thread never started on the job"
+    placed = []
+    decision = threading.Thread(target=lambda: placed.append(placer.place(job("a"))),
+                                name="decision", daemon=True)
+    decision.start()
+    assert waiting.wait(10), "the decision did not wait for the job's warming"
+    release.set()
+    decision.join(10)
+    assert placed and not isinstance(placed[0], str), placed
+    assert scored_by and set(scored_by) == {"placer-warm-ahead"}, scored_by
+    chosen, _ = placed[0]
+    assert not chosen.capacity._warmed and len(chosen.capacity._heaps) == 1
+    chosen.capacity.check()
+
+
+def test_a_placement_drops_its_job_s_warming_still_queued():
+    workers = [worker_cluster("worker-1", 1, runtime("u1", "5", "2"))]
+    placer = Placer(Registry(*workers), "best-fit")
+    ran = []
+    placer._ahead.append((("team-a", "a"), lambda: ran.append("a")))
+    placer._own_warming(("team-a", "a"))
+    assert not placer._ahead and not ran
