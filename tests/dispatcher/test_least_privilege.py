@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clusters import fixtures, kustomize
+from clusters import fixtures, kustomize, worker_stack
 from clusters.pki import service_account_user
 from clusters.testing import ServiceProcess, eventually
 from controller_kit.kubeclient import api_client
@@ -171,8 +171,10 @@ def restricted(multicluster, tmp_path_factory):
         kubeconfigs[f"{name}/operator"] = issue(multicluster, name, OPERATOR_SA,
                                                 directory / f"{name}-operator.kubeconfig")
         fixtures.add_node(worker.api, f"lp-{name}", {"cpu": "8", "memory": "64Gi", "pods": "110"})
-        fixtures.install_runtime(worker.api, fixtures.torch_runtime(RUNTIME, cpu="100m",
-                                                                     memory="128Mi"))
+        # Its pods run until deleted (kwok), so a job finishes only when a test says so.
+        fixtures.install_runtime(worker.api, fixtures.torch_runtime(
+            RUNTIME, cpu="100m", memory="128Mi",
+            pod_annotations={worker_stack.OUTCOME_ANNOTATION: worker_stack.OUTCOME_NEVER}))
         fixtures.register_worker(manager.api, f"lp-{name}", kubeconfigs[f"{name}/access"],
                                  namespace=DISPATCHER_NAMESPACE)
     fixtures.register_config(manager.api, CONFIG, [f"lp-{n}" for n in WORKERS])
@@ -267,7 +269,7 @@ def test_full_path_with_only_the_shipped_roles(restricted, namespace):
     done.custom.patch_namespaced_custom_object_status(
         *JOBSET, namespace, c.JOBSETS, "done", {"status": {"conditions": [{
             "type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-            "message": "written by the test (no JobSet controller here)",
+            "message": "written by the test (the pods run until deleted)",
             "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}},
         _content_type="application/merge-patch+json")
     eventually(lambda: get(manager.api, namespace, "done"),
