@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import faulthandler
 import logging
 import signal
 import sys
@@ -105,6 +106,10 @@ def liveness(stall_timeout: float) -> Check:
                                f"--liveness-stall-timeout {stall_timeout:g} s)")
         return True, "ok"
     return check
+
+
+# How long a stop may take before the stacks of every thread are written to stderr.
+STOP_REPORT_SECONDS = 20.0
 
 
 def start_workers(queue: WorkQueue, reconcile: Callable[..., None], count: int, name: str,
@@ -313,7 +318,13 @@ def serve(name: str, manager: Manager, registry: CollectorRegistry,
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        manager.stop()
+        # A stop that hangs says where: every thread's stack on stderr, before the
+        # kubelet's default 30 s grace ends in SIGKILL.
+        faulthandler.dump_traceback_later(STOP_REPORT_SECONDS)
+        try:
+            manager.stop()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         collector.uninstall()
     if manager.failed():
         log.error("%s stopped after a failure%s", name,

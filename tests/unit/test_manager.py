@@ -15,6 +15,7 @@ import pytest
 
 from clusters.controlplane import free_port
 from clusters.testing import eventually, holds_for
+from controller_kit import service as service_module
 from controller_kit.listeners import Listeners
 from controller_kit.manager import (
     RUNNABLE_FAILED,
@@ -412,3 +413,30 @@ def test_serve_answers_ready_then_exits_non_zero_when_a_runnable_dies(caplog):
     assert readyz()[0] == 0, "the listener still answers after the process's end"
     assert "stopped after a failure (webhook listeners ended: thread webhook " \
            "listeners-thread raised RuntimeError: socket gone)" in caplog.text
+
+
+def test_a_stop_that_hangs_writes_every_thread_s_stack(monkeypatch, capfd):
+    """A runnable whose stop does not return: the process says where it hangs (every
+    thread's stack on stderr) well before the kubelet's grace period runs out."""
+    monkeypatch.setattr(service_module, "STOP_REPORT_SECONDS", 0.2)
+    seen: list[str] = []
+
+    def stuck_stop() -> None:  # ends only once the stacks were written
+        def written() -> str:
+            seen.append(capfd.readouterr().err)
+            return "".join(seen)
+        eventually(written, lambda err: "stuck_stop" in err, timeout=20,
+                   expected="the hanging stop's frame in the stacks on stderr")
+
+    manager = Manager("test")
+    # Started, it asks for the process's stop, as a signal would.
+    manager.add(Runnable("stuck", start=lambda _: manager.stop_requested.set(),
+                         stop=stuck_stop))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert serve("test", manager, None, Listeners("127.0.0.1", free_port()),
+                     gc_sweep_seconds=0) == 0
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert "Thread" in "".join(seen) and "stuck_stop" in "".join(seen)
