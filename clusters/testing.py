@@ -279,10 +279,14 @@ class ServiceProcess:
         try:
             # An orderly stop must come (tests check its exit code): 15 s when idle, as much
             # longer as a busy machine's load says.
-            self.proc.wait(15 * load_stretch(MOST_WAIT_STRETCH))
+            waited = 15 * load_stretch(MOST_WAIT_STRETCH)
+            self.proc.wait(waited)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+            # In its log, beside the stacks it wrote meanwhile: why it ends there.
+            with open(self.log_file, "a") as log:
+                log.write(f"(harness: still running {waited:.0f} s after SIGTERM; killed)\n")
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
