@@ -51,7 +51,7 @@ def runs_on(workload: dict[str, Any], worker: str) -> bool:
     assigned = wl.cluster_name(workload)
     if assigned:
         return assigned == worker
-    return worker in ((workload.get("status") or {}).get("nominatedClusterNames") or [])
+    return worker in wl.nominated(workload)
 
 
 def _owner_uid(workload: dict[str, Any]) -> str | None:

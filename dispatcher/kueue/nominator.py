@@ -148,8 +148,8 @@ class WorkloadNominator:
 
     def _on_workload(self, kind: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
-        if old is None and new is not None and not wl.past_nomination(new) and not (
-                new.get("status") or {}).get("nominatedClusterNames"):
+        if old is None and new is not None and not wl.past_nomination(new) and \
+                not wl.nominated(new):
             # A Workload seen for the first time, no worker for it yet: its pod shapes are
             # scored on each worker while Kueue reserves its quota and it waits for its
             # turn, as standalone mode does for a TrainJob seen.

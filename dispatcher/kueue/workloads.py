@@ -52,6 +52,11 @@ def cluster_name(workload: Obj) -> str | None:
     return (workload.get("status") or {}).get("clusterName") or None
 
 
+def nominated(workload: Obj) -> tuple[str, ...]:
+    """The workers nominated for the Workload (``.status.nominatedClusterNames``)."""
+    return tuple((workload.get("status") or {}).get("nominatedClusterNames") or ())
+
+
 def past_nomination(workload: Obj) -> bool:
     """Whether no worker will be nominated for the Workload any more: it is being
     deleted, a worker admitted it (``clusterName``), or it finished."""
@@ -72,7 +77,7 @@ def waiting(workload: Obj, multikueue_checks: set[str]) -> Waiting | None:
                   if x.get("name") in multikueue_checks), None)
     if check is None or check.get("state") != PENDING:
         return None
-    return Waiting(check["name"], tuple(status.get("nominatedClusterNames") or ()))
+    return Waiting(check["name"], nominated(workload))
 
 
 def nominated_at(workload: Obj, field_manager: str) -> float | None:
