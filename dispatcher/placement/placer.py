@@ -154,8 +154,8 @@ class Placer:
         of a shape costs its decision no more than the rest even when its reconcile
         starts with its warming, from the same informer event."""
         with self._cache_lock:
-            if any(queued == key for queued, _ in self._ahead):
-                kept = [entry for entry in self._ahead if entry[0] != key]
+            kept = [entry for entry in self._ahead if entry[0] != key]
+            if len(kept) < len(self._ahead):
                 self._ahead.clear()
                 self._ahead.extend(kept)
             self._warmed_one.wait_for(lambda: self._warming_job != key,

@@ -544,13 +544,14 @@ def test_both_processes_serve_the_controller_runtime_metrics(dispatch_env, names
     that loses it on a loaded machine is started again, and the new process's counters
     start at zero, so the job is made again then (at most three times)."""
     env = dispatch_env
-    for attempt in range(3):
+    attempts = 3
+    for attempt in range(attempts):
         restarts = env.dispatcher.lease_restarts
         try:
             _metrics_after_a_job(env, namespace, f"standard-{attempt}")
             return
         except (AssertionError, OSError):
-            if env.dispatcher.lease_restarts == restarts or attempt == 2:
+            if env.dispatcher.lease_restarts == restarts or attempt == attempts - 1:
                 raise
 
 
