@@ -9,7 +9,6 @@ import datetime
 import errno
 import faulthandler
 import logging
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from controller_kit.listeners import LIMITS, Listeners
 from controller_kit.metrics_auth import EndpointMetrics, MetricsAuthorizer, review_client
 from controller_kit.observability import Check, ObservabilityServer, Route, address
 from controller_kit.serving_certificate import ServingCertificate
+from controller_kit.stop_signals import StopSignals
 from controller_kit.workqueue import ShutDown, WorkQueue
 
 if TYPE_CHECKING:
@@ -295,8 +295,15 @@ def serve(name: str, manager: Manager, registry: CollectorRegistry,
     controller_kit/gc_pauses.py). Returns the exit code (1 when the manager says the stop
     was a failure, e.g. lost leadership or a runnable that died)."""
     stop = manager.stop_requested
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    with StopSignals(name, stop):
+        return _serve(name, manager, registry, listeners, api, routes, routes_listener,
+                      gc_sweep_seconds)
+
+
+def _serve(name: str, manager: Manager, registry: CollectorRegistry, listeners: Listeners,
+           api: ApiClient | None, routes: dict[str, Route] | None,
+           routes_listener: RoutesListener | None, gc_sweep_seconds: float) -> int:
+    stop = manager.stop_requested
     # Before the caches fill: they are most of what a full collection would walk, again
     # and again (controller_kit/gc_pauses.py).
     collector = GcPauses(registry, gc_sweep_seconds).install()
