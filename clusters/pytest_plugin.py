@@ -13,10 +13,13 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
 * ``upstream_crds_worker`` (function): the last worker, serving upstream Kubeflow Trainer's
   TrainJob and runtime CRDs (read from the Trainer module) for the test; it serves the
   CRDs it had before again afterwards.
-* ``kueue_multicluster`` (session): a second, separate manager and two workers that each run
+* ``kueue_multicluster`` (module): a second, separate manager and two workers that each run
   Kueue (``clusters.kueue``); the manager serves Kueue's CRDs instead of the project's
-  MultiKueue ones. Started only when a test asks for it, so the other tests do not pay for
-  it. Its manager's Kueue waits for an external dispatcher named ``KUEUE_TEST_DISPATCHER``;
+  MultiKueue ones. Started when a test first asks for it and shared by the modules that
+  follow; stopped as soon as the next test of another module does not ask for it (or none
+  is left), so the tests that run after them do not share the machine with three idle
+  apiservers and their Kueues. A later module that asks again gets new ones. Its
+  manager's Kueue waits for an external dispatcher named ``KUEUE_TEST_DISPATCHER``;
   ``harness.use_kueue_dispatcher`` restarts it with another. Every one of them runs Kueue
   with the integrations a MultiKueue team typically enables (``KUEUE_TEST_INTEGRATIONS``:
   batch Jobs, JobSets and TrainJobs), since the dispatcherName holds for every kind.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,13 +143,81 @@ KUEUE_TEST_DISPATCHER = "trainjob-dispatcher.io/capacity"
 KUEUE_TEST_INTEGRATIONS = kueue.MULTIKUEUE_TEAM_INTEGRATIONS
 
 
+class OnDemand:
+    """What a fixture starts when a test first asks for it (``get``) and stops once the
+    next test, in another module, does not ask for it (``on_demand``): clusters only a few
+    modules need, which would otherwise idle on the machine until the session ends. A later
+    module that asks again gets new ones."""
+
+    def __init__(self, fixture: str, start: Callable[[], Iterator]) -> None:
+        self.fixture = fixture  # the name the tests ask for
+        self._start = start  # a generator function: yields the value, cleans up after
+        self._running: Iterator | None = None
+        self._value = None
+
+    def get(self):
+        if self._running is None:
+            running = self._start()
+            self._value = next(running)
+            self._running = running
+        return self._value
+
+    def stop(self) -> None:
+        running, self._running, self._value = self._running, None, None
+        if running is not None:
+            running.close()  # the generator's ``finally``
+
+    def done_with(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        """Whether ``item`` is the last test of a run of modules asking for it: a module's
+        tests share its module fixtures, whichever of them ask."""
+        return self.fixture in getattr(item, "fixturenames", ()) and (
+            nextitem is None or (_module(nextitem) != _module(item)
+                                 and self.fixture not in nextitem.fixturenames))
+
+
+_ON_DEMAND = pytest.StashKey[list[OnDemand]]()
+
+
+def on_demand(config: pytest.Config, fixture: str, start: Callable[[], Iterator]) -> OnDemand:
+    """An ``OnDemand`` for module fixture ``fixture``, stopped by this plugin after the
+    last test of a run of modules asking for it (and by the caller at the session's end)."""
+    made = OnDemand(fixture, start)
+    config.stash.setdefault(_ON_DEMAND, []).append(made)
+    return made
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a test's fixtures of every scope that ends with it are finalized (so the
+    module fixtures using them have let go): stop what no test next asks for."""
+    result = yield
+    for made in item.config.stash.get(_ON_DEMAND, []):
+        if made.done_with(item, nextitem):
+            made.stop()
+    return result
+
+
+KUEUE_FIXTURE = "kueue_multicluster"
+
+
 @pytest.fixture(scope="session")
-def kueue_multicluster(tmp_path_factory) -> MultiCluster:
+def _kueue_clusters(tmp_path_factory, pytestconfig):
     names = ("manager", "worker-1", "worker-2")
-    yield from _session_clusters(tmp_path_factory.mktemp("kueue-clusters"), workers=2,
-                                 kueue_clusters=names,
-                                 kueue_dispatcher=KUEUE_TEST_DISPATCHER,
-                                 kueue_integrations=KUEUE_TEST_INTEGRATIONS, timeout=300)
+    clusters = on_demand(pytestconfig, KUEUE_FIXTURE, lambda: _session_clusters(
+        tmp_path_factory.mktemp("kueue-clusters"), workers=2, kueue_clusters=names,
+        kueue_dispatcher=KUEUE_TEST_DISPATCHER, kueue_integrations=KUEUE_TEST_INTEGRATIONS,
+        timeout=300))
+    yield clusters
+    clusters.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue_multicluster(_kueue_clusters) -> MultiCluster:
+    return _kueue_clusters.get()
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def _xdist_workers(config: pytest.Config) -> int:
@@ -188,14 +260,15 @@ def project_images(docker_engine) -> dict[str, str]:
 def _session_clusters(state_dir: Path, timeout: float = 180, **up_args):
     """Clusters for the test session, stopped at its end on every exit path."""
     harness = LocalClusters(state_dir, tied_to_caller=True)
+    multi = None
     try:
         # No default Nodes: each test adds the kwok Nodes it needs, so capacity is its own.
         harness.up(timeout=timeout, node_layout=NodeLayout(default=[]), **up_args)
         multi = _connect(harness)
         yield multi
-        for cluster in multi:
-            cluster.api.close()
     finally:
+        for cluster in multi or ():
+            cluster.api.close()
         harness.down()
 
 

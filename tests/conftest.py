@@ -49,10 +49,19 @@ SHARED = ("tests/kind/", "tests/containers/")
 FIRST = "tests/kind/"
 
 
+# The modules that use the Kueue clusters (``kueue_multicluster``): one unit, so that one
+# process starts those clusters once, and stops them after the unit's last test (the plugin
+# stops them when the next test does not ask for them).
+KUEUE_UNIT = ("tests/dispatcher/test_kueue.py", "tests/dispatcher/test_kueue_kinds.py",
+              "tests/harness/test_kueue_harness.py")
+
+
 def _scope(nodeid: str) -> str:
-    """The unit of work a worker takes whole: a module, or one of the ``SHARED``
-    directories."""
+    """The unit of work a worker takes whole: a module, one of the ``SHARED`` directories,
+    or the ``KUEUE_UNIT``."""
     path = nodeid.split("::", 1)[0]
+    if path in KUEUE_UNIT:
+        return "the Kueue clusters' modules"
     return next((shared for shared in SHARED if path.startswith(shared)), path)
 
 
@@ -86,7 +95,17 @@ def pytest_collection_modifyitems(config, items):
     """``FIRST`` ahead of the rest, each keeping its order (`make test` passes
     ``--no-loadscope-reorder`` so that the scheduler hands the units out in this order);
     the ``SHARED`` directories' tests get ``SHARED_TIMEOUT`` unless they name their own."""
+    # Imported here: importing the plugin before pytest registers it (pytest_plugins
+    # above) would keep pytest from rewriting its asserts.
+    from clusters.pytest_plugin import KUEUE_FIXTURE
+
     items.sort(key=lambda item: 0 if item.nodeid.startswith(FIRST) else 1)
+    strays = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if KUEUE_FIXTURE in item.fixturenames} - set(KUEUE_UNIT))
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)}: asks for {KUEUE_FIXTURE} but is not "
+                                "in tests/conftest.py's KUEUE_UNIT; add it there, so that "
+                                "one process runs every module that uses those clusters")
     for item in items:
         if _scope(item.nodeid) in SHARED and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SHARED_TIMEOUT))
