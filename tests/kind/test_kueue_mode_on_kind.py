@@ -19,26 +19,26 @@ next to the manager's Kueue as its external MultiKueue dispatcher.
 Room is ClusterQueue quota, which the dispatcher reads on each worker: worker-1's queue has
 cpu but little memory, worker-2's memory but little cpu.
 
-Its own kind clusters (a manager of one kind node; two workers of a control plane, which
-runs JobSet's and Kueue's controllers, and one kind worker node for the pods), with a prefix
-of their own, brought up for this module and removed at its end.
+The Kueue kind clusters of ``conftest.py`` (``kueue_kind``: Kueue on all three, its manager's
+``multiKueue.dispatcherName`` the overlay's ``--dispatcher-name``), after the product
+deployed beside Kueue there was removed (``test_kueue_beside_on_kind.py``): what that left
+(its team's objects, the worker registrations deploy re-points to Kueue's identity) is part
+of the inventory taken before this deploy.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import secrets
-import time
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_deployed_product import create, get, is_true, trainjob, workload_runtime
-from test_kueue_on_kind import Deployed, Removal, kueue_inventory
+from test_kueue_beside_on_kind import Deployed, Removal, kueue_inventory
 
-from clusters import fixtures, images, kueue, kueue_queues, kustomize, nodes
+from clusters import fixtures, images, kueue, kueue_queues
 from clusters.kind import KindClusters
 from clusters.kind import kueue as kind_kueue
 from clusters.kind.deploy import KUEUE_MODE, deploy
@@ -46,7 +46,8 @@ from clusters.testing import eventually
 from controller_kit.kubeclient import api_client, apply_custom_object
 from trainjob import constants as c
 
-NAMES = ("manager", "worker-1", "worker-2")
+from kind_layout import NAMES, overlay_flag
+
 WORKERS = NAMES[1:]
 USER_NAMESPACE = "team-kueue"
 CONFIG = "kind-multikueue"
@@ -57,36 +58,6 @@ WORKER_QUOTA = {"worker-1": {"cpu": "1", "memory": "64Mi"},
 MANAGER_QUOTA = {"cpu": "4", "memory": "4Gi"}
 # Long enough for Kueue's copy on the worker to be seen before Kueue deletes it.
 RUN_FOR = "8s"
-
-
-def overlay_flag(name: str) -> str:
-    """The value of the dispatcher's ``--<name>=`` flag in the overlay's Deployment."""
-    deployment = next(o for o in kustomize.render(KUEUE_MODE) if o["kind"] == "Deployment")
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    [value] = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-    return value
-
-
-@pytest.fixture(scope="module")
-def kueue_mode_kind(docker_engine, tmp_path_factory):
-    """Kueue on all three clusters, the manager's waiting for the overlay's dispatcher;
-    upstream Trainer's CRDs on the manager."""
-    harness = KindClusters(tmp_path_factory.mktemp("kueue-mode-kind"),
-                           prefix=f"trainjob-k{secrets.token_hex(2)}-", engine=docker_engine)
-    started = time.monotonic()
-    try:
-        # A worker's control plane holds its own pods, JobSet's and Kueue's controllers
-        # (1.95 of a kind node's 2 cpu of requests): the jobs and the operator get a node.
-        harness.up(workers=2, timeout=600, node_layout=nodes.NodeLayout(
-                       default=[nodes.NodePool(count=1)]),
-                   upstream_crds=("manager",), kueue_clusters=NAMES,
-                   kueue_dispatcher=overlay_flag("dispatcher-name"),
-                   kueue_integrations=kueue.MULTIKUEUE_TEAM_INTEGRATIONS)
-        print(f"up with Kueue on every cluster: {time.monotonic() - started:.0f} s")
-        yield harness
-    finally:
-        harness.down()
-        print(f"module's clusters up to down: {time.monotonic() - started:.0f} s")
 
 
 def inventory(api) -> set[str]:
@@ -131,13 +102,13 @@ def team_queues(kind: KindClusters) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployed(kueue_mode_kind):
-    team_queues(kueue_mode_kind)
-    with api_client(kueue_mode_kind.kubeconfig("manager")) as api:
+def deployed(kueue_kind):
+    team_queues(kueue_kind)
+    with api_client(kueue_kind.kubeconfig("manager")) as api:
         before = inventory(api)
-    report = deploy(kueue_mode_kind, timeout=480, manager_overlay=KUEUE_MODE)
+    report = deploy(kueue_kind, timeout=480, manager_overlay=KUEUE_MODE)
     print("deployed:", report.steps, f"{report.seconds:.0f} s")
-    return Deployed(kueue_mode_kind, before)
+    return Deployed(kueue_kind, before)
 
 
 @pytest.fixture(scope="module")

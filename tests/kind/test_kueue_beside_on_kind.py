@@ -1,24 +1,26 @@
-"""The dispatcher deployed as Pods beside an in-cluster Kueue, on kind: `up --kueue manager`
-installs Kueue v0.19.2 from its release manifests (its Deployment running the image built
-here), `deploy --manager-overlay manager-beside-kueue` puts the dispatcher next to it.
+"""The dispatcher deployed as Pods beside an in-cluster Kueue, on kind: `up --kueue` installs
+Kueue v0.19.2 from its release manifests (its Deployment running the image built here),
+`deploy --manager-overlay manager-beside-kueue` puts the dispatcher next to it.
 
 * a TrainJob for the dispatcher (managedBy kueue.x-k8s.io/multikueue, no queue label) runs
-  on the worker and shows Complete on the manager;
+  on a worker and shows Complete on the manager;
 * a TrainJob queued in a Kueue LocalQueue is left to Kueue: Kueue makes its Workload, the
   dispatcher writes its `LeftToKueue` Event and never copies it to the worker;
 * `kubectl delete -k manifests/manager-beside-kueue` removes the overlay's objects and
   nothing else: Kueue's namespace, Deployment, CRDs, Secrets, ConfigMap, queues, webhooks
   and every user TrainJob stay.
 
-Its own kind clusters (a manager and one worker, one kind node each, with a prefix of their
-own), brought up for this module: it sorts after test_kind_clusters.py, which ends the
-shared ones, so the two sets are never up together.
+The Kueue kind clusters of ``conftest.py`` (``kueue_kind``: a manager and two workers, each
+running Kueue with a MultiKueue team's integrations and an external dispatcherName, which
+holds no job without a queue label): this module sorts after test_kind_clusters.py, which
+ends the shared ones, so the two sets are never up together, and before
+test_kueue_mode_on_kind.py, which deploys the product in Kueue mode on the same clusters
+once this module has removed it.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 
 import pytest
 from kubernetes import client
@@ -35,7 +37,7 @@ from test_deployed_product import (
     workload_runtime,
 )
 
-from clusters import fixtures, kustomize, nodes
+from clusters import fixtures, kustomize
 from clusters.kind import KindClusters
 from clusters.kind import kueue as kind_kueue
 from clusters.kind.deploy import BESIDE_KUEUE, deploy
@@ -43,27 +45,12 @@ from clusters.testing import eventually, holds_for
 from controller_kit.kubeclient import api_client
 from trainjob import constants as c
 
-NAMES = ("manager", "worker-1")
+from kind_layout import NAMES
+
+WORKERS = NAMES[1:]
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "kind-flavor", "kind-cluster-queue", "kind-user-queue"
 USER_NAMESPACE = "user-team"
-
-
-@pytest.fixture(scope="module")
-def kueue_kind(docker_engine, tmp_path_factory):
-    """A manager running Kueue with upstream Trainer's CRDs, and one worker; one kind node
-    each (the worker's control plane runs its pods too)."""
-    harness = KindClusters(tmp_path_factory.mktemp("kueue-kind"),
-                           prefix=f"trainjob-q{secrets.token_hex(2)}-", engine=docker_engine)
-    started = time.monotonic()
-    try:
-        harness.up(workers=1, timeout=480, node_layout=nodes.NodeLayout(default=[]),
-                   upstream_crds=("manager",), kueue_clusters=("manager",))
-        print(f"up with Kueue: {time.monotonic() - started:.0f} s")
-        yield harness
-    finally:
-        harness.down()
-        print(f"module's clusters up to down: {time.monotonic() - started:.0f} s")
 
 
 def kueue_inventory(api) -> set[str]:
@@ -115,7 +102,7 @@ class Deployed:
 @pytest.fixture(scope="module")
 def deployed(kueue_kind):
     """A team's objects first (its namespace with a Secret, a TrainJob for upstream
-    Trainer's controller and a LocalQueue; the runtime on both clusters: Kueue's TrainJob
+    Trainer's controller and a LocalQueue; the runtime on every cluster: Kueue's TrainJob
     webhook reads it on the manager), then the product beside Kueue."""
     for name in NAMES:
         with api_client(kueue_kind.kubeconfig(name)) as api:
@@ -192,13 +179,17 @@ def test_the_dispatchers_job_completes_and_a_queued_job_is_left_to_kueue(deploye
     done = eventually(lambda: get(manager, namespace, "own"),
                       lambda job: is_true(job, c.CONDITION_COMPLETE), timeout=180,
                       expected="TrainJob own Complete=True on the manager")
-    assert worker_of(done) == "worker-1"
-    # The queued job, all the while: no copy on the worker, no placement.
-    with deployed.api("worker-1") as worker:
-        holds_for(lambda: (trainjob_names(worker, namespace),
+    assert worker_of(done) in WORKERS, worker_of(done)
+    # The queued job, all the while: no copy on any worker, no placement.
+    workers = [deployed.api(name) for name in WORKERS]
+    try:
+        holds_for(lambda: ([n for w in workers for n in trainjob_names(w, namespace)],
                            worker_of(get(manager, namespace, "queued"))),
                   lambda seen: "queued" not in seen[0] and seen[1] is None, seconds=3,
-                  expected="no copy of TrainJob queued on worker-1 and no placement")
+                  expected="no copy of TrainJob queued on a worker and no placement")
+    finally:
+        for worker in workers:
+            worker.close()
     assert not is_true(get(manager, namespace, "queued"), c.CONDITION_COMPLETE)
     assert conditions(get(manager, namespace, "queued")).get(c.CONDITION_PLACED) is None
 
@@ -257,7 +248,7 @@ def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, mana
     added = {k for k in after - deployed.before
              if not k.split("/", 2)[1].startswith("kind-")
              and not k.startswith("Namespace//kind-")}
-    assert added == {"MultiKueueCluster//worker-1"}, added
+    assert added == {f"MultiKueueCluster//{w}" for w in WORKERS}, added
     # Kueue still answers once the dispatcher is gone.
     assert kind_kueue.ready_problem(manager) is None
     assert objects(manager).get_namespaced_custom_object(
