@@ -73,3 +73,11 @@ def _kueue_kind(docker_engine, tmp_path_factory, pytestconfig):
 @pytest.fixture(scope="module")
 def kueue_kind(_kueue_kind) -> KindClusters:
     return _kueue_kind.get()
+
+
+@pytest.fixture(scope="module")
+def manager(deployed):
+    """An API client of the manager of the module's ``deployed`` product (a module
+    deploying it defines ``deployed``)."""
+    with deployed.api("manager") as api:
+        yield api

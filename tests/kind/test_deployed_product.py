@@ -241,18 +241,25 @@ def manager(deployed):
         yield api
 
 
-@pytest.fixture
-def namespace(deployed, manager):
-    """A namespace on every cluster (a job's namespace must exist on its worker, opened to
-    the dispatcher by a RoleBinding of trainjob-dispatcher-writer there). At the
-    end the manager's TrainJobs are deleted while the dispatcher runs, so its finalizers
-    are cleared and the copies go, and then the namespaces."""
+def job_namespace(deployed) -> str:
+    """A new namespace on each of ``deployed``'s clusters, opened to the dispatcher on the
+    workers (as their administrator would); its name."""
     name = f"kind-{secrets.token_hex(3)}"
     for cluster in NAMES:
         with deployed.api(cluster) as api:
             fixtures.ensure_namespace(api, name)
             if cluster != "manager":  # the worker's administrator opens it to the dispatcher
                 fixtures.open_namespace_to_dispatcher(api, name)
+    return name
+
+
+@pytest.fixture
+def namespace(deployed, manager):
+    """A namespace on every cluster (a job's namespace must exist on its worker, opened to
+    the dispatcher by a RoleBinding of trainjob-dispatcher-writer there). At the
+    end the manager's TrainJobs are deleted while the dispatcher runs, so its finalizers
+    are cleared and the copies go, and then the namespaces."""
+    name = job_namespace(deployed)
     yield name
     objects(manager).delete_collection_namespaced_custom_object(
         c.TRAINER_GROUP, c.TRAINER_VERSION, name, c.TRAINJOBS)

@@ -20,8 +20,6 @@ once this module has removed it.
 
 from __future__ import annotations
 
-import secrets
-
 import pytest
 from kubernetes import client
 from test_deployed_product import (
@@ -30,6 +28,7 @@ from test_deployed_product import (
     get,
     inventory,
     is_true,
+    job_namespace,
     objects,
     trainjob,
     trainjob_names,
@@ -98,6 +97,14 @@ class Deployed:
     def api(self, name: str):
         return api_client(self.kind.kubeconfig(name))
 
+    @classmethod
+    def overlay(cls, kind: KindClusters, overlay: str, before: set[str]) -> Deployed:
+        """The product deployed on ``kind`` with the manager from ``overlay``, after the
+        manager's inventory ``before``."""
+        report = deploy(kind, timeout=480, manager_overlay=overlay)
+        print("deployed:", report.steps, f"{report.seconds:.0f} s")
+        return cls(kind, before)
+
 
 @pytest.fixture(scope="module")
 def deployed(kueue_kind):
@@ -115,15 +122,7 @@ def deployed(kueue_kind):
                              managed_by=c.MANAGED_BY_TRAINER_CONTROLLER))
         queues(api, USER_NAMESPACE)
         before = kueue_inventory(api)
-    report = deploy(kueue_kind, timeout=480, manager_overlay=BESIDE_KUEUE)
-    print("deployed:", report.steps, f"{report.seconds:.0f} s")
-    return Deployed(kueue_kind, before)
-
-
-@pytest.fixture(scope="module")
-def manager(deployed):
-    with deployed.api("manager") as api:
-        yield api
+    return Deployed.overlay(kueue_kind, BESIDE_KUEUE, before)
 
 
 def test_the_dispatcher_runs_as_pods_beside_kueues_deployment(deployed, manager):
@@ -142,12 +141,7 @@ def test_the_dispatcher_runs_as_pods_beside_kueues_deployment(deployed, manager)
 
 
 def test_the_dispatchers_job_completes_and_a_queued_job_is_left_to_kueue(deployed, manager):
-    namespace = f"kind-{secrets.token_hex(3)}"
-    for cluster in NAMES:
-        with deployed.api(cluster) as api:
-            fixtures.ensure_namespace(api, namespace)
-            if cluster != "manager":  # the worker's administrator opens it to the dispatcher
-                fixtures.open_namespace_to_dispatcher(api, namespace)
+    namespace = job_namespace(deployed)
     with deployed.api("manager") as api:
         queues_api = client.CustomObjectsApi(api)
         queues_api.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", {
@@ -194,11 +188,21 @@ def test_the_dispatchers_job_completes_and_a_queued_job_is_left_to_kueue(deploye
     assert conditions(get(manager, namespace, "queued")).get(c.CONDITION_PLACED) is None
 
 
+# Kueue's own objects on the manager, which removing the product leaves.
+KUEUES_OWN = {f"Deployment/{kind_kueue.NAMESPACE}/{kind_kueue.DEPLOYMENT}",
+              f"Namespace//{kind_kueue.NAMESPACE}",
+              f"ConfigMap/{kind_kueue.NAMESPACE}/{kind_kueue.CONFIG_MAP}",
+              f"Secret/{kind_kueue.NAMESPACE}/{kind_kueue.WEBHOOK_SECRET}",
+              "CustomResourceDefinition//workloads.kueue.x-k8s.io"}
+
+
 class Removal:
     """An overlay removed with ``kubectl delete -k``: what it installed, the inventory at
-    its removal and after it, and what went with the overlay's own namespaces."""
+    its removal and after it, and what went with the overlay's own namespaces. Whatever
+    was there before the deploy (``deployed.before``) and is not the overlay's stays."""
 
-    def __init__(self, kind: KindClusters, manager, overlay: str, take_inventory):
+    def __init__(self, deployed: Deployed, manager, overlay: str, take_inventory):
+        kind = deployed.kind
         self.installed = {
             f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
             for o in kustomize.render(overlay)}
@@ -222,22 +226,19 @@ class Removal:
         kept = self.at_removal - self.installed - self.gone_with
         assert kept <= self.after, f"removed though not the overlay's: {kept - self.after}"
         assert self.after - self.at_removal == set(), f"new: {self.after - self.at_removal}"
+        lost = deployed.before - self.installed - self.after
+        assert not lost, f"removed though there before the product: {lost}"
 
 
 def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, manager):
     """Last: the overlay goes while Kueue, its queues and every user TrainJob (the
     dispatcher's finished one, Kueue's queued one) are there."""
-    removal = Removal(deployed.kind, manager, BESIDE_KUEUE, kueue_inventory)
-    installed, after = removal.installed, removal.after
-    # Against what was there before the product: Kueue's namespace, Deployment, CRDs,
-    # Secrets, ConfigMap, queues, webhooks and API groups, and the team's objects, stay.
-    assert deployed.before - installed <= after, (
-        f"removed though there before the product: {(deployed.before - installed) - after}")
-    kept = {f"Deployment/{kind_kueue.NAMESPACE}/{kind_kueue.DEPLOYMENT}",
-            f"Namespace//{kind_kueue.NAMESPACE}",
-            f"ConfigMap/{kind_kueue.NAMESPACE}/{kind_kueue.CONFIG_MAP}",
-            f"Secret/{kind_kueue.NAMESPACE}/{kind_kueue.WEBHOOK_SECRET}",
-            "CustomResourceDefinition//workloads.kueue.x-k8s.io",
+    removal = Removal(deployed, manager, BESIDE_KUEUE, kueue_inventory)
+    after = removal.after
+    # Among what was there before the product (all of which stays): Kueue's namespace,
+    # Deployment, CRDs, Secrets, ConfigMap, queues, webhooks and API groups, and the
+    # team's objects.
+    kept = KUEUES_OWN | {
             "MutatingWebhookConfiguration//kueue-mutating-webhook-configuration",
             f"APIService//v1beta2.{c.KUEUE_GROUP}",
             f"ClusterQueue//{CLUSTER_QUEUE}", f"LocalQueue/{USER_NAMESPACE}/{LOCAL_QUEUE}",

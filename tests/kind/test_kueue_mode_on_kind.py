@@ -36,12 +36,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_deployed_product import create, get, is_true, trainjob, workload_runtime
-from test_kueue_beside_on_kind import Deployed, Removal, kueue_inventory
+from test_kueue_beside_on_kind import KUEUES_OWN, Deployed, Removal, kueue_inventory
 
 from clusters import fixtures, images, kueue, kueue_queues
 from clusters.kind import KindClusters
 from clusters.kind import kueue as kind_kueue
-from clusters.kind.deploy import KUEUE_MODE, deploy
+from clusters.kind.deploy import KUEUE_MODE
 from clusters.testing import eventually
 from controller_kit.kubeclient import api_client, apply_custom_object
 from trainjob import constants as c
@@ -106,15 +106,7 @@ def deployed(kueue_kind):
     team_queues(kueue_kind)
     with api_client(kueue_kind.kubeconfig("manager")) as api:
         before = inventory(api)
-    report = deploy(kueue_kind, timeout=480, manager_overlay=KUEUE_MODE)
-    print("deployed:", report.steps, f"{report.seconds:.0f} s")
-    return Deployed(kueue_kind, before)
-
-
-@pytest.fixture(scope="module")
-def manager(deployed):
-    with deployed.api("manager") as api:
-        yield api
+    return Deployed.overlay(kueue_kind, KUEUE_MODE, before)
 
 
 def kubeconfig_subject(api, namespace: str, name: str) -> str:
@@ -288,18 +280,12 @@ def test_a_queued_job_is_nominated_by_room_and_completes(deployed, manager, kind
 def test_removing_the_overlay_leaves_kueue_and_every_other_object(deployed, manager):
     """Last: the overlay goes while Kueue, its queues, its worker Secrets and every user
     job (each finished through Kueue) are there."""
-    removal = Removal(deployed.kind, manager, KUEUE_MODE, inventory)
+    removal = Removal(deployed, manager, KUEUE_MODE, inventory)
     # The overlay's namespace went whole, with what deploy stored there (the dispatcher's
     # worker Secrets).
     assert {f"Secret/trainjob-system/{w}-kubeconfig" for w in WORKERS} <= removal.gone_with
-    installed, after = removal.installed, removal.after
-    assert deployed.before - installed <= after, (
-        f"removed though there before the product: {(deployed.before - installed) - after}")
-    kept = {f"Deployment/{kind_kueue.NAMESPACE}/{kind_kueue.DEPLOYMENT}",
-            f"Namespace//{kind_kueue.NAMESPACE}",
-            f"ConfigMap/{kind_kueue.NAMESPACE}/{kind_kueue.CONFIG_MAP}",
-            f"Secret/{kind_kueue.NAMESPACE}/{kind_kueue.WEBHOOK_SECRET}",
-            "CustomResourceDefinition//workloads.kueue.x-k8s.io",
+    after = removal.after
+    kept = KUEUES_OWN | {
             "CustomResourceDefinition//multikueueclusters.kueue.x-k8s.io",
             "CustomResourceDefinition//trainjobs.trainer.kubeflow.org",
             "CustomResourceDefinition//jobsets.jobset.x-k8s.io",
