@@ -296,43 +296,35 @@ def serve(name: str, manager: Manager, registry: CollectorRegistry,
     was a failure, e.g. lost leadership or a runnable that died)."""
     stop = manager.stop_requested
     with StopSignals(name, stop):
-        return _serve(name, manager, registry, listeners, api, routes, routes_listener,
-                      gc_sweep_seconds)
-
-
-def _serve(name: str, manager: Manager, registry: CollectorRegistry, listeners: Listeners,
-           api: ApiClient | None, routes: dict[str, Route] | None,
-           routes_listener: RoutesListener | None, gc_sweep_seconds: float) -> int:
-    stop = manager.stop_requested
-    # Before the caches fill: they are most of what a full collection would walk, again
-    # and again (controller_kit/gc_pauses.py).
-    collector = GcPauses(registry, gc_sweep_seconds).install()
-    try:
-        planned = _observability(manager, registry, listeners, api, routes, routes_listener)
-        manager.add_first([listener.runnable() for listener in planned])
-        manager.start()
-        # The caches have synced (reconciles may have begun): freeze what they hold.
-        collector.sweep()
-        metrics = planned[0].server
-        if metrics is not None:  # None: a stop asked for while starting
-            log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
-                     " (authenticated)" if listeners.metrics_secure else "")
-        stop.wait()
-    except ListenError as err:
-        print(f"error: {err.strerror}", file=sys.stderr)
-        return 1
-    except (OSError, TimeoutError, ClusterUnusable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        # A stop that hangs says where: every thread's stack on stderr, before the
-        # kubelet's default 30 s grace ends in SIGKILL.
-        faulthandler.dump_traceback_later(STOP_REPORT_SECONDS)
+        # Before the caches fill: they are most of what a full collection would walk, again
+        # and again (controller_kit/gc_pauses.py).
+        collector = GcPauses(registry, gc_sweep_seconds).install()
         try:
-            manager.stop()
+            planned = _observability(manager, registry, listeners, api, routes, routes_listener)
+            manager.add_first([listener.runnable() for listener in planned])
+            manager.start()
+            # The caches have synced (reconciles may have begun): freeze what they hold.
+            collector.sweep()
+            metrics = planned[0].server
+            if metrics is not None:  # None: a stop asked for while starting
+                log.info("%s running; metrics on %s/metrics%s", name, metrics.url,
+                         " (authenticated)" if listeners.metrics_secure else "")
+            stop.wait()
+        except ListenError as err:
+            print(f"error: {err.strerror}", file=sys.stderr)
+            return 1
+        except (OSError, TimeoutError, ClusterUnusable) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         finally:
-            faulthandler.cancel_dump_traceback_later()
-        collector.uninstall()
+            # A stop that hangs says where: every thread's stack on stderr, before the
+            # kubelet's default 30 s grace ends in SIGKILL.
+            faulthandler.dump_traceback_later(STOP_REPORT_SECONDS)
+            try:
+                manager.stop()
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            collector.uninstall()
     if manager.failed():
         log.error("%s stopped after a failure%s", name,
                   f" ({manager.death})" if manager.death else "")
