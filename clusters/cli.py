@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for readiness (default: %(default)s)")
     up.add_argument("--max-workers", type=int, metavar="N",
                     help="allow up to N workers (default: what this machine holds: 4 per "
-                    "core, about 700 MiB of available memory each)")
+                    "core, about 950 MiB of available memory each)")
     up.add_argument("--upstream-crds", action="append", default=[], metavar="NAME",
                     help="this cluster serves upstream Kubeflow Trainer's TrainJob and runtime "
                     "CRDs (read from the Trainer module) instead of the project's; repeatable")

@@ -96,9 +96,9 @@ class ClusterInfo(BaseModel):
 
 
 # What one worker's processes take, measured idle on the local harness (apiserver, etcd,
-# controller-manager, scheduler, JobSet controller, kwok), and how many a core can start
-# and run without the load running away.
-WORKER_MEMORY_BYTES = 700 * 1024**2
+# controller-manager, scheduler, JobSet controller, kwok; at processes.GO_RUNTIME_DEFAULTS),
+# and how many a core can start and run without the load running away.
+WORKER_MEMORY_BYTES = 950 * 1024**2
 WORKERS_PER_CORE = 4
 
 

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 import subprocess
 import sys
 
@@ -12,10 +13,18 @@ from clusters.processes import harness_processes
 
 
 def clusters_cli(*args: str, state_dir) -> subprocess.CompletedProcess:
+    # Without a GOGC of the caller's, so that the harness's own default is what is seen.
+    env = {k: v for k, v in os.environ.items() if k != "GOGC"}
     return subprocess.run(
         [sys.executable, "-m", "clusters", *args, "--state-dir", str(state_dir)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env=env,
     )
+
+
+def go_gc_setting(pid: int) -> str | None:
+    environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"GOGC=")),
+                None)
 
 
 @pytest.mark.slow
@@ -32,7 +41,11 @@ def test_up_status_down_lifecycle(tmp_path):
             assert c["server"].startswith("https://127.0.0.1:")
 
         # The processes outlive the command that started them.
-        assert harness_processes(state_dir), "no harness process running after `up` returned"
+        started = harness_processes(state_dir)
+        assert started, "no harness process running after `up` returned"
+        # Each is a Go server told to collect garbage less often than Go's default.
+        settings = {pid: go_gc_setting(pid) for pid in started}
+        assert set(settings.values()) == {"400"}, f"GOGC of each harness process: {settings}"
 
         # Again while up: a no-op that reports the same clusters.
         again = clusters_cli("up", "--workers", "1", "--json", state_dir=state_dir)
