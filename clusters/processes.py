@@ -21,8 +21,13 @@ _PR_SET_PDEATHSIG = 1
 # collecting garbage; at 400 its start takes a quarter less CPU and its idling a third less,
 # for about 200 MiB more memory each (see WORKER_MEMORY_BYTES). On a two-core machine
 # running several clusters, CPU is what runs out first. A GOGC in the caller's environment
-# wins.
+# wins. The kind provider gives the same setting to its nodes' components.
 GO_RUNTIME_DEFAULTS = {"GOGC": "400"}
+
+
+def go_runtime_env() -> dict[str, str]:
+    """GO_RUNTIME_DEFAULTS, each overridden by the caller's environment."""
+    return {key: os.environ.get(key, value) for key, value in GO_RUNTIME_DEFAULTS.items()}
 
 
 def _die_with_parent() -> None:
@@ -37,7 +42,7 @@ def _die_with_parent() -> None:
 def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
           env: dict[str, str] | None = None) -> int:
     """Start ``argv`` in its own session with output appended to ``log_file``; return its PID.
-    ``env`` is added to this process's environment (over GO_RUNTIME_DEFAULTS) for the child."""
+    ``env`` is added to this process's environment (and go_runtime_env) for the child."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -50,7 +55,7 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
             start_new_session=True,  # Ctrl-C in a terminal must not hit etcd before the apiserver
             preexec_fn=_die_with_parent if tied_to_parent else None,
             close_fds=True,
-            env={**GO_RUNTIME_DEFAULTS, **os.environ, **(env or {})},
+            env={**os.environ, **go_runtime_env(), **(env or {})},
         )
     _children[proc.pid] = proc
     _argv[proc.pid] = " ".join(argv).encode()

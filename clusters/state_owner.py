@@ -21,8 +21,10 @@ KIND = "kind"
 STATE_FILES = {LOCAL: "state.json", KIND: "kind-state.json"}
 # Files only kind writes into a state directory: its node configs, the kubeconfigs for
 # inside the Docker network, Kueue's certificates, and the kubeconfigs `deploy` stores.
+# A directory of files mounted into kind nodes.
+KIND_MOUNTS_SUFFIX = ".kind-mounts"
 KIND_SUFFIXES = (".kind.yaml", ".internal.kubeconfig", ".kueue-pki", ".dispatcher.kubeconfig",
-                 ".kueue.kubeconfig")
+                 ".kueue.kubeconfig", KIND_MOUNTS_SUFFIX)
 # Commands on clusters that exist: the maker's own command of the same name does the job.
 ON_EXISTING_CLUSTERS = ("down", "stop", "start", "status")
 

@@ -68,6 +68,7 @@ PREFIX = "trainjob-"
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 ROLE_LABEL = "io.x-k8s.kind.role"
 STATE_FILE = state_owner.STATE_FILES[state_owner.KIND]
+GO_RUNTIME_FILES = "go-runtime" + state_owner.KIND_MOUNTS_SUFFIX
 
 # Measured idle on a 2-core, 24 GiB machine (docker stats, 3 clusters up): a worker cluster
 # of a control plane and two kind worker nodes, with JobSet, takes about 0.9 GiB (control
@@ -314,12 +315,14 @@ class KindClusters:
                     worker_nodes=0 if n == "manager" else
                     kind_config.node_count(node_layout.pools_for(n))) for n in wanted]
             configs = {}
+            go_runtime = kind_config.write_go_runtime_files(self.state_dir / GO_RUNTIME_FILES)
             for record in state.clusters:
                 pools = node_layout.pools_for(record.name) if record.role == "worker" else []
-                configs[record.name] = kind_config.cluster_config(record.role, pools)
+                configs[record.name] = kind_config.cluster_config(record.role, pools, go_runtime)
                 made = self.state_dir / f"{record.name}.kind.yaml"
                 if (state.prefix + record.name in known and made.is_file()
-                        and yaml.safe_load(made.read_text()) != configs[record.name]):
+                        and kind_config.nodes_asked(yaml.safe_load(made.read_text()))
+                        != kind_config.nodes_asked(configs[record.name])):
                     raise ValueError(
                         f"{record.name}: its kind nodes were made from {made}, and the Node "
                         "flags (--nodes, --nodes-file) now ask for others; kind cannot add, "

@@ -6,6 +6,11 @@ each), their labels (kind's node ``labels``) and taints (a kubeadm ``JoinConfigu
 patch per node). What it cannot: resources. A kind Node is a real kubelet and reports the
 machine's own cpu and memory (and no GPUs), so a layout asking for any other resources is
 refused (``refuse_resources``) rather than quietly ignored.
+
+Every node also gets the harness's Go runtime setting (``processes.go_runtime_env``): its
+systemd services (kubelet, containerd) through a systemd drop-in, and the control plane's
+static pods (etcd, apiserver, controller-manager, scheduler) through kubeadm patches; both
+are files in the state directory mounted into the nodes (``write_go_runtime_files``).
 """
 
 from __future__ import annotations
@@ -15,9 +20,14 @@ from pathlib import Path
 
 import yaml
 
-from clusters import nodes
+from clusters import nodes, processes
 
 CONFIG_DIR = Path(__file__).resolve().parent
+# The static pods of a kind control plane, as kubeadm's patch targets name them, which are
+# also their containers' names.
+STATIC_PODS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+SYSTEMD_DROP_IN = "/etc/systemd/system.conf.d/go-runtime.conf"
+KUBEADM_PATCHES = "/kind/go-runtime-patches"
 
 
 class KindLayoutError(ValueError):
@@ -63,20 +73,53 @@ def _join_taints(taints: list[nodes.Taint]) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def cluster_config(role: str, pools: list[nodes.NodePool]) -> dict:
-    """The kind config of a cluster: the manager's as it is in manager.yaml; a worker's
-    control plane from worker.yaml plus one kind worker node per Node of ``pools``."""
-    config = base_config(role)
-    if role != "worker":
-        return config
-    for index, pool in enumerate(pools):
-        for _ in range(pool.count):
-            node: dict = {"role": "worker",
-                          "labels": {nodes.NODE_POOL_LABEL: f"pool-{index}", **pool.labels}}
-            if pool.taints:
-                node["kubeadmConfigPatches"] = [_join_taints(pool.taints)]
-            config["nodes"].append(node)
+def write_go_runtime_files(directory: Path) -> Path:
+    """Write the systemd drop-in and the kubeadm patches that give a node's Go programs
+    ``processes.go_runtime_env()`` into ``directory``; return it."""
+    env = processes.go_runtime_env()
+    (directory / "patches").mkdir(parents=True, exist_ok=True)
+    (directory / "system.conf").write_text(
+        "[Manager]\nDefaultEnvironment=" + " ".join(f"{k}={v}" for k, v in env.items()) + "\n")
+    for pod in STATIC_PODS:
+        patch = {"spec": {"containers": [{"name": pod, "env": [
+            {"name": k, "value": v} for k, v in env.items()]}]}}
+        (directory / "patches" / f"{pod}+strategic.yaml").write_text(
+            yaml.safe_dump(patch, sort_keys=False))
+    return directory
+
+
+def _with_go_runtime(config: dict, files: Path) -> dict:
+    for node in config["nodes"]:
+        mounts = node.setdefault("extraMounts", [])
+        mounts.append({"hostPath": str(files / "system.conf"), "containerPath": SYSTEMD_DROP_IN,
+                       "readOnly": True})
+        if node["role"] == "control-plane":
+            mounts.append({"hostPath": str(files / "patches"), "containerPath": KUBEADM_PATCHES,
+                           "readOnly": True})
+    config.setdefault("kubeadmConfigPatches", []).append(yaml.safe_dump(
+        {"kind": "InitConfiguration", "patches": {"directory": KUBEADM_PATCHES}}))
     return config
+
+
+def nodes_asked(config: dict) -> list[dict]:
+    """A kind config's nodes as the Node flags ask for them (without the mounts)."""
+    return [{k: v for k, v in node.items() if k != "extraMounts"} for node in config["nodes"]]
+
+
+def cluster_config(role: str, pools: list[nodes.NodePool], go_runtime_files: Path) -> dict:
+    """The kind config of a cluster: the manager's as it is in manager.yaml; a worker's
+    control plane from worker.yaml plus one kind worker node per Node of ``pools``; every
+    node with the Go runtime files of ``write_go_runtime_files`` mounted."""
+    config = base_config(role)
+    if role == "worker":
+        for index, pool in enumerate(pools):
+            for _ in range(pool.count):
+                node: dict = {"role": "worker",
+                              "labels": {nodes.NODE_POOL_LABEL: f"pool-{index}", **pool.labels}}
+                if pool.taints:
+                    node["kubeadmConfigPatches"] = [_join_taints(pool.taints)]
+                config["nodes"].append(node)
+    return _with_go_runtime(config, go_runtime_files)
 
 
 def node_count(pools: list[nodes.NodePool]) -> int:
