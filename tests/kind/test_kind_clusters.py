@@ -3,7 +3,8 @@ worker kind clusters from the locally built node image (no registry), with JobSe
 controller on each worker running from the image built here.
 
 * every cluster's Nodes are Ready and its kube-system pods Running; the Node layout's
-  labels and taints are on the kind worker Nodes;
+  labels and taints are on the kind worker Nodes; each node's kubelet and the control
+  plane's static pods run with the harness's Go runtime setting (GOGC);
 * a JobSet on a worker runs a real container (trainjob-workload, `kind load`-ed) to
   Completed, and one whose container exits 1 shows Failed;
 * `stop`/`start` of a worker keeps its objects, and the worker runs JobSets again;
@@ -27,6 +28,7 @@ from kubernetes import client
 from clusters import images, nodes
 from clusters.kind import CLUSTER_LABEL
 from clusters.kind import jobset as kind_jobset
+from clusters.processes import go_runtime_env
 from clusters.testing import eventually
 from controller_kit.kubeclient import api_client
 
@@ -101,6 +103,24 @@ def test_nodes_ready_and_kube_system_running(kind_clusters):
 
             eventually(phases, lambda seen: seen and set(seen.values()) == {"Running"},
                        expected=f"every kube-system pod of {name} Running", timeout=60)
+
+            # The control plane's static pods run with the harness's Go runtime setting.
+            go_env = {(k, v) for k, v in go_runtime_env().items()}
+            static = {p.metadata.name: {(e.name, e.value) for e in p.spec.containers[0].env or []}
+                      for p in core.list_namespaced_pod("kube-system").items
+                      if p.metadata.labels.get("tier") == "control-plane"}
+            assert len(static) == 4 and all(go_env <= env for env in static.values()), (
+                f"{name}: env of the static pods {static}, expected {go_env} in each")
+
+
+def test_each_nodes_kubelet_runs_with_the_go_runtime_setting(kind_clusters, docker_engine):
+    expected = {f"{k}={v}" for k, v in go_runtime_env().items()}
+    for name in NAMES:
+        for container in kind_clusters.containers(name):
+            environ = docker_engine.docker(
+                "exec", container, "sh", "-c", "tr '\\0' '\\n' < /proc/$(pidof kubelet)/environ"
+            ).stdout.decode().splitlines()
+            assert expected <= set(environ), f"{container}: kubelet's environment {environ}"
 
 
 def test_node_layout_labels_and_taints(kind_clusters):
