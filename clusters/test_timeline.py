@@ -8,13 +8,19 @@ and the process that ran them, so the controlling process can tell, at the end:
 * per process: the span from its first test's start to its last test's end, and the idle
   time after it until the run's last test ended (the imbalance);
 * per module (or shared unit): the process, its wall time from first start to last stop;
-  the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``.
+  the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``;
+* for the machine: the CPU seconds a fixed piece of Python work took at the start and at
+  the end (``cpu_probe``), and the CPU the processes the run started and reaped used. The
+  same work costs a fifth more CPU on this kind of shared machine at some hours than at
+  others; these figures tell whether a slower run did more work or ran on a slower machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,10 +30,36 @@ OUTPUT = Path("test-artifacts") / "test-timeline.json"
 PRINTED = 12
 
 
+def cpu_probe(rounds: int = 3) -> float:
+    """CPU seconds a fixed piece of pure-Python work takes (the best of ``rounds``): how fast
+    this machine runs one thread now (0.08-0.1 s on the machine docs/testing.md measured)."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        sum(i * i for i in range(2_000_000))
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Timeline:
     def __init__(self) -> None:
         # (process, module) -> [first start, last stop]
         self.spans: dict[tuple[str, str], list[float]] = {}
+        # The machine figures are the controlling process's (xdist's workers are its children).
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            self.probe_at_start = cpu_probe()
+            self.children_cpu_at_start = children_cpu_seconds()
+
+    def machine(self) -> dict:
+        return {"cpu_probe_seconds_at_start": round(self.probe_at_start, 3),
+                "cpu_probe_seconds_at_end": round(cpu_probe(), 3),
+                "reaped_processes_cpu_seconds": round(
+                    children_cpu_seconds() - self.children_cpu_at_start, 1)}
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -66,6 +98,7 @@ class Timeline:
         summary = self.summary()
         if not summary or "PYTEST_XDIST_WORKER" in os.environ:
             return
+        summary["machine"] = machine = self.machine()
         OUTPUT.parent.mkdir(parents=True, exist_ok=True)
         OUTPUT.write_text(json.dumps(summary, indent=2) + "\n")
         write = terminalreporter.write_line
@@ -73,6 +106,11 @@ class Timeline:
         for process, figures in summary["processes"].items():
             write(f"{process}: {figures['seconds'] / 60:.1f} min of tests, idle "
                   f"{figures['idle_at_end_seconds'] / 60:.1f} min at the end")
+        write(f"machine: a fixed piece of Python work took "
+              f"{machine['cpu_probe_seconds_at_start']:.3f} s of CPU at the start and "
+              f"{machine['cpu_probe_seconds_at_end']:.3f} s at the end; the processes the run "
+              f"started and reaped used {machine['reaped_processes_cpu_seconds'] / 60:.1f} "
+              "CPU-min (containers not included)")
         write(f"longest modules (all in {OUTPUT}):")
         for row in summary["modules"][:PRINTED]:
             write(f"  {row['seconds'] / 60:5.1f} min  {row['process']}  {row['module']}")
