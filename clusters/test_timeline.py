@@ -11,7 +11,7 @@ and the process that ran them, so the controlling process can tell, at the end:
   the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``;
 * for the machine: the CPU seconds a fixed piece of Python work took at the start and at
   the end (``cpu_probe``), and the CPU the processes the run started and reaped used. The
-  same work costs a fifth more CPU on this kind of shared machine at some hours than at
+  same work costs up to a quarter more CPU on a shared machine at some hours than at
   others; these figures tell whether a slower run did more work or ran on a slower machine.
 """
 
