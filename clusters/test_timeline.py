@@ -50,8 +50,10 @@ class Timeline:
     def __init__(self) -> None:
         # (process, module) -> [first start, last stop]
         self.spans: dict[tuple[str, str], list[float]] = {}
-        # The machine figures are the controlling process's (xdist's workers are its children).
-        if "PYTEST_XDIST_WORKER" not in os.environ:
+        # Only the controlling process sums up; its machine figures count xdist's workers,
+        # its children, and what they reaped.
+        self.controlling = "PYTEST_XDIST_WORKER" not in os.environ
+        if self.controlling:
             self.probe_at_start = cpu_probe()
             self.children_cpu_at_start = children_cpu_seconds()
 
@@ -95,8 +97,8 @@ class Timeline:
         }
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        summary = self.summary()
-        if not summary or "PYTEST_XDIST_WORKER" in os.environ:
+        summary = self.summary() if self.controlling else {}
+        if not summary:
             return
         summary["machine"] = machine = self.machine()
         OUTPUT.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ def clusters_cli(*args: str, state_dir) -> subprocess.CompletedProcess:
 
 
 def go_gc_setting(pid: int) -> str | None:
-    environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"GOGC=")),
                 None)
 
