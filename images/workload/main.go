@@ -27,10 +27,12 @@ func main() {
 	fmt.Printf("workload on %s: running for %s, then exiting %d\n", host, *runFor, *exitCode)
 	terminated := make(chan os.Signal, 1)
 	signal.Notify(terminated, syscall.SIGTERM, syscall.SIGINT)
+	// Taken before the timer is set, so that the time it reports is never short of --run-for
+	// (a loaded machine can stall the goroutine between the two).
+	started := time.Now()
 	done := time.After(*runFor)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	started := time.Now()
 	for {
 		select {
 		case <-done:
