@@ -7,8 +7,9 @@ and the process that ran them, so the controlling process can tell, at the end:
 
 * per process: the span from its first test's start to its last test's end, and the idle
   time after it until the run's last test ended (the imbalance);
-* per module (or shared unit): the process, its wall time from first start to last stop;
-  the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``;
+* per module (or shared unit): the process, when it started (seconds into the run: with
+  the machine's CPU over time, what ran when it idled), its wall time from first start to
+  last stop; the longest few are printed, all of them go to ``test-artifacts/test-timeline.json``;
 * for the machine: the CPU seconds a fixed piece of Python work took at the start and at
   the end (``cpu_probe``), and the CPU the processes the run started and reaped used. The
   same work costs up to a quarter more CPU on a shared machine at some hours than at
@@ -91,6 +92,7 @@ class Timeline:
                                     "idle_at_end_seconds": round(last - stop, 1)}
                           for process, (start, stop) in sorted(by_process.items())},
             "modules": sorted(({"module": module, "process": process,
+                                "started_at_seconds": round(start - first, 1),
                                 "seconds": round(stop - start, 1)}
                                for (process, module), (start, stop) in self.spans.items()),
                               key=lambda row: -row["seconds"]),

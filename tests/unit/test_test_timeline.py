@@ -1,5 +1,5 @@
 """``clusters.test_timeline``: a run in two pytest-xdist processes writes each process's span,
-each module's process and wall time, and the machine's figures (the CPU probe at the start
+each module's process, start and wall time, and the machine's figures (the CPU probe at the start
 and end, the CPU of the processes the run started). Run as a real pytest session."""
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def test_a_two_process_run_records_processes_modules_and_the_machine(tmp_path: P
     modules = {row["module"]: row for row in timeline["modules"]}
     assert set(modules) == {"test_busy.py", "test_quick.py"}, modules
     assert modules["test_busy.py"]["process"] != modules["test_quick.py"]["process"]
+    # Each in a process of its own, both start with the run (within the workers' start-up).
+    assert all(0 <= row["started_at_seconds"] < 60 for row in modules.values()), modules
+    assert min(row["started_at_seconds"] for row in modules.values()) == 0, modules
     machine = timeline["machine"]
     assert 0 < machine["cpu_probe_seconds_at_start"] < 10, machine
     assert 0 < machine["cpu_probe_seconds_at_end"] < 10, machine
