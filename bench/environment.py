@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bench.load import RUNTIME
 from bench.timeline import TRAINJOB_RESOURCE
-from clusters import fixtures, kueue, kueue_queues, worker_stack
+from clusters import fixtures, kueue, kueue_queues, processes, worker_stack
 from clusters.local import LocalClusters
 from clusters.nodes import NodeLayout
 from clusters.testing import ServiceProcess, eventually
@@ -395,6 +395,7 @@ def describe(env: BenchClusters, settings) -> dict:
         "source": source_revision(),
         "kubernetes": env.kubernetes_version(),
         "cpu_count": os.cpu_count(),
+        "go_runtime": processes.go_runtime_env(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "platform": platform.platform(),

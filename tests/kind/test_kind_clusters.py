@@ -4,7 +4,7 @@ controller on each worker running from the image built here.
 
 * every cluster's Nodes are Ready and its kube-system pods Running; the Node layout's
   labels and taints are on the kind worker Nodes; each node's kubelet and the control
-  plane's static pods run with the harness's Go runtime setting (GOGC);
+  plane's static pods run with the harness's Go runtime settings (GOGC, GOMAXPROCS);
 * a JobSet on a worker runs a real container (trainjob-workload, `kind load`-ed) to
   Completed, and one whose container exits 1 shows Failed;
 * `stop`/`start` of a worker keeps its objects, and the worker runs JobSets again;
