@@ -28,11 +28,6 @@ Enable with ``pytest_plugins = ["clusters.pytest_plugin"]`` in a conftest.
   only if this session started it (under pytest-xdist it is left running: `make engine-stop`).
 * ``project_images`` (session): every image ``python -m clusters images`` builds, built on
   that engine (the project's own from the working tree); a mapping of name to what was done.
-
-The dispatchers and training operators the tests start (``clusters.testing.ServiceProcess``)
-are forked from an interpreter that has imported them already (``clusters.preloaded``): a
-run starts a few hundred of them, and a new interpreter spends most of a CPU-second on its
-imports.
 """
 
 from __future__ import annotations
@@ -231,12 +226,6 @@ def _xdist_workers(config: pytest.Config) -> int:
     variables without being one of its workers."""
     workerinput = getattr(config, "workerinput", None)
     return int(workerinput["workercount"]) if workerinput else 0
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    from clusters import preloaded
-
-    preloaded.enable()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

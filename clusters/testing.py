@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from clusters import preloaded
 from clusters.controlplane import free_port
 
 # The tests and the bench smoke tests read the machine's load from here too.
@@ -148,8 +147,7 @@ RESTARTS_WHILE_AWAY = 60
 
 class ServiceProcess:
     """A project command (``python -m <module> run ...``) as a separate process, tied to
-    the test process (PDEATHSIG; forked by ``clusters.preloaded`` once the test plugin has
-    enabled it), ready once its /readyz answers 200 ok.
+    the test process (PDEATHSIG), ready once its /readyz answers 200 ok.
 
     ``supervised``: when it ends itself for having lost its Lease, start it again, as the
     Deployment that runs it would (a loaded machine can stall a short Lease's renewal, an
@@ -168,7 +166,7 @@ class ServiceProcess:
         # Where /readyz answers: beside /metrics unless the probes have a port of their own.
         self.probe_port = (int(extra_args[extra_args.index("--health-probe-port") + 1])
                            if "--health-probe-port" in extra_args else self.metrics_port)
-        self.proc: subprocess.Popen | preloaded.Launched | None = None
+        self.proc: subprocess.Popen | None = None
         # Restarts after a lost Lease, by the supervision; whether the running process is
         # one it started, and how many it started since the last lost Lease that ended
         # before they had started.
@@ -192,16 +190,12 @@ class ServiceProcess:
         return self
 
     def _launch(self) -> None:
-        args = ["run", "--kubeconfig", str(self.kubeconfig),
+        argv = [sys.executable, "-m", self.module, "run",
+                "--kubeconfig", str(self.kubeconfig),
                 "--metrics-port", str(self.metrics_port), *self.extra_args]
         self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
-        launcher = preloaded.enabled()
-        if launcher is not None:
-            self.proc = launcher.start(self.module, args, self.log_file)
-            return
         with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *args],
-                                         stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=_die_with_parent)
 
     def _supervise(self, proc: subprocess.Popen) -> None:
