@@ -395,7 +395,9 @@ def describe(env: BenchClusters, settings) -> dict:
         "source": source_revision(),
         "kubernetes": env.kubernetes_version(),
         "cpu_count": os.cpu_count(),
-        "go_runtime": processes.go_runtime_env(),
+        # What its clusters' Go servers run with; clusters it reuses were started by
+        # someone else's `up`, with settings it cannot know.
+        "go_runtime": None if env.reuse else processes.go_runtime_env(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -35,9 +35,15 @@ from kubernetes.client.exceptions import ApiException
 from clusters import fixtures, kustomize, worker_stack
 from clusters.binaries import find_binaries
 from clusters.controlplane import free_port
-from clusters.machine_load import machine_load, stretched
 from clusters.pki import FRONT_PROXY_CLIENT, cert_pem, key_pem
-from clusters.testing import ServiceProcess, eventually, holds_for, request_counts
+from clusters.testing import (
+    ServiceProcess,
+    eventually,
+    holds_for,
+    machine_load,
+    request_counts,
+    stretched,
+)
 from controller_kit.api_time import parse_time
 from dispatcher.remote_view import APISERVICE, GROUP_VERSION, SERVICE, TRAINJOB_LABEL
 from dispatcher.remote_view.copies import Copy
