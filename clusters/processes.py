@@ -49,8 +49,16 @@ def _die_with_parent() -> None:
 
 def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
           env: dict[str, str] | None = None) -> int:
-    """Start ``argv`` in its own session with output appended to ``log_file``; return its PID.
-    ``env`` is added to this process's environment (and go_runtime_env) for the child."""
+    """Start ``argv`` in a process group of its own with output appended to ``log_file``;
+    return its PID. ``env`` is added to this process's environment (and go_runtime_env) for
+    the child.
+
+    A process that outlives its caller (``tied_to_parent`` false: ``clusters up``) gets a
+    session of its own too, away from the caller's terminal. One tied to its caller stays
+    in the caller's session: Linux's scheduler (autogroup, on by default) weighs each
+    session as one task, so three clusters started as a dozen sessions would each weigh as
+    much as all of Docker's containers together, and kind's nodes beside them (one cgroup,
+    one weight) starved while a test session runs both."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -60,7 +68,9 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C in a terminal must not hit etcd before the apiserver
+            # Either way Ctrl-C in a terminal must not hit etcd before the apiserver.
+            start_new_session=not tied_to_parent,
+            process_group=0 if tied_to_parent else None,
             preexec_fn=_die_with_parent if tied_to_parent else None,
             close_fds=True,
             env={**os.environ, **go_runtime_env(), **(env or {})},

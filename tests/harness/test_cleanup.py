@@ -53,7 +53,16 @@ def test_owned_clusters_are_stopped_when_the_session_ends(tmp_path, ending):
         eventually(lambda: ready.exists() or inner.poll() is not None, bool,
                    expected="the inner session to start its clusters", timeout=120)
         assert ready.exists(), f"inner session ended early:\n{inner.communicate()[0]}"
-        assert harness_processes(basetemp), "inner session's clusters are not running"
+        started = harness_processes(basetemp)
+        assert started, "inner session's clusters are not running"
+        # Each in a process group of its own (a terminal's Ctrl-C goes to the test
+        # session's group only) but in the test session's session, which Linux's scheduler
+        # weighs as one task with all it runs (autogroup), as it weighs all of Docker's
+        # containers as one.
+        placed = {pid: (os.getsid(pid), os.getpgid(pid)) for pid in started}
+        wrong = {pid: ids for pid, ids in placed.items() if ids != (os.getsid(inner.pid), pid)}
+        assert not wrong, (f"expected session {os.getsid(inner.pid)} and a group of their "
+                           f"own, saw (session, group): {wrong}")
         if ending == "ctrl-c":
             inner.send_signal(signal.SIGINT)
         elif ending == "sigkill":

@@ -52,6 +52,10 @@ def test_up_status_down_lifecycle(tmp_path):
         wrong = {pid: found for pid, found in settings.items()
                  if found != {"GOGC": "400", "GOMAXPROCS": half}}
         assert not wrong, f"harness processes not at GOGC=400 GOMAXPROCS={half}: {wrong}"
+        # And each leads a session of its own, away from the terminal `up` ran in.
+        leaders = {pid: os.getsid(pid) for pid in started}
+        assert all(pid == sid for pid, sid in leaders.items()), (
+            f"expected each process to lead its session, saw pid: session {leaders}")
 
         # Again while up: a no-op that reports the same clusters.
         again = clusters_cli("up", "--workers", "1", "--json", state_dir=state_dir)
