@@ -16,16 +16,22 @@ Probe = Callable[[], "str | None"]
 def wait_for(what: str, probe: Probe, deadline: float, interval: float = 1.0) -> None:
     """Call ``probe`` until it answers ``None``; at ``deadline`` (a ``time.monotonic()``
     value) raise TimeoutError naming ``what`` and the last problem seen. A probe that
-    raises counts as a problem (an apiserver restarting, an object not there yet)."""
+    raises counts as a problem (an apiserver restarting, an object not there yet); when the
+    last call raised, the message also gives the last answer the probe did return, which
+    says how far the cluster got."""
+    answered = None
     while True:
         try:
             problem = probe()
+            answered = problem
         except Exception as err:  # noqa: BLE001 - reported if it is the last answer
             problem = f"{type(err).__name__}: {err}"[:500]
         if problem is None:
             return
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what}: still not ready at the deadline: {problem}")
+            earlier = (f"; the last answer before that: {answered}"
+                       if answered is not None and answered != problem else "")
+            raise TimeoutError(f"{what}: still not ready at the deadline: {problem}{earlier}")
         time.sleep(interval)
 
 

@@ -1,5 +1,6 @@
 """The tests' waits on a busy machine: ``eventually`` and ``holds_for`` stretch their
-windows by the load, and say how loaded the machine was when they fail."""
+windows by the load, and say how loaded the machine was when they fail; the kind provider's
+waits say how far a cluster got."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from clusters import testing
+from clusters.kind import waits as kind_waits
 
 
 @pytest.fixture
@@ -97,3 +99,28 @@ def test_holds_for_watches_a_longer_window_when_busy_if_asked_and_names_the_load
     started = time.monotonic()
     testing.holds_for(lambda: 1, seconds=0.2, interval=0.02)
     assert time.monotonic() - started < 0.4
+
+
+def test_a_kind_wait_that_ends_on_an_error_also_says_how_far_the_cluster_got():
+    answers = iter(["deployment x/y not rolled out (1 ready of 2)"])
+
+    def probe():
+        answer = next(answers, None)
+        if answer is None:
+            raise TimeoutError("Read timed out. (read timeout=5.0)")
+        return answer
+    with pytest.raises(TimeoutError) as failed:
+        kind_waits.wait_for("worker-1: the operator", probe, time.monotonic() + 0.05,
+                            interval=0.01)
+    assert str(failed.value) == (
+        "worker-1: the operator: still not ready at the deadline: TimeoutError: Read timed "
+        "out. (read timeout=5.0); the last answer before that: deployment x/y not rolled "
+        "out (1 ready of 2)"), failed.value
+
+
+def test_a_kind_wait_that_ends_on_an_answer_gives_only_that_answer():
+    with pytest.raises(TimeoutError) as failed:
+        kind_waits.wait_for("manager: Kueue", lambda: "webhook not answering",
+                            time.monotonic() + 0.05, interval=0.01)
+    assert str(failed.value) == (
+        "manager: Kueue: still not ready at the deadline: webhook not answering"), failed.value
