@@ -56,9 +56,9 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
     A process that outlives its caller (``tied_to_parent`` false: ``clusters up``) gets a
     session of its own too, away from the caller's terminal. One tied to its caller stays
     in the caller's session: Linux's scheduler (autogroup, on by default) weighs each
-    session as one task, so three clusters started as a dozen sessions would each weigh as
-    much as all of Docker's containers together, and kind's nodes beside them (one cgroup,
-    one weight) starved while a test session runs both."""
+    session as one task, so the dozen processes of three clusters, each in a session of
+    its own, would each weigh as much as all of Docker's containers together (one cgroup,
+    one weight), and kind's nodes would starve while a test session runs both."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
