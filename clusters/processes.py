@@ -38,7 +38,7 @@ def go_runtime_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in GO_RUNTIME_DEFAULTS.items()}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec. If the process that owns the clusters (a
     # pytest session, say) is SIGKILLed, the kernel sends SIGTERM here, so no apiserver
     # outlives it. Note the kernel ties this to the creating *thread*; callers spawn from
@@ -71,7 +71,7 @@ def spawn(argv: list[str], log_file: Path, *, tied_to_parent: bool,
             # Either way Ctrl-C in a terminal must not hit etcd before the apiserver.
             start_new_session=not tied_to_parent,
             process_group=0 if tied_to_parent else None,
-            preexec_fn=_die_with_parent if tied_to_parent else None,
+            preexec_fn=die_with_parent if tied_to_parent else None,
             close_fds=True,
             env={**os.environ, **go_runtime_env(), **(env or {})},
         )

@@ -3,7 +3,6 @@ and running the project's own commands as real processes."""
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import signal
@@ -20,6 +19,7 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from clusters import processes
 from clusters.controlplane import free_port
 
 # The tests and the bench smoke tests read the machine's load from here too.
@@ -196,7 +196,7 @@ class ServiceProcess:
         self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=processes.die_with_parent)
 
     def _supervise(self, proc: subprocess.Popen) -> None:
         while True:
@@ -291,10 +291,6 @@ class ServiceProcess:
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 # apiserver_request_total counts requests by verb; kube-apiserver 1.34 reports server-side

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 
 import pytest
 
@@ -101,26 +102,36 @@ def test_holds_for_watches_a_longer_window_when_busy_if_asked_and_names_the_load
     assert time.monotonic() - started < 0.4
 
 
-def test_a_kind_wait_that_ends_on_an_error_also_says_how_far_the_cluster_got():
+@pytest.fixture
+def kind_clock(monkeypatch):
+    """The kind waits' clock, moved only by the test (so no scheduling delay decides which
+    probe call is the last), and their sleeps, which take no time."""
+    now = [0.0]
+    monkeypatch.setattr(kind_waits, "time", types.SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda seconds: None))
+    return now
+
+
+def test_a_kind_wait_that_ends_on_an_error_also_says_how_far_the_cluster_got(kind_clock):
     answers = iter(["deployment x/y not rolled out (1 ready of 2)"])
 
     def probe():
         answer = next(answers, None)
         if answer is None:
+            kind_clock[0] = 10.0  # past the deadline, on the call that fails
             raise TimeoutError("Read timed out. (read timeout=5.0)")
         return answer
     with pytest.raises(TimeoutError) as failed:
-        kind_waits.wait_for("worker-1: the operator", probe, time.monotonic() + 0.05,
-                            interval=0.01)
+        kind_waits.wait_for("worker-1: the operator", probe, deadline=5.0)
     assert str(failed.value) == (
         "worker-1: the operator: still not ready at the deadline: TimeoutError: Read timed "
         "out. (read timeout=5.0); the last answer before that: deployment x/y not rolled "
         "out (1 ready of 2)"), failed.value
 
 
-def test_a_kind_wait_that_ends_on_an_answer_gives_only_that_answer():
+def test_a_kind_wait_that_ends_on_an_answer_gives_only_that_answer(kind_clock):
+    kind_clock[0] = 10.0
     with pytest.raises(TimeoutError) as failed:
-        kind_waits.wait_for("manager: Kueue", lambda: "webhook not answering",
-                            time.monotonic() + 0.05, interval=0.01)
+        kind_waits.wait_for("manager: Kueue", lambda: "webhook not answering", deadline=5.0)
     assert str(failed.value) == (
         "manager: Kueue: still not ready at the deadline: webhook not answering"), failed.value
