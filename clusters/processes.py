@@ -41,8 +41,9 @@ def go_runtime_env() -> dict[str, str]:
 def die_with_parent() -> None:
     # Runs in the child between fork and exec. If the process that owns the clusters (a
     # pytest session, say) is SIGKILLed, the kernel sends SIGTERM here, so no apiserver
-    # outlives it. Note the kernel ties this to the creating *thread*; callers spawn from
-    # a long-lived thread (the main thread).
+    # outlives it. The kernel ties this to the creating *thread*, so a caller spawns from a
+    # thread that lives as long as the child: the main thread, or (ServiceProcess's
+    # restarts) the supervising thread that waits on the very process it started.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
