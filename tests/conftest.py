@@ -6,7 +6,7 @@ import pytest
 
 from clusters.testing import ServiceProcess
 
-pytest_plugins = ["clusters.pytest_plugin", "clusters.test_timeline"]
+pytest_plugins = ["clusters.pytest_plugin", "clusters.test_timeline", "clusters.failure_log"]
 
 
 def _process_fixture(module: str, tmp_path):
