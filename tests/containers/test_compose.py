@@ -155,18 +155,36 @@ def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack
     eventually(complete, lambda conditions: conditions.get("Complete") == "True", timeout=120,
                expected=f"{name} Complete=True on the manager once kwok has run its pods")
 
-    # The dashboard's state, published on the host's loopback only.
-    state = json.loads(urllib.request.urlopen(
-        f"http://127.0.0.1:{stack.ports['DISPATCHER_DASHBOARD_PORT']}/api/state",
-        timeout=10).read())
-    assert name in {job["name"] for job in state["trainJobs"]}, state
+    # The dashboard's state, published on the host's loopback only. Polled: one request's
+    # own timeout would be a ceiling that a loaded machine's slower answer does not stretch.
+    dashboard = f"http://127.0.0.1:{stack.ports['DISPATCHER_DASHBOARD_PORT']}/api/state"
+    eventually(lambda: json.loads(urllib.request.urlopen(dashboard, timeout=10).read()),
+               lambda state: name in {job["name"] for job in state["trainJobs"]}, timeout=60,
+               expected=f"the dashboard's state ({dashboard}) to list {name}")
 
     states = stack.states()
     for service in LONG_RUNNING:
         assert states[service] == ("running", 0), (
             f"{service} should run without a restart; state {states[service]}")
 
-    stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "5")
+    down = ("down", "--volumes", "--remove-orphans", "--timeout", "5")
+    first = stack.compose(*down, check=False)
+    said = f"exit {first.returncode}:\n{first.stdout[-2000:]}\n{first.stderr[-2000:]}"
+    (tmp_path / "compose-down.log").write_text(said)
     left = stack.leftovers()
-    assert left == {"containers": [], "volumes": [], "networks": []}, (
-        f"`docker compose down -v` left {left}")
+    assert not left["containers"] and not left["volumes"], (
+        f"`docker compose down -v` left {left}; compose said {said}")
+
+    # The engine can hold a removed container's endpoint on the network for a moment (a
+    # known engine race, seen under load): compose then leaves the network ("Resource is
+    # still in use") or fails to remove it ("has active endpoints"). Nothing of the
+    # project holds it any more, so another `down` removes it; only the network may need it.
+    def networks_left() -> list[str]:
+        networks = stack.leftovers()["networks"]
+        if networks:
+            stack.compose(*down, check=False)
+        return networks
+
+    eventually(networks_left, lambda networks: not networks, timeout=60, interval=1,
+               expected=f"the project's network gone after `docker compose down -v` "
+                        f"(its first run: {said})")
