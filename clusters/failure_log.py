@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from clusters.test_timeline import report_process
+
 OUTPUT = Path("test-artifacts") / "failures.txt"
 
 
@@ -29,8 +31,7 @@ class FailureLog:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not report.failed:
             return
-        node = getattr(report, "node", None)  # pytest-xdist: the process that ran it
-        process = getattr(getattr(node, "gateway", None), "id", None) or "main"
+        process = report_process(report)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with self.path.open("a") as out:
             out.write(f"{stamp} {process} FAILED in {report.when}: {report.nodeid}\n"

@@ -47,6 +47,14 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def report_process(report: pytest.TestReport) -> str:
+    """The pytest process that ran a report's test: xdist's worker id (gw0, gw1), or "main"
+    in a run without workers."""
+    node = getattr(report, "node", None)  # pytest-xdist: the worker that sent the report
+    return getattr(getattr(node, "gateway", None), "id", None) or \
+        os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 class Timeline:
     def __init__(self) -> None:
         # (process, module) -> [first start, last stop]
@@ -69,9 +77,7 @@ class Timeline:
         start, stop = getattr(report, "start", None), getattr(report, "stop", None)
         if start is None or stop is None:
             return
-        node = getattr(report, "node", None)  # pytest-xdist: the process that ran it
-        process = getattr(getattr(node, "gateway", None), "id", None) or \
-            os.environ.get("PYTEST_XDIST_WORKER", "main")
+        process = report_process(report)
         module = report.nodeid.split("::", 1)[0]
         span = self.spans.setdefault((process, module), [start, stop])
         span[0], span[1] = min(span[0], start), max(span[1], stop)
