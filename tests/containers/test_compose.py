@@ -176,7 +176,7 @@ def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack
         f"`docker compose down -v` left {left}; compose said {said}")
 
     # The engine can hold a removed container's endpoint on the network for a moment (a
-    # known engine race, seen under load): compose then leaves the network ("Resource is
+    # known engine race, reported under load): compose then leaves the network ("Resource is
     # still in use") or fails to remove it ("has active endpoints"). Nothing of the
     # project holds it any more, so another `down` removes it; only the network may need it.
     def networks_left() -> list[str]:
