@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import ssl
@@ -91,6 +92,19 @@ def plain_get(port: int, path: str, host: str = "127.0.0.1",
         return response.status, response.read().decode()
     finally:
         conn.close()
+
+
+def run_pytest_session(directory: Path, *args: str,
+                       timeout: float = 300) -> subprocess.CompletedProcess:
+    """A pytest session of its own in ``directory`` (its conftest, its tests), with no ini
+    file and no cache, for tests of the project's pytest plugins; ``args`` add the options
+    and paths. Run from an xdist worker of the outer session, the inner one would take
+    itself for a worker (``PYTEST_XDIST_WORKER``), so those variables are left out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
+         "--rootdir", str(directory), *args],
+        cwd=directory, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def ipv6_loopback() -> bool:

@@ -4,14 +4,13 @@ a new run starts with an empty file. Run as real pytest sessions in two processe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-# The failing test is in one process; the other waits until the log names it, so the test
-# passes only if the failure was written while the run was still going on.
+from clusters.testing import run_pytest_session
+
+# The second test waits until the log names the first one's failure, so the run passes
+# only if the failure was written while the run was still going on.
 TESTS = '''
 from pathlib import Path
 
@@ -29,31 +28,21 @@ def test_sees_the_failure_written_before_the_run_ends():
 '''
 
 
-def run_pytest(directory: Path, *paths: str) -> subprocess.CompletedProcess:
-    # Run from an xdist worker of the outer session, the inner session would take itself for
-    # one (PYTEST_XDIST_WORKER) and leave the log to a controller it does not have.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-         "--dist", "load", "-c", "/dev/null", "--rootdir", str(directory), *paths],
-        cwd=directory, capture_output=True, text=True, timeout=300, env=env)
-
-
 def test_failures_are_written_as_they_come_and_a_new_run_starts_empty(tmp_path: Path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["clusters.failure_log"]\n')
     (tmp_path / "test_mixed.py").write_text(textwrap.dedent(TESTS))
     (tmp_path / "test_fine.py").write_text("def test_fine():\n    assert True\n")
 
-    red = run_pytest(tmp_path, "test_mixed.py")
+    red = run_pytest_session(tmp_path, "-n", "2", "--dist", "load", "test_mixed.py")
     assert red.returncode == 1, red.stdout + red.stderr
     assert "1 failed, 1 passed" in red.stdout, red.stdout
     log = (tmp_path / "test-artifacts" / "failures.txt").read_text()
-    first, *rest = log.splitlines()
+    first = log.splitlines()[0]
     assert first.endswith(" FAILED in call: test_mixed.py::test_fails"), log
     assert first.split()[1] in {"gw0", "gw1"}, log
     assert "arithmetic says no" in log and "test_sees_the_failure" not in log, log
 
-    green = run_pytest(tmp_path, "test_fine.py")
+    green = run_pytest_session(tmp_path, "-n", "2", "--dist", "load", "test_fine.py")
     assert green.returncode == 0, green.stdout + green.stderr
     after = (tmp_path / "test-artifacts" / "failures.txt").read_text()
     assert after == "", f"a green run should leave failures.txt empty; it holds {after!r}"

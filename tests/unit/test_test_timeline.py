@@ -5,13 +5,11 @@ and end, the CPU of the processes the run started). Run as a real pytest session
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from clusters.test_timeline import cpu_probe
+from clusters.testing import run_pytest_session
 
 # A test that starts a process doing about a CPU-second of work (on an unloaded machine).
 BUSY_CHILD = '''
@@ -28,13 +26,7 @@ def test_a_two_process_run_records_processes_modules_and_the_machine(tmp_path: P
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["clusters.test_timeline"]\n')
     (tmp_path / "test_busy.py").write_text(textwrap.dedent(BUSY_CHILD))
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    assert True\n")
-    # Run from an xdist worker of the outer session, the inner session would take itself
-    # for one (PYTEST_XDIST_WORKER) and leave the summary to a controller it does not have.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-         "--dist", "loadscope", "-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    run = run_pytest_session(tmp_path, "-n", "2", "--dist", "loadscope", str(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "time per pytest process" in run.stdout and "machine: a fixed piece" in run.stdout
 
