@@ -46,6 +46,11 @@ class ComposeStack:
                                  f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         return result
 
+    def down(self) -> subprocess.CompletedProcess:
+        """`docker compose down -v` as a user runs it; the caller judges its outcome."""
+        return self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5",
+                            check=False)
+
     def states(self) -> dict[str, tuple[str, int]]:
         """service -> (state, restart count) of every container of the project."""
         ids = self.engine.docker("ps", "-aq", "--filter",
@@ -80,7 +85,7 @@ def compose_stack(docker_engine, project_images, tmp_path):
     finally:
         logs = stack.compose("logs", "--no-color", "--tail", "60", check=False).stdout
         (tmp_path / "compose.log").write_text(logs)
-        stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "5", check=False)
+        stack.down()
 
 
 def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack, tmp_path):
@@ -167,8 +172,7 @@ def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack
         assert states[service] == ("running", 0), (
             f"{service} should run without a restart; state {states[service]}")
 
-    down = ("down", "--volumes", "--remove-orphans", "--timeout", "5")
-    first = stack.compose(*down, check=False)
+    first = stack.down()
     said = f"exit {first.returncode}:\n{first.stdout[-2000:]}\n{first.stderr[-2000:]}"
     (tmp_path / "compose-down.log").write_text(said)
     left = stack.leftovers()
@@ -182,7 +186,7 @@ def test_compose_dispatches_a_sample_job_and_leaves_nothing_behind(compose_stack
     def networks_left() -> list[str]:
         networks = stack.leftovers()["networks"]
         if networks:
-            stack.compose(*down, check=False)
+            stack.down()
         return networks
 
     eventually(networks_left, lambda networks: not networks, timeout=60, interval=1,
